@@ -1,0 +1,52 @@
+"""The one console script. Each package registers its own sub-commands; this module only assembles.
+
+A registrar is ``register(subparsers)``: it adds parsers and sets ``func=callable(args) -> int``.
+"""
+import argparse
+import sys
+
+from gpubench import __version__
+from gpubench.errors import GpubenchError
+
+# Packages whose cli.py registers sub-commands, in the order --help lists them.
+_REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "scheduling.cli", "kvcomm.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="gpubench",
+        description="Characterize a GPU or CPU for LLM inference, predict step times, replay agent workloads.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for modname in _REGISTRARS:
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except GpubenchError as err:
+        print(f"gpubench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpubench: interrupted; what was measured is on disk (resume with --resume RUN_DIR)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Errors a user can cause. The CLI prints ``str(err)`` on one line and exits 2."""
+
+
+class GpubenchError(Exception):
+    """Base of every user-facing error."""
+
+
+class UnknownSKUError(GpubenchError):
+    pass
+
+
+class SKUMismatchError(GpubenchError):
+    pass
+
+
+class NoDeviceError(GpubenchError):
+    pass
+
+
+class ResultsFormatError(GpubenchError):
+    pass
+
+
+class ConfigError(GpubenchError):
+    pass
+
+
+class TraceFormatError(GpubenchError):
+    pass
+
+
+class ValidationError(GpubenchError):
+    """A probe's output failed its golden-value check: its numbers must not be reported."""
+
+
+class UnknownModelError(GpubenchError):
+    pass
+
+
+def suggest(name: str, choices) -> str:
+    """' (did you mean: a, b?)' for close matches of name among choices, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), [c.lower() for c in choices], n=3, cutoff=0.5)
+    if not close:
+        close = [c for c in choices if name.lower() in c.lower()][:3]
+    return f" (did you mean: {', '.join(close)}?)" if close else ""

@@ -1,0 +1,172 @@
+"""What the host CPU is, read from sysfs and procfs (never from a table).
+
+Everything returned carries where it came from, so the `cpu` SKU entry and the manifest can say it.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    level: int
+    kind: str  # Data, Instruction, Unified
+    size_bytes: int
+    shared_by_cpus: int
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    model_name: str
+    num_cpus: int  # logical CPUs this process may run on
+    num_physical_cores: int
+    vector_bits: int  # widest SIMD with FMA the ISA flags advertise
+    fma_units_per_core: int
+    clock_mhz: float
+    clock_source: str
+    caches: tuple = field(default_factory=tuple)
+    flags: tuple = field(default_factory=tuple)
+    assumptions: tuple = field(default_factory=tuple)
+
+    @property
+    def llc_bytes(self) -> int:
+        """Total last-level cache size (sum of distinct instances of the highest level)."""
+        if not self.caches:
+            return 32 * 1024 * 1024
+        top = max(c.level for c in self.caches)
+        inst = [c for c in self.caches if c.level == top and c.kind != "Instruction"]
+        per = inst[0].size_bytes
+        n_inst = max(1, -(-self.num_cpus // max(1, inst[0].shared_by_cpus)))
+        return per * n_inst
+
+    def cache_bytes(self, level: int) -> int | None:
+        for c in self.caches:
+            if c.level == level and c.kind != "Instruction":
+                return c.size_bytes
+        return None
+
+    def fp_lanes(self, dtype_bytes: int) -> int:
+        return self.vector_bits // (8 * dtype_bytes)
+
+    def peak_flops(self, dtype_bytes: int) -> float:
+        """cores x lanes x FMA units x 2 FLOP/FMA x clock."""
+        return self.num_cpus * self.fp_lanes(dtype_bytes) * self.fma_units_per_core * 2 * self.clock_mhz * 1e6
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["llc_bytes"] = self.llc_bytes
+        d["caches"] = [asdict(c) for c in self.caches]
+        d["flags"] = list(self.flags)
+        d["assumptions"] = list(self.assumptions)
+        return d
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _parse_size(text: str) -> int:
+    m = re.match(r"(\d+)\s*([KMG]?)", text)
+    if not m:
+        return 0
+    return int(m.group(1)) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[m.group(2)]
+
+
+def _caches(cpu: int = 0) -> tuple:
+    base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
+    out = []
+    if not os.path.isdir(base):
+        return ()
+    for name in sorted(os.listdir(base)):
+        if not name.startswith("index"):
+            continue
+        d = os.path.join(base, name)
+        size = _read(os.path.join(d, "size"))
+        level = _read(os.path.join(d, "level"))
+        kind = _read(os.path.join(d, "type")) or "Unified"
+        shared = _read(os.path.join(d, "shared_cpu_list")) or "0"
+        if not size or not level:
+            continue
+        out.append(CacheLevel(int(level), kind, _parse_size(size), _count_cpu_list(shared)))
+    return tuple(out)
+
+
+def _count_cpu_list(text: str) -> int:
+    n = 0
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            n += int(b) - int(a) + 1
+        elif part.strip():
+            n += 1
+    return max(n, 1)
+
+
+def _cpuinfo() -> dict:
+    text = _read("/proc/cpuinfo") or ""
+    info = {}
+    for line in text.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            info.setdefault(k.strip(), v.strip())
+    return info
+
+
+def _clock(info: dict) -> tuple[float, str]:
+    mx = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    if mx:
+        return int(mx) / 1000.0, "sysfs cpufreq/cpuinfo_max_freq"
+    m = re.search(r"@\s*([\d.]+)\s*GHz", info.get("model name", ""))
+    if m:
+        return float(m.group(1)) * 1000.0, "/proc/cpuinfo model name"
+    if "cpu MHz" in info:
+        return float(info["cpu MHz"]), "/proc/cpuinfo 'cpu MHz' (no cpufreq in sysfs: nominal clock as the hypervisor reports it)"
+    return 2000.0, "unknown (assumed 2000 MHz)"
+
+
+@lru_cache(maxsize=1)
+def host_cpu() -> HostCPU:
+    info = _cpuinfo()
+    flags = tuple(info.get("flags", "").split())
+    assumptions = []
+    if "avx512f" in flags:
+        vec = 512
+    elif "avx2" in flags and "fma" in flags:
+        vec = 256
+    elif "asimd" in info.get("Features", "") or platform.machine() in ("aarch64", "arm64"):
+        vec = 128
+    else:
+        vec = 128
+    # Two FMA pipes per core on every current x86 server core (Zen 2-5, Skylake-SP Gold/Platinum, Ice
+    # Lake+); AVX-512 parts with one 512-bit unit exist (some Xeon Silver/Bronze). Not readable: assume.
+    fma_units = 2
+    assumptions.append("fma_units_per_core=2 (not readable from the OS; true for Zen 2-5 and Xeon Gold/Platinum)")
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = info.get("cpu cores")
+    phys = int(cores) if cores and cores.isdigit() else ncpu
+    clock, src = _clock(info)
+    return HostCPU(
+        model_name=info.get("model name", platform.processor() or platform.machine()),
+        num_cpus=ncpu,
+        num_physical_cores=phys,
+        vector_bits=vec,
+        fma_units_per_core=fma_units,
+        clock_mhz=clock,
+        clock_source=src,
+        caches=_caches(),
+        flags=tuple(f for f in flags if f in ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "sse4_2")),
+        assumptions=tuple(assumptions),
+    )
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,215 @@
+"""The results store: one run = one directory ``<root>/<sku>/<UTC timestamp>-<host>/``.
+
+Layout::
+
+    manifest.json     schema version, package version, git commit, command line, host, device,
+                      SKU, device properties read at run time, probe list with status
+    <probe>.jsonl     one flat JSON object per measurement, appended and flushed as it is taken
+
+Rows of every probe share the fields listed in docs/results-schema.md (``key`` identifies a
+measurement within its probe; ``--resume`` skips keys already present).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpubench import __version__
+from gpubench.errors import ResultsFormatError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+PROBE_STATUSES = ("pending", "running", "done", "failed", "skipped")
+
+
+def utc_stamp(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+def git_commit(path: str | os.PathLike | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path or os.path.dirname(__file__),
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _atomic_write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+class RunWriter:
+    """Appends rows to a run directory; every row is flushed and fsynced before append() returns."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.manifest = read_manifest(self.run_dir)
+
+    @classmethod
+    def create(cls, root: str | os.PathLike, *, sku: str, host: str, device: dict, probes: list[str],
+               argv: list[str] | None = None, extra: dict | None = None) -> "RunWriter":
+        run_dir = Path(root) / sku / f"{utc_stamp()}-{host}"
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = Path(root) / sku / f"{utc_stamp()}-{host}-{n}"
+        run_dir.mkdir(parents=True)
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "package_version": __version__,
+            "git_commit": git_commit(),
+            "command": list(argv if argv is not None else sys.argv),
+            "created_utc": utc_stamp(),
+            "host": host,
+            "sku": sku,
+            "device": device,
+            "probes": {p: {"status": "pending"} for p in probes},
+        }
+        if extra:
+            manifest.update(extra)
+        _atomic_write_json(run_dir / MANIFEST, manifest)
+        return cls(run_dir)
+
+    def path(self, probe: str) -> Path:
+        return self.run_dir / f"{probe}.jsonl"
+
+    def append(self, probe: str, row: dict) -> None:
+        line = json.dumps(row, default=_json_default, allow_nan=True)
+        with open(self.path(probe), "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def measured_keys(self, probe: str) -> set[str]:
+        """Keys of complete rows already on disk; a torn last line (killed mid-write) is dropped."""
+        p = self.path(probe)
+        if not p.exists():
+            return set()
+        self._drop_torn_tail(p)
+        return {r.get("key") for r in read_rows(p)}
+
+    @staticmethod
+    def _drop_torn_tail(p: Path) -> None:
+        data = p.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with open(p, "r+b") as f:
+                f.truncate(cut)
+
+    def set_probe_status(self, probe: str, status: str, reason: str | None = None, **info) -> None:
+        if status not in PROBE_STATUSES:
+            raise ValueError(f"status {status!r} not in {PROBE_STATUSES}")
+        self.manifest = read_manifest(self.run_dir)
+        entry = self.manifest["probes"].setdefault(probe, {})
+        entry["status"] = status
+        entry["updated_utc"] = utc_stamp()
+        if reason is not None:
+            entry["reason"] = reason
+        elif "reason" in entry and status in ("running", "done"):
+            entry.pop("reason")
+        entry.update(info)
+        _atomic_write_json(self.run_dir / MANIFEST, self.manifest)
+
+    def update_manifest(self, **fields) -> None:
+        self.manifest = read_manifest(self.run_dir)
+        self.manifest.update(fields)
+        _atomic_write_json(self.run_dir / MANIFEST, self.manifest)
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / MANIFEST
+    if not Path(run_dir).is_dir():
+        raise ResultsFormatError(f"{run_dir}: not a run directory")
+    if not path.exists():
+        raise ResultsFormatError(f"{path}: missing (not a gpubench run directory)")
+    try:
+        m = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ResultsFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    for k in ("schema_version", "probes", "sku"):
+        if k not in m:
+            raise ResultsFormatError(f"{path}: manifest has no '{k}' field")
+    if m["schema_version"] > SCHEMA_VERSION:
+        raise ResultsFormatError(f"{path}: schema_version {m['schema_version']} is newer than this gpubench ({SCHEMA_VERSION})")
+    return m
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Rows of one JSONL file; ResultsFormatError naming file and line for anything malformed."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ResultsFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            if "key" not in row:
+                raise ResultsFormatError(f"{path}:{lineno}: row has no 'key' field")
+            rows.append(row)
+    return rows
+
+
+@dataclass
+class Run:
+    """A loaded run: the manifest and one DataFrame per probe that wrote rows."""
+
+    run_dir: Path
+    manifest: dict
+    frames: dict
+
+    def __getitem__(self, probe: str):
+        return self.frames[probe]
+
+    def __contains__(self, probe: str) -> bool:
+        return probe in self.frames
+
+    @property
+    def sku(self) -> str:
+        return self.manifest["sku"]
+
+    @property
+    def backend(self) -> str:
+        return self.manifest.get("device", {}).get("backend", "cpu")
+
+
+def load(run_dir: str | os.PathLike) -> Run:
+    """Load a run directory into pandas DataFrames (one per ``<probe>.jsonl``)."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    frames = {}
+    for p in sorted(run_dir.glob("*.jsonl")):
+        rows = read_rows(p)
+        frames[p.stem] = pd.DataFrame(rows)
+    return Run(run_dir=run_dir, manifest=manifest, frames=frames)

@@ -1,0 +1,193 @@
+"""The SKU table (gpubench/data/skus.toml): spec figures with a source for each.
+
+Spec peak identity: ``sm_count * tensor_cores_per_sm * fma_per_tc_per_clk[dtype] * 2 * spec_clock``.
+The ``cpu`` entry is not in the file: it is built from the detected host.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from gpubench.errors import ConfigError, SKUMismatchError, UnknownSKUError, suggest
+
+TENSOR_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class SKU:
+    id: str
+    name: str
+    arch: str
+    backend: str  # "cuda" or "cpu"
+    sm_count: int  # CPU: logical cores
+    tensor_cores_per_sm: int
+    fma_per_tc_per_clk: dict
+    fp32_fma_per_sm_per_clk: int  # CPU: fp32 FMA lanes x FMA units per core
+    spec_clock_mhz: float
+    max_boost_mhz: float
+    memory_gb: float
+    memory_bw_gbs: float | None
+    l2_mb: float
+    tdp_w: float | None
+    host_link_gbs: float | None
+    compute_capability: str | None = None
+    aliases: tuple = ()
+    patterns: tuple = ()
+    s_floor_ms: float | None = None
+    clock_droop: float | None = None
+    source: dict = field(default_factory=dict)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense spec peak in FLOP/s for dtype (tensor cores on GPUs; vector FMA on CPUs)."""
+        if dtype == "fp32" and self.backend == "cuda":
+            return self.sm_count * self.fp32_fma_per_sm_per_clk * 2 * self.max_boost_mhz * 1e6
+        fma = self.fma_per_tc_per_clk.get(dtype)
+        if not fma:
+            raise ConfigError(f"{self.id} has no {dtype} peak (has: {', '.join(sorted(self.fma_per_tc_per_clk))})")
+        return self.sm_count * self.tensor_cores_per_sm * fma * 2 * self.spec_clock_mhz * 1e6
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    @property
+    def l2_bytes(self) -> float:
+        return self.l2_mb * 1e6
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict:
+    text = resources.files("gpubench").joinpath("data/skus.toml").read_text()
+    return tomllib.loads(text)
+
+
+def _from_entry(sku_id: str, e: dict) -> SKU:
+    return SKU(
+        id=sku_id,
+        name=e["name"],
+        arch=e["arch"],
+        backend="cuda",
+        sm_count=e["sm_count"],
+        tensor_cores_per_sm=e["tensor_cores_per_sm"],
+        fma_per_tc_per_clk=dict(e["fma_per_tc_per_clk"]),
+        fp32_fma_per_sm_per_clk=e["fp32_fma_per_sm_per_clk"],
+        spec_clock_mhz=e["spec_clock_mhz"],
+        max_boost_mhz=e["max_boost_mhz"],
+        memory_gb=e["memory_gb"],
+        memory_bw_gbs=e["memory_bw_gbs"],
+        l2_mb=e["l2_mb"],
+        tdp_w=e.get("tdp_w"),
+        host_link_gbs=e.get("host_link_gbs"),
+        compute_capability=e.get("compute_capability"),
+        aliases=tuple(e.get("aliases", ())),
+        patterns=tuple(e.get("patterns", ())),
+        s_floor_ms=e.get("s_floor_ms"),
+        clock_droop=e.get("clock_droop"),
+        source=dict(e.get("source", {})),
+    )
+
+
+def gpu_skus() -> dict[str, SKU]:
+    return {k: _from_entry(k, v) for k, v in _table().items()}
+
+
+def cpu_sku() -> SKU:
+    """The `cpu` entry, built from the detected host: cores x vector lanes x FMA units x 2 x clock."""
+    from gpubench.hostinfo import host_cpu
+
+    h = host_cpu()
+    lanes32, lanes64 = h.fp_lanes(4), h.fp_lanes(8)
+    # A CPU has no tensor cores: model it as one "tensor core" per core whose FMA/clk is lanes x units,
+    # so the same identity gives the vector-FMA peak.
+    fma = {"fp32": lanes32 * h.fma_units_per_core, "fp64": lanes64 * h.fma_units_per_core}
+    l3 = h.llc_bytes
+    return SKU(
+        id="cpu",
+        name=f"{h.model_name} ({h.num_cpus} CPUs)",
+        arch="cpu",
+        backend="cpu",
+        sm_count=h.num_cpus,
+        tensor_cores_per_sm=1,
+        fma_per_tc_per_clk=fma,
+        fp32_fma_per_sm_per_clk=lanes32 * h.fma_units_per_core,
+        spec_clock_mhz=h.clock_mhz,
+        max_boost_mhz=h.clock_mhz,
+        memory_gb=_mem_total_gb(),
+        memory_bw_gbs=None,  # no spec for a host: the stream probe measures it
+        l2_mb=l3 / 1e6,
+        tdp_w=None,
+        host_link_gbs=None,
+        aliases=("host",),
+        source={
+            "sm_count": "os.sched_getaffinity (logical CPUs)",
+            "fma_per_tc_per_clk": f"{h.vector_bits}-bit vectors from /proc/cpuinfo flags x {h.fma_units_per_core} FMA units (assumed)",
+            "spec_clock_mhz": h.clock_source,
+            "l2_mb": "last-level cache from /sys/devices/system/cpu/cpu0/cache",
+            "memory_gb": "/proc/meminfo MemTotal",
+            "memory_bw_gbs": "none: measured by the stream probe",
+        },
+    )
+
+
+def _mem_total_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return 0.0
+
+
+def all_ids() -> list[str]:
+    return [*gpu_skus().keys(), "cpu"]
+
+
+def get(sku_id: str) -> SKU:
+    """Look up by id or alias (case-insensitive); UnknownSKUError with close matches otherwise."""
+    key = sku_id.strip().lower()
+    if key in ("cpu", "host"):
+        return cpu_sku()
+    table = gpu_skus()
+    if key in table:
+        return table[key]
+    for sku in table.values():
+        if key in (a.lower() for a in sku.aliases):
+            return sku
+    names = all_ids() + [a for s in table.values() for a in s.aliases]
+    raise UnknownSKUError(f"unknown SKU '{sku_id}'{suggest(key, names)}; `gpubench skus` lists them")
+
+
+def detect(device_name: str) -> SKU | None:
+    """The table entry whose name pattern matches a device name read from the driver, if any.
+
+    Longest pattern wins, so 'H100 PCIe' is not taken for an SXM part.
+    """
+    best, best_len = None, 0
+    for sku in gpu_skus().values():
+        for pat in sku.patterns:
+            if re.search(re.escape(pat), device_name, re.IGNORECASE) and len(pat) > best_len:
+                best, best_len = sku, len(pat)
+    return best
+
+
+def check_matches(sku: SKU, device_name: str, backend: str, force: bool = False) -> None:
+    """Raise SKUMismatchError when --sku contradicts the detected device (unless force)."""
+    if force:
+        return
+    if sku.backend != backend:
+        raise SKUMismatchError(
+            f"--sku {sku.id} is a {sku.backend} SKU but the device is {backend} ('{device_name}'); use --force to override")
+    if backend == "cuda":
+        found = detect(device_name)
+        if found is not None and found.id != sku.id:
+            raise SKUMismatchError(
+                f"--sku {sku.id} contradicts the detected device '{device_name}' (looks like {found.id}); use --force to override")

@@ -1,0 +1,1 @@
+"""kvcomm: KV-cache reuse, re-rotation, quantization and blending between agents."""

@@ -1,0 +1,144 @@
+"""Transformer model configs: a HuggingFace ``config.json`` reduced to what step costs depend on.
+
+Supported families: Llama, Mistral, Qwen2 (GQA, tied embeddings, optional qkv bias). Shipped
+configs live in ``predictor/configs/<name>.json`` and are written from the models' public
+dimensions; ``--model`` also takes a path to any ``config.json``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from gpubench.errors import ConfigError, UnknownModelError, suggest
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+ALIASES = {
+    "llama3.1-8b": "llama-3.1-8b", "llama-8b": "llama-3.1-8b", "llama-3-8b": "llama-3.1-8b",
+    "llama3.1-70b": "llama-3.1-70b", "llama-70b": "llama-3.1-70b",
+    "llama3.2-1b": "llama-3.2-1b", "llama-1b": "llama-3.2-1b",
+    "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-7b": "qwen2.5-7b",
+    "mistral-7b-v0.3": "mistral-7b", "smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Weights of one decoder layer: q,k,v,o projections (+bias), gate/up/down, two RMSNorms."""
+        attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        if self.attention_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return attn + mlp + 2 * self.hidden_size
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        """0 extra parameters when tied (the embedding matrix is reused), but it is still read."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def param_count(self) -> int:
+        return self.num_layers * self.layer_params() + self.embedding_params() + self.lm_head_params() + self.hidden_size
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> int:
+        return self.param_count() * dtype_bytes
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of one token across all layers."""
+        return 2 * self.num_layers * self.kv_dim * dtype_bytes
+
+
+def available_models() -> list[str]:
+    files = resources.files("predictor").joinpath("configs")
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def config_path(name: str) -> Path | None:
+    """Path of a shipped config by name or alias, or None."""
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    p = resources.files("predictor").joinpath("configs", f"{key}.json")
+    return Path(str(p)) if p.is_file() else None
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """A shipped config by name/alias, or any HF ``config.json`` (or a directory holding one)."""
+    s = str(name_or_path)
+    path = config_path(s) if not (s.endswith(".json") or "/" in s or Path(s).exists()) else Path(s)
+    if path is None:
+        raise UnknownModelError(f"unknown model '{s}'{suggest(s, available_models() + list(ALIASES))}; "
+                                f"known: {', '.join(available_models())}, or pass a path to a config.json")
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    name = path.stem if path.name != "config.json" else path.parent.name
+    return from_dict(raw, name=name, where=str(path))
+
+
+def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    mtype = raw.get("model_type")
+    if mtype not in SUPPORTED_TYPES:
+        raise ConfigError(f"{where}: model_type '{mtype}' is not supported (supported: {', '.join(SUPPORTED_TYPES)})")
+
+    def need(key):
+        if key not in raw:
+            raise ConfigError(f"{where}: missing field '{key}'")
+        v = raw[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ConfigError(f"{where}: field '{key}' must be a positive integer, got {v!r}")
+        return v
+
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    head_dim = raw.get("head_dim") or hidden // heads
+    return ModelConfig(
+        name=name,
+        model_type=mtype,
+        num_layers=need("num_hidden_layers"),
+        hidden_size=hidden,
+        intermediate_size=need("intermediate_size"),
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        vocab_size=need("vocab_size"),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", mtype == "qwen2")),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rope_scaling=raw.get("rope_scaling"),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        raw=raw,
+    )

@@ -1,0 +1,176 @@
+"""Build gpubench's compiled probes.
+
+Two pybind11 extensions:
+  gpubench._cpu   C++17 from csrc/cpu/  (always built; OpenMP; -march=native unless GPUBENCH_NATIVE=0)
+  gpubench._cuda  csrc/cuda/*.cu compiled by nvcc + csrc/cuda/*.cpp bindings compiled by the host
+                  compiler, linked against cudart_static so that importing it needs no driver.
+                  Built when nvcc is found (CUDA_HOME, then PATH); GPUBENCH_CUDA=1 makes a missing
+                  or failing toolkit a hard error, GPUBENCH_CUDA=0 skips it.
+GPUBENCH_CUDA_ARCHS: ';'-separated SM list (default "80;86;89;90"); PTX of the newest arch that the
+installed nvcc supports is always added so newer GPUs can JIT.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+VERSION = "0.1.0"
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+def _env_flag(name):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    return value not in ("0", "false", "no", "off")
+
+
+def locate_cuda():
+    """Return (cuda_home, nvcc) or (None, reason). Runs only when building, never at import."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        nvcc = os.path.join(home, "bin", "nvcc")
+        if not os.path.exists(nvcc):
+            return None, f"CUDA_HOME={home} has no bin/nvcc"
+        return home, nvcc
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None, "nvcc not found on PATH and CUDA_HOME is not set"
+    # nvcc on PATH may be a wrapper script outside the toolkit: take the first candidate home that
+    # really holds the runtime headers.
+    for home in (os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda", "/opt/cuda"):
+        if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+            return home, nvcc
+    return None, f"found {nvcc} but no toolkit with include/cuda_runtime.h (set CUDA_HOME)"
+
+
+def newest_arch(nvcc):
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    nums = [int(m) for m in re.findall(r"compute_(\d+)", out)]
+    return max(nums) if nums else None
+
+
+def cuda_gencode_flags(nvcc):
+    archs = [a.strip() for a in os.environ.get("GPUBENCH_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+    flags = []
+    for arch in archs:
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    top = newest_arch(nvcc)
+    if top is not None:
+        flags += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
+    return flags
+
+
+class GpubenchBuildExt(build_ext):
+    """Routes .cu sources of the _cuda extension through nvcc, then links them with the host compiler."""
+
+    def build_extension(self, ext):
+        if ext.name == "gpubench._cuda":
+            self._compile_cu(ext)
+        super().build_extension(ext)
+
+    def _compile_cu(self, ext):
+        cuda_home, nvcc = ext._gpubench_cuda
+        gencode = cuda_gencode_flags(nvcc)
+        extra = os.environ.get("GPUBENCH_NVCC_FLAGS", "").split()
+        os.makedirs(self.build_temp, exist_ok=True)
+        for src in ext._gpubench_cu_sources:
+            obj = os.path.join(self.build_temp, os.path.basename(src) + ".o")
+            cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+                   "-I", os.path.join(HERE, "csrc", "cuda"), *gencode, *extra]
+            print("nvcc:", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            ext.extra_objects.append(obj)
+
+
+def cpu_extension():
+    native = _env_flag("GPUBENCH_NATIVE")
+    flags = ["-O3", "-fopenmp", "-std=c++17"]
+    if native is not False:
+        flags.append("-march=native")
+    return Pybind11Extension(
+        "gpubench._cpu",
+        sorted(glob.glob("csrc/cpu/*.cpp")),
+        include_dirs=["csrc/cpu"],
+        extra_compile_args=flags,
+        extra_link_args=["-fopenmp"],
+        define_macros=[("GPUBENCH_VERSION", f'"{VERSION}"')],
+        cxx_std=17,
+    )
+
+
+def cuda_extension():
+    want = _env_flag("GPUBENCH_CUDA")
+    if want is False:
+        print("gpubench: skipping gpubench._cuda (GPUBENCH_CUDA=0)")
+        return None
+    cuda_home, nvcc_or_reason = locate_cuda()
+    if cuda_home is None:
+        if want:
+            sys.exit(f"gpubench: GPUBENCH_CUDA=1 but {nvcc_or_reason}")
+        print(f"gpubench: skipping gpubench._cuda ({nvcc_or_reason})")
+        return None
+    lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib"),
+                            os.path.join(cuda_home, "targets", "x86_64-linux", "lib")) if os.path.isdir(d)]
+    cublas = _find_cublas(cuda_home)
+    macros = [("GPUBENCH_VERSION", f'"{VERSION}"')]
+    libs = ["cudart_static", "dl", "rt", "pthread"]
+    inc = ["csrc/cuda", os.path.join(cuda_home, "include")]
+    if cublas:
+        macros.append(("GPUBENCH_HAVE_CUBLAS", "1"))
+        inc.append(cublas["include"])
+        lib_dirs.append(cublas["lib"])
+        libs = ["cublasLt_static", "cublas_static", "culibos"] + libs if cublas["static"] else ["cublas", "cublasLt"] + libs
+    ext = Pybind11Extension(
+        "gpubench._cuda",
+        sorted(glob.glob("csrc/cuda/*.cpp")),
+        include_dirs=inc,
+        library_dirs=lib_dirs,
+        libraries=libs,
+        runtime_library_dirs=[cublas["lib"]] if cublas and not cublas["static"] else [],
+        define_macros=macros,
+        extra_compile_args=["-O3", "-std=c++17"],
+        cxx_std=17,
+    )
+    ext._gpubench_cuda = (cuda_home, nvcc_or_reason)
+    ext._gpubench_cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
+    return ext
+
+
+def _find_cublas(cuda_home):
+    """cuBLAS from the toolkit, or the nvidia-cublas wheel's headers and shared libs; None if absent."""
+    if _env_flag("GPUBENCH_CUBLAS") is False:
+        return None
+    inc = os.path.join(cuda_home, "include")
+    for libdir in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+        d = os.path.join(cuda_home, libdir)
+        if os.path.exists(os.path.join(inc, "cublas_v2.h")):
+            if os.path.exists(os.path.join(d, "libcublas.so")):
+                return {"include": inc, "lib": d, "static": False}
+    try:
+        import nvidia.cublas as nvcublas  # the nvidia-cublas wheel
+        base = os.path.dirname(nvcublas.__file__)
+        if os.path.exists(os.path.join(base, "include", "cublas_v2.h")):
+            libs = glob.glob(os.path.join(base, "lib", "libcublas.so*"))
+            if libs:
+                return {"include": os.path.join(base, "include"), "lib": os.path.join(base, "lib"), "static": False}
+    except ImportError:
+        pass
+    return None
+
+
+ext_modules = [cpu_extension()]
+cuda_ext = cuda_extension()
+if cuda_ext is not None:
+    ext_modules.append(cuda_ext)
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": GpubenchBuildExt})
