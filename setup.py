@@ -168,8 +168,10 @@ def _find_cublas(cuda_home):
     return None
 
 
-ext_modules = [cpu_extension()]
-cuda_ext = cuda_extension()
+# GPUBENCH_ONLY=cpu|cuda builds one extension (a developer's quick rebuild); default builds both.
+_only = os.environ.get("GPUBENCH_ONLY", "")
+ext_modules = [] if _only == "cuda" else [cpu_extension()]
+cuda_ext = cuda_extension() if _only != "cpu" else None
 if cuda_ext is not None:
     ext_modules.append(cuda_ext)
 
