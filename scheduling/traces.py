@@ -1,0 +1,434 @@
+"""Agent traces: multi-turn jobs, their JSONL format, validation, arrivals and a synthetic generator.
+
+A **job** is one agent trajectory (DESIGN §7)::
+
+    {"job_id": "j0", "prefix_group": "g0", "system_tokens": 3000, "arrival_s": 0.0,
+     "turns": [{"input_tokens": 800, "output_tokens": 150, "tool": "bash", "tool_s": 0.4}, ...]}
+
+Turn k's prompt is the system prompt, then every earlier turn's input and output, then turn k's
+input::
+
+    | system_tokens | in_0 | out_0 | in_1 | out_1 | ... | in_k |  -> generates out_k
+    '-- shared by the prefix group --'
+
+``tool_s`` is the idle gap between turn k's last output token and turn k+1's arrival (closed
+loop: the next turn is sent when the previous one finished plus the gap); the last turn has
+``tool=None`` and ``tool_s=0``.
+
+File format: one JSON object per line (``.jsonl``); ``arrival_s`` is optional (default 0).
+``load_trace`` also reads SWE-smith trajectory files (parquet, or JSONL whose rows carry a
+``messages`` field); see :mod:`scheduling.swesmith`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from gpubench.errors import TraceFormatError
+
+__all__ = [
+    "Turn", "Job", "SyntheticParams", "ToolTimeModel", "DEFAULT_TOOL_MODELS",
+    "load_trace", "save_trace", "job_from_dict", "job_to_dict", "validate_job",
+    "with_poisson_arrivals", "synthetic_jobs", "trace_stats",
+]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request of an agent: new input tokens, generated output tokens, then a tool gap.
+
+    Args:
+        input_tokens: new tokens appended to the prompt for this turn (observation or task), ≥ 0
+            (the first turn of a job must have input_tokens + system_tokens ≥ 1).
+        output_tokens: tokens the model generates, ≥ 1.
+        tool: the tool the agent runs after this turn (None on the last turn).
+        tool_s: seconds between this turn's last output token and the next turn's arrival.
+    """
+
+    input_tokens: int
+    output_tokens: int
+    tool: str | None = None
+    tool_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One multi-turn agent trajectory; see the module docstring for the prompt layout."""
+
+    job_id: str
+    prefix_group: str
+    system_tokens: int
+    turns: tuple[Turn, ...]
+    arrival_s: float = 0.0
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    def prompt_tokens(self, k: int) -> int:
+        """Prompt length of turn k: system + all earlier inputs and outputs + turn k's input."""
+        history = sum(t.input_tokens + t.output_tokens for t in self.turns[:k])
+        return self.system_tokens + history + self.turns[k].input_tokens
+
+    def total_tokens(self) -> int:
+        """Context length after the last turn's output (system + every input and output)."""
+        return self.system_tokens + sum(t.input_tokens + t.output_tokens for t in self.turns)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and (de)serialization
+# --------------------------------------------------------------------------------------------
+
+def _where(job_id: Any, path: str | Path | None, line: int | None) -> str:
+    loc = f"{path}:{line}: " if path is not None and line is not None else (f"{path}: " if path else "")
+    return f"{loc}job {job_id!r}"
+
+
+def _int_field(obj: dict, name: str, ctx: str, minimum: int) -> int:
+    if name not in obj:
+        raise TraceFormatError(f"{ctx}: missing field {name!r}")
+    val = obj[name]
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or (isinstance(val, float) and not val.is_integer()):
+        raise TraceFormatError(f"{ctx}: field {name!r} must be an integer, got {val!r}")
+    if val < minimum:
+        raise TraceFormatError(f"{ctx}: field {name!r} must be >= {minimum}, got {val!r}")
+    return int(val)
+
+
+def _float_field(obj: dict, name: str, ctx: str, default: float | None = None) -> float:
+    if name not in obj or obj[name] is None:
+        if default is None:
+            raise TraceFormatError(f"{ctx}: missing field {name!r}")
+        return default
+    val = obj[name]
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val) or val < 0:
+        raise TraceFormatError(f"{ctx}: field {name!r} must be a finite number >= 0, got {val!r}")
+    return float(val)
+
+
+def job_from_dict(obj: Any, *, path: str | Path | None = None, line: int | None = None) -> Job:
+    """Build a validated :class:`Job` from one decoded JSON object.
+
+    Raises:
+        TraceFormatError: naming the file and line (when given), the job and the offending field.
+    """
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{_where(None, path, line)}: expected a JSON object, got {type(obj).__name__}")
+    job_id = obj.get("job_id")
+    ctx = _where(job_id, path, line)
+    if not isinstance(job_id, str) or not job_id:
+        raise TraceFormatError(f"{ctx}: field 'job_id' must be a non-empty string, got {job_id!r}")
+    group = obj.get("prefix_group", "default")
+    if not isinstance(group, str) or not group:
+        raise TraceFormatError(f"{ctx}: field 'prefix_group' must be a non-empty string, got {group!r}")
+    system_tokens = _int_field(obj, "system_tokens", ctx, 0)
+    arrival_s = _float_field(obj, "arrival_s", ctx, default=0.0)
+    raw_turns = obj.get("turns")
+    if not isinstance(raw_turns, list) or not raw_turns:
+        raise TraceFormatError(f"{ctx}: field 'turns' must be a non-empty list, got {raw_turns!r:.80}")
+    turns = []
+    for k, t in enumerate(raw_turns):
+        tctx = f"{ctx} turn {k}"
+        if not isinstance(t, dict):
+            raise TraceFormatError(f"{tctx}: expected an object, got {t!r:.80}")
+        tool = t.get("tool")
+        if tool is not None and (not isinstance(tool, str) or not tool):
+            raise TraceFormatError(f"{tctx}: field 'tool' must be a non-empty string or null, got {tool!r}")
+        turns.append(Turn(
+            input_tokens=_int_field(t, "input_tokens", tctx, 0),
+            output_tokens=_int_field(t, "output_tokens", tctx, 1),
+            tool=tool,
+            tool_s=_float_field(t, "tool_s", tctx, default=0.0),
+        ))
+    job = Job(job_id=job_id, prefix_group=group, system_tokens=system_tokens, turns=tuple(turns), arrival_s=arrival_s)
+    validate_job(job, path=path, line=line)
+    return job
+
+
+def validate_job(job: Job, *, path: str | Path | None = None, line: int | None = None) -> None:
+    """Check a job's invariants (also for jobs built in code).
+
+    Raises:
+        TraceFormatError: on a negative count, a zero-length first prompt, a last turn with a tool
+            gap, or a non-finite time; the message names the job, turn and field.
+    """
+    ctx = _where(job.job_id, path, line)
+    if job.system_tokens < 0:
+        raise TraceFormatError(f"{ctx}: field 'system_tokens' must be >= 0, got {job.system_tokens}")
+    if not (math.isfinite(job.arrival_s) and job.arrival_s >= 0):
+        raise TraceFormatError(f"{ctx}: field 'arrival_s' must be a finite number >= 0, got {job.arrival_s}")
+    if not job.turns:
+        raise TraceFormatError(f"{ctx}: field 'turns' must be non-empty")
+    for k, t in enumerate(job.turns):
+        tctx = f"{ctx} turn {k}"
+        if t.input_tokens < 0:
+            raise TraceFormatError(f"{tctx}: field 'input_tokens' must be >= 0, got {t.input_tokens}")
+        if t.output_tokens < 1:
+            raise TraceFormatError(f"{tctx}: field 'output_tokens' must be >= 1, got {t.output_tokens}")
+        if not (math.isfinite(t.tool_s) and t.tool_s >= 0):
+            raise TraceFormatError(f"{tctx}: field 'tool_s' must be a finite number >= 0, got {t.tool_s}")
+    if job.system_tokens + job.turns[0].input_tokens < 1:
+        raise TraceFormatError(f"{ctx} turn 0: field 'input_tokens' gives an empty first prompt (system_tokens 0)")
+    last = job.turns[-1]
+    if last.tool is not None or last.tool_s != 0:
+        raise TraceFormatError(
+            f"{ctx} turn {len(job.turns) - 1}: field 'tool' must be null and 'tool_s' 0 on the last turn "
+            f"(got tool={last.tool!r}, tool_s={last.tool_s})")
+
+
+def job_to_dict(job: Job) -> dict:
+    """The JSON object of one job (DESIGN §7 schema plus ``arrival_s``)."""
+    return {
+        "job_id": job.job_id, "prefix_group": job.prefix_group, "system_tokens": job.system_tokens,
+        "arrival_s": job.arrival_s, "turns": [asdict(t) for t in job.turns],
+    }
+
+
+def save_trace(jobs: Iterable[Job], path: str | Path) -> Path:
+    """Write jobs as JSONL (one job per line); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for job in jobs:
+            f.write(json.dumps(job_to_dict(job), separators=(",", ":")) + "\n")
+    return path
+
+
+def _is_swesmith_file(path: Path) -> bool:
+    """A parquet file, or a JSONL whose first object has a ``messages`` field, is SWE-smith."""
+    if path.suffix == ".parquet":
+        return True
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    first = json.loads(raw)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(first, dict) and "messages" in first and "turns" not in first
+    return False
+
+
+def load_trace(path: str | Path, *, seed: int = 0) -> list[Job]:
+    """Load a trace file: our JSONL job schema, or a SWE-smith parquet/JSONL trajectory file.
+
+    Args:
+        path: the file.
+        seed: seed of the tool-duration model for SWE-smith files (they carry no timestamps).
+
+    Raises:
+        TraceFormatError: unreadable file, bad JSON (file and line), invalid job, duplicate job id.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFormatError(f"{path}: trace file not found")
+    if _is_swesmith_file(path):
+        from scheduling import swesmith
+
+        return swesmith.load_swesmith(path, seed=seed)
+    jobs: list[Job] = []
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise TraceFormatError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
+            job = job_from_dict(obj, path=path, line=lineno)
+            if job.job_id in seen:
+                raise TraceFormatError(
+                    f"{path}:{lineno}: job {job.job_id!r}: field 'job_id' duplicates line {seen[job.job_id]}")
+            seen[job.job_id] = lineno
+            jobs.append(job)
+    if not jobs:
+        raise TraceFormatError(f"{path}: no jobs in file")
+    return jobs
+
+
+# --------------------------------------------------------------------------------------------
+# Arrivals
+# --------------------------------------------------------------------------------------------
+
+def with_poisson_arrivals(jobs: Sequence[Job], jps: float, seed: int, *, start_s: float = 0.0) -> list[Job]:
+    """Give jobs Poisson arrival times at rate ``jps`` jobs per second, in the given order.
+
+    Inter-arrival gaps are exponential with mean 1/jps, drawn from ``numpy.random.default_rng(seed)``;
+    the first job arrives after one gap (``start_s`` + gap). ``jps <= 0`` or ``inf`` puts every job
+    at ``start_s`` (all at once: a closed batch).
+    """
+    if jps is None or not math.isfinite(jps) or jps <= 0:
+        return [replace(j, arrival_s=float(start_s)) for j in jobs]
+    rng = np.random.default_rng([int(seed), 0x5EED])
+    gaps = rng.exponential(1.0 / jps, size=len(jobs))
+    times = start_s + np.cumsum(gaps)
+    return [replace(j, arrival_s=float(t)) for j, t in zip(jobs, times)]
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic software-engineering agents
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolTimeModel:
+    """Duration of one tool call: a lognormal body mixed with a Pareto tail.
+
+    With probability ``1 - tail_prob`` the duration is lognormal with median ``median_s`` and
+    log-standard-deviation ``sigma``; with probability ``tail_prob`` it is Pareto (type I) with
+    scale ``tail_scale_s`` and shape ``tail_alpha`` (heavy tail of long tests/builds), clipped at
+    ``max_s``.
+    """
+
+    median_s: float
+    sigma: float
+    tail_prob: float = 0.0
+    tail_scale_s: float = 30.0
+    tail_alpha: float = 1.5
+    max_s: float = 900.0
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        body = rng.lognormal(math.log(self.median_s), self.sigma, size=size)
+        if self.tail_prob > 0:
+            tail = self.tail_scale_s * (1.0 + rng.pareto(self.tail_alpha, size=size))
+            body = np.where(rng.random(size) < self.tail_prob, tail, body)
+        return np.minimum(body, self.max_s)
+
+
+# Per-tool duration models. Medians between 0.1 and 0.6 s as public agent traces show; `test` and
+# `bash` carry the tail of minute-long runs (test suites, builds, installs).
+DEFAULT_TOOL_MODELS: dict[str, ToolTimeModel] = {
+    "view": ToolTimeModel(median_s=0.10, sigma=0.6),
+    "search": ToolTimeModel(median_s=0.25, sigma=0.8, tail_prob=0.01, tail_scale_s=5.0),
+    "edit": ToolTimeModel(median_s=0.12, sigma=0.5),
+    "bash": ToolTimeModel(median_s=0.40, sigma=1.2, tail_prob=0.05, tail_scale_s=20.0, tail_alpha=1.3),
+    "test": ToolTimeModel(median_s=0.60, sigma=1.3, tail_prob=0.15, tail_scale_s=30.0, tail_alpha=1.2),
+    "python": ToolTimeModel(median_s=0.50, sigma=1.2, tail_prob=0.06, tail_scale_s=20.0, tail_alpha=1.3),
+    "submit": ToolTimeModel(median_s=0.20, sigma=0.4),
+}
+DEFAULT_TOOL_MIX: dict[str, float] = {
+    "view": 0.28, "bash": 0.22, "edit": 0.20, "search": 0.12, "test": 0.10, "python": 0.08,
+}
+
+
+@dataclass(frozen=True)
+class SyntheticParams:
+    """Distributions of the synthetic software-engineering agent (all seeded; see docs/traces.md).
+
+    Turns per job: negative binomial with mean ``turns_mean`` and dispersion ``turns_dispersion``
+    (variance = mean + mean²/dispersion), clipped to [``turns_min``, ``turns_max``].
+    System prompt: ``num_prefix_groups`` groups, each with a fixed size drawn uniformly from
+    [``system_tokens_min``, ``system_tokens_max``]; a job joins a group uniformly at random.
+    Turn 0's input (the task statement): lognormal, median ``task_tokens_median``, sigma ``task_sigma``.
+    Later inputs (observations): lognormal, median ``obs_tokens_median``, sigma ``obs_sigma``,
+    clipped to [``obs_tokens_min``, ``obs_tokens_max``].
+    Outputs: lognormal, median ``out_tokens_median``, sigma ``out_sigma``, clipped to
+    [``out_tokens_min``, ``out_tokens_max``].
+    Tools: drawn from ``tool_mix`` (weights); durations from ``tool_models`` (per tool name). The
+    last turn has no tool; with ``end_with_submit`` the turn before it calls ``submit``.
+    """
+
+    turns_mean: float = 38.0
+    turns_dispersion: float = 3.0
+    turns_min: int = 3
+    turns_max: int = 120
+    num_prefix_groups: int = 4
+    system_tokens_min: int = 2000
+    system_tokens_max: int = 5000
+    task_tokens_median: float = 600.0
+    task_sigma: float = 0.5
+    obs_tokens_median: float = 350.0
+    obs_sigma: float = 1.0
+    obs_tokens_min: int = 20
+    obs_tokens_max: int = 12000
+    out_tokens_median: float = 170.0
+    out_sigma: float = 0.5
+    out_tokens_min: int = 8
+    out_tokens_max: int = 2000
+    tool_mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TOOL_MIX))
+    tool_models: dict[str, ToolTimeModel] = field(default_factory=lambda: dict(DEFAULT_TOOL_MODELS))
+    end_with_submit: bool = True
+
+    def __hash__(self) -> int:  # dict fields: hash by value so params can key caches
+        return hash(json.dumps(asdict(self), sort_keys=True, default=str))
+
+
+def _lognormal_int(rng: np.random.Generator, median: float, sigma: float, size: int, lo: int, hi: int) -> np.ndarray:
+    vals = rng.lognormal(math.log(median), sigma, size=size)
+    return np.clip(np.rint(vals), lo, hi).astype(np.int64)
+
+
+def synthetic_jobs(n: int, seed: int, params: SyntheticParams | None = None, *, id_prefix: str = "syn") -> list[Job]:
+    """``n`` seeded synthetic software-engineering-agent jobs (arrival_s = 0; see with_poisson_arrivals).
+
+    The same (n, seed, params) always gives the same jobs; job i does not depend on n (each job
+    draws from its own child stream), so a longer trace extends a shorter one.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    p = params or SyntheticParams()
+    group_rng = np.random.default_rng([int(seed), 0])
+    group_sizes = group_rng.integers(p.system_tokens_min, p.system_tokens_max + 1, size=p.num_prefix_groups)
+    tools = sorted(p.tool_mix)
+    weights = np.array([p.tool_mix[t] for t in tools], dtype=float)
+    weights /= weights.sum()
+    unknown = [t for t in tools + (["submit"] if p.end_with_submit else []) if t not in p.tool_models]
+    if unknown:
+        raise ValueError(f"tool_mix names tools without a duration model: {unknown}")
+    jobs = []
+    for i in range(n):
+        rng = np.random.default_rng([int(seed), 1, i])
+        # Negative binomial via numpy's (r, p) parametrization: mean = r(1-p)/p.
+        r = p.turns_dispersion
+        prob = r / (r + p.turns_mean)
+        num_turns = int(np.clip(rng.negative_binomial(r, prob), p.turns_min, p.turns_max))
+        group = int(rng.integers(p.num_prefix_groups))
+        inputs = _lognormal_int(rng, p.obs_tokens_median, p.obs_sigma, num_turns, p.obs_tokens_min, p.obs_tokens_max)
+        inputs[0] = _lognormal_int(rng, p.task_tokens_median, p.task_sigma, 1, p.obs_tokens_min, p.obs_tokens_max)[0]
+        outputs = _lognormal_int(rng, p.out_tokens_median, p.out_sigma, num_turns, p.out_tokens_min, p.out_tokens_max)
+        tool_idx = rng.choice(len(tools), size=num_turns, p=weights)
+        turn_tools: list[str | None] = [tools[j] for j in tool_idx]
+        if p.end_with_submit and num_turns >= 2:
+            turn_tools[num_turns - 2] = "submit"
+        turn_tools[-1] = None
+        durations = np.zeros(num_turns)
+        for name in set(t for t in turn_tools if t is not None):
+            mask = np.array([t == name for t in turn_tools])
+            durations[mask] = p.tool_models[name].sample(rng, int(mask.sum()))
+        turns = tuple(
+            Turn(int(inputs[k]), int(outputs[k]), turn_tools[k], round(float(durations[k]), 6))
+            for k in range(num_turns)
+        )
+        jobs.append(Job(f"{id_prefix}-{seed}-{i:05d}", f"g{group}", int(group_sizes[group]), turns))
+    return jobs
+
+
+def trace_stats(jobs: Sequence[Job]) -> dict[str, float]:
+    """Summary statistics of a trace (turns, tokens, tool times) for docs and sanity checks."""
+    turns = np.array([j.num_turns for j in jobs])
+    ins = np.array([t.input_tokens for j in jobs for t in j.turns[1:]] or [0])
+    outs = np.array([t.output_tokens for j in jobs for t in j.turns])
+    gaps = np.array([t.tool_s for j in jobs for t in j.turns if t.tool is not None] or [0.0])
+    ctx = np.array([j.total_tokens() for j in jobs])
+    total_in = sum(j.system_tokens + sum(t.input_tokens for t in j.turns) for j in jobs)
+    prompt_sum = sum(j.prompt_tokens(k) for j in jobs for k in range(j.num_turns))
+    long_gap_share = float(gaps[gaps >= 60].sum() / gaps.sum()) if gaps.sum() > 0 else 0.0
+    return {
+        "num_jobs": len(jobs),
+        "turns_median": float(np.median(turns)), "turns_mean": float(turns.mean()),
+        "turns_min": int(turns.min()), "turns_max": int(turns.max()),
+        "obs_tokens_median": float(np.median(ins)), "obs_tokens_p90": float(np.percentile(ins, 90)),
+        "out_tokens_median": float(np.median(outs)), "out_tokens_mean": float(outs.mean()),
+        "final_context_median": float(np.median(ctx)), "final_context_p90": float(np.percentile(ctx, 90)),
+        "final_context_max": int(ctx.max()),
+        "prompt_to_output_ratio": float(prompt_sum / max(1, outs.sum())),
+        "new_input_to_output_ratio": float(total_in / max(1, outs.sum())),
+        "tool_s_median": float(np.median(gaps)), "tool_s_p90": float(np.percentile(gaps, 90)),
+        "tool_s_p99": float(np.percentile(gaps, 99)), "tool_s_max": float(gaps.max()),
+        "tool_time_share_ge_60s": long_gap_share,
+    }

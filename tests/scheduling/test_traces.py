@@ -1,0 +1,156 @@
+"""Trace schema, validation, JSONL round trip, Poisson arrivals and the synthetic generator."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpubench.errors import GpubenchError, TraceFormatError
+from scheduling.traces import (
+    Job, SyntheticParams, ToolTimeModel, Turn, job_from_dict, load_trace, save_trace, synthetic_jobs,
+    trace_stats, validate_job, with_poisson_arrivals,
+)
+
+
+def make_job(job_id="j0", turns=((100, 10, "bash", 0.5), (50, 20, None, 0.0)), system_tokens=1000, group="g0"):
+    return Job(job_id, group, system_tokens, tuple(Turn(*t) for t in turns))
+
+
+def test_prompt_layout_counts_whole_history():
+    job = make_job(turns=((100, 10, "bash", 0.5), (50, 20, "edit", 1.0), (7, 3, None, 0.0)))
+    assert job.prompt_tokens(0) == 1000 + 100
+    assert job.prompt_tokens(1) == 1000 + 100 + 10 + 50
+    assert job.prompt_tokens(2) == 1000 + 110 + 70 + 7
+    assert job.total_tokens() == 1000 + 110 + 70 + 10
+
+
+def test_roundtrip_jsonl(tmp_path):
+    jobs = with_poisson_arrivals(synthetic_jobs(20, seed=3), jps=2.0, seed=1)
+    path = save_trace(jobs, tmp_path / "t.jsonl")
+    assert load_trace(path) == jobs
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda o: o.pop("system_tokens"), "system_tokens"),
+    (lambda o: o.update(system_tokens=-1), "system_tokens"),
+    (lambda o: o.update(job_id=""), "job_id"),
+    (lambda o: o.update(turns=[]), "turns"),
+    (lambda o: o["turns"][0].update(output_tokens=0), "output_tokens"),
+    (lambda o: o["turns"][0].update(input_tokens=1.5), "input_tokens"),
+    (lambda o: o["turns"][0].update(input_tokens="12"), "input_tokens"),
+    (lambda o: o["turns"][0].update(tool_s=-2), "tool_s"),
+    (lambda o: o["turns"][0].update(tool_s=float("nan")), "tool_s"),
+    (lambda o: o["turns"][1].update(tool="bash", tool_s=3.0), "tool"),
+    (lambda o: o.update(arrival_s=-1), "arrival_s"),
+])
+def test_bad_job_names_file_line_job_and_field(tmp_path, mutate, field):
+    good = {"job_id": "ok", "prefix_group": "g", "system_tokens": 10,
+            "turns": [{"input_tokens": 5, "output_tokens": 2, "tool": "bash", "tool_s": 0.1},
+                      {"input_tokens": 5, "output_tokens": 2, "tool": None, "tool_s": 0}]}
+    bad = json.loads(json.dumps(good))
+    bad["job_id"] = "bad-7"
+    mutate(bad)
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    msg = str(info.value)
+    assert f"{path}:3" in msg and repr(field) in msg, msg
+    if field != "job_id":
+        assert "'bad-7'" in msg
+    assert isinstance(info.value, GpubenchError)
+
+
+def test_bad_json_and_duplicates_and_missing(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"job_id": "a", oops}\n')
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:1: invalid JSON"):
+        load_trace(path)
+    line = json.dumps({"job_id": "a", "system_tokens": 5, "turns": [{"input_tokens": 1, "output_tokens": 1}]})
+    path.write_text(line + "\n" + line + "\n")
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:2: job 'a': field 'job_id' duplicates line 1"):
+        load_trace(path)
+    with pytest.raises(TraceFormatError, match="not found"):
+        load_trace(tmp_path / "missing.jsonl")
+    path.write_text("\n")
+    with pytest.raises(TraceFormatError, match="no jobs"):
+        load_trace(path)
+
+
+def test_validate_job_built_in_code():
+    with pytest.raises(TraceFormatError, match=r"job 'x' turn 0: field 'output_tokens'"):
+        validate_job(make_job("x", turns=((1, 0, None, 0.0),)))
+    with pytest.raises(TraceFormatError, match="empty first prompt"):
+        validate_job(make_job("x", turns=((0, 1, None, 0.0),), system_tokens=0))
+    validate_job(make_job())
+
+
+def test_defaults_prefix_group_and_tool():
+    job = job_from_dict({"job_id": "a", "system_tokens": 5, "turns": [{"input_tokens": 1, "output_tokens": 1}]})
+    assert job.prefix_group == "default" and job.turns[0].tool is None and job.arrival_s == 0.0
+
+
+def test_poisson_arrivals_rate_order_and_seed():
+    jobs = synthetic_jobs(2000, seed=0, params=SyntheticParams(turns_mean=4, turns_max=6))
+    arrived = with_poisson_arrivals(jobs, jps=5.0, seed=11)
+    times = np.array([j.arrival_s for j in arrived])
+    assert np.all(np.diff(times) > 0) and times[0] > 0
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    # mean gap 1/jps within ~4 standard errors (sd of the mean = 0.2 / sqrt(2000))
+    assert abs(gaps.mean() - 0.2) < 4 * 0.2 / np.sqrt(2000)
+    # exponential: coefficient of variation 1
+    assert 0.9 < gaps.std() / gaps.mean() < 1.1
+    assert with_poisson_arrivals(jobs, 5.0, 11) == arrived
+    assert with_poisson_arrivals(jobs, 5.0, 12) != arrived
+    assert [j.turns for j in arrived] == [j.turns for j in jobs]
+    assert all(j.arrival_s == 0.0 for j in with_poisson_arrivals(jobs[:5], float("inf"), 0))
+
+
+def test_synthetic_seeded_and_prefix_stable():
+    a = synthetic_jobs(30, seed=5)
+    assert a == synthetic_jobs(30, seed=5)
+    assert a != synthetic_jobs(30, seed=6)
+    assert synthetic_jobs(10, seed=5) == a[:10]
+    for job in a:
+        validate_job(job)
+    # one system-prompt size per prefix group
+    sizes: dict[str, set[int]] = {}
+    for job in a:
+        sizes.setdefault(job.prefix_group, set()).add(job.system_tokens)
+    assert all(len(s) == 1 for s in sizes.values())
+
+
+def test_synthetic_defaults_resemble_swe_agents():
+    """The published shape (reference/agents.md): tens of turns, median in the 30s-40s, clipped 3..120;
+    a system prompt of a few thousand tokens; outputs ~100-300; prompt:output > 100:1;
+    tool median 0.1-0.6 s with a large share of tool time in calls of minutes."""
+    jobs = synthetic_jobs(600, seed=0)
+    s = trace_stats(jobs)
+    assert 30 <= s["turns_median"] <= 40 and s["turns_min"] >= 3 and s["turns_max"] <= 120
+    assert all(2000 <= j.system_tokens <= 5000 for j in jobs)
+    assert 100 <= s["out_tokens_median"] <= 300
+    assert 200 <= s["obs_tokens_median"] <= 1000 and s["obs_tokens_p90"] > 1000
+    assert s["prompt_to_output_ratio"] > 100
+    assert 0.1 <= s["tool_s_median"] <= 0.6
+    assert s["tool_s_max"] >= 60 and s["tool_time_share_ge_60s"] > 0.3
+    assert 10_000 <= s["final_context_median"] <= 60_000
+    tools = {t.tool for j in jobs for t in j.turns}
+    assert {"bash", "edit", "view", "search", "test", "submit", None} <= tools
+
+
+def test_synthetic_params_change_distributions():
+    short = synthetic_jobs(200, 0, SyntheticParams(turns_mean=5, turns_min=2, turns_max=8, out_tokens_median=50))
+    s = trace_stats(short)
+    assert s["turns_max"] <= 8 and s["turns_min"] >= 2 and s["out_tokens_median"] < 80
+    with pytest.raises(ValueError, match="without a duration model"):
+        synthetic_jobs(1, 0, SyntheticParams(tool_mix={"teleport": 1.0}))
+
+
+def test_tool_time_model_tail():
+    rng = np.random.default_rng(0)
+    model = ToolTimeModel(median_s=0.3, sigma=1.0, tail_prob=0.1, tail_scale_s=30, tail_alpha=1.2, max_s=600)
+    x = model.sample(rng, 20000)
+    assert 0.25 < np.median(x) < 0.5
+    assert 0.08 < np.mean(x >= 30) < 0.12
+    assert x.max() <= 600
