@@ -45,3 +45,7 @@ def suggest(name: str, choices) -> str:
     if not close:
         close = [c for c in choices if name.lower() in c.lower()][:3]
     return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+class KVCommError(GpubenchError):
+    """A KV-cache operation the toolkit cannot do exactly (unsupported rope type, mismatched caches...)."""
