@@ -1,0 +1,232 @@
+"""The op graph of one forward step (decode, prefill or mixed) of a Llama/Mistral/Qwen2 model.
+
+A batch is a list of sequences ``(num_new_tokens, num_cached_tokens)``. Every op's FLOPs and bytes
+are *linear* in five batch features, so the graph is stored as coefficient matrices and a whole
+array of batches is costed with one matrix product (the scheduler calls this a lot)::
+
+    features = [1, T, S, A, C]
+      T = sum(n_i)                      new tokens (rows of every projection GEMM)
+      S = number of sequences           (rows of lm_head; sampled tokens)
+      A = sum(n_i*c_i + n_i(n_i+1)/2)   query-key pairs of causal attention over cache + new tokens
+      C = sum(c_i + n_i)                KV tokens each sequence's attention reads
+
+Per layer (x num_layers):  input_norm, qkv_proj (+bias for qwen2), rope, attention (writes the new
+K/V to the cache, reads the whole cache), o_proj, residual, post_norm, gate_up, act_mul, down,
+residual2. Once per step: embed (a gather: reads only the T rows it uses), final_norm, lm_head (the
+last token of each sequence only, so M = S; the full vocab x hidden matrix is read) and sample.
+
+Weights are read once per step, whatever the batch. So a Llama-3.1-8B decode step reads the
+16.06 GB of bf16 weights *minus* the 1.05 GB embedding table plus T rows of it: ~15.01 GB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from predictor.config import ModelConfig
+
+FEATURES = ("const", "T", "S", "A", "C")
+_ONE, _T, _S, _A, _C = range(5)
+KINDS = ("gemm", "attention", "elementwise", "embed", "sample")
+
+# NOTE(predictor): eager PyTorch op dispatches per op of a standard HF Llama forward on the CPU
+# backend (no fusion, no async queue, so each one costs host time before the op runs):
+# RMSNorm = to(fp32), pow, mean, add+rsqrt, mul, mul(weight), to -> 7; q/k/v are three Linear
+# calls; rope = (mul, 2 slices, neg, cat, mul, add) for q and for k -> 14; attention = cache
+# update (2), reshapes/transposes (4), SDPA (1), output reshape (1) -> 8; SiLU*up = silu, mul.
+CPU_DISPATCHES = {
+    "embed": 1, "input_norm": 7, "qkv_proj": 3, "rope": 14, "attention": 8, "o_proj": 1,
+    "residual": 1, "post_norm": 7, "gate_up": 2, "act_mul": 2, "down": 1, "residual2": 1,
+    "final_norm": 7, "lm_head": 2, "sample": 1,
+}
+# Fused GPU kernels per op (vLLM-style): attention = reshape_and_cache + the attention kernel.
+GPU_KERNELS = {"attention": 2}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the graph. Coefficient tuples are over FEATURES, per call (one layer).
+
+    ``gemm_nk`` is (N, K) of the op's GEMM and ``m_feature`` the feature that gives its M.
+    """
+
+    name: str
+    kind: str
+    per_layer: bool
+    flops: tuple
+    weight_read_bytes: tuple
+    act_read_bytes: tuple
+    act_write_bytes: tuple
+    kv_read_bytes: tuple = (0, 0, 0, 0, 0)
+    kv_write_bytes: tuple = (0, 0, 0, 0, 0)
+    gemm_nk: tuple | None = None
+    m_feature: int = _T
+    num_kernels: int = 1
+    num_cpu_dispatches: int = 1
+
+
+def _vec(**coef) -> tuple:
+    """Coefficient tuple from keyword features, e.g. _vec(T=4096, const=8192)."""
+    out = [0.0] * 5
+    for k, v in coef.items():
+        out[FEATURES.index(k)] = float(v)
+    return tuple(out)
+
+
+def _gemm(name: str, n: int, k: int, d: int, *, bias: bool = False, m: str = "T") -> OpSpec:
+    """A projection y[M,N] = x[M,K] @ W[K,N] (+ b): 2MNK FLOPs, weights once, x read, y written."""
+    flops = {m: 2 * n * k + (n if bias else 0)}
+    return OpSpec(
+        name=name, kind="gemm", per_layer=name not in ("lm_head",),
+        flops=_vec(**flops),
+        weight_read_bytes=_vec(const=(n * k + (n if bias else 0)) * d),
+        act_read_bytes=_vec(**{m: k * d}),
+        act_write_bytes=_vec(**{m: n * d}),
+        gemm_nk=(n, k), m_feature=FEATURES.index(m),
+        num_kernels=GPU_KERNELS.get(name, 1), num_cpu_dispatches=CPU_DISPATCHES[name],
+    )
+
+
+def _norm(name: str, h: int, d: int, per_layer: bool) -> OpSpec:
+    """RMSNorm over T rows: square, sum, rsqrt, scale, weight -> ~4 FLOPs per element."""
+    return OpSpec(name=name, kind="elementwise", per_layer=per_layer, flops=_vec(T=4 * h),
+                  weight_read_bytes=_vec(const=h * d), act_read_bytes=_vec(T=h * d),
+                  act_write_bytes=_vec(T=h * d), num_cpu_dispatches=CPU_DISPATCHES[name])
+
+
+def _residual(name: str, h: int, d: int) -> OpSpec:
+    """x + f(x): reads two T x h tensors, writes one."""
+    return OpSpec(name=name, kind="elementwise", per_layer=True, flops=_vec(T=h),
+                  weight_read_bytes=_vec(), act_read_bytes=_vec(T=2 * h * d), act_write_bytes=_vec(T=h * d),
+                  num_cpu_dispatches=CPU_DISPATCHES[name])
+
+
+def layer_ops(cfg: ModelConfig, d: int) -> list[OpSpec]:
+    """The ops of one decoder layer, in execution order."""
+    h, q, kv, hd, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.head_dim, cfg.intermediate_size
+    return [
+        _norm("input_norm", h, d, True),
+        _gemm("qkv_proj", q + 2 * kv, h, d, bias=cfg.attention_bias),
+        # rope: rotate q and k (x*cos + rotate_half(x)*sin: 3 FLOPs/element), reads the cos/sin rows.
+        OpSpec(name="rope", kind="elementwise", per_layer=True, flops=_vec(T=3 * (q + kv)),
+               weight_read_bytes=_vec(), act_read_bytes=_vec(T=(q + kv + hd) * d),
+               act_write_bytes=_vec(T=(q + kv) * d), num_cpu_dispatches=CPU_DISPATCHES["rope"]),
+        # attention: QK^T and PV are 2*q FLOPs per (query, key) pair each, softmax ~5 per pair and head.
+        OpSpec(name="attention", kind="attention", per_layer=True,
+               flops=_vec(A=4 * q + 5 * cfg.num_heads),
+               weight_read_bytes=_vec(), act_read_bytes=_vec(T=q * d), act_write_bytes=_vec(T=q * d),
+               kv_read_bytes=_vec(C=2 * kv * d), kv_write_bytes=_vec(T=2 * kv * d),
+               num_kernels=GPU_KERNELS["attention"], num_cpu_dispatches=CPU_DISPATCHES["attention"]),
+        _gemm("o_proj", h, q, d),
+        _residual("residual", h, d),
+        _norm("post_norm", h, d, True),
+        _gemm("gate_up", 2 * inter, h, d),
+        # SiLU(gate) * up: ~4 FLOPs for silu and 1 for the product per element; reads 2, writes 1.
+        OpSpec(name="act_mul", kind="elementwise", per_layer=True, flops=_vec(T=5 * inter),
+               weight_read_bytes=_vec(), act_read_bytes=_vec(T=2 * inter * d), act_write_bytes=_vec(T=inter * d),
+               num_cpu_dispatches=CPU_DISPATCHES["act_mul"]),
+        _gemm("down", h, inter, d),
+        _residual("residual2", h, d),
+    ]
+
+
+def step_ops(cfg: ModelConfig, d: int) -> list[OpSpec]:
+    """Every op of a forward step: embed, the layer ops (x num_layers), final norm, lm_head, sample."""
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    embed = OpSpec(name="embed", kind="embed", per_layer=False, flops=_vec(),
+                   weight_read_bytes=_vec(T=h * d),  # a gather: only the rows of the T tokens
+                   act_read_bytes=_vec(T=8), act_write_bytes=_vec(T=h * d),
+                   num_cpu_dispatches=CPU_DISPATCHES["embed"])
+    lm_head = _gemm("lm_head", vocab, h, d, m="S")  # tied or not, the whole matrix is read
+    # greedy sampling: one compare per logit; reads the logits, writes one token id per sequence.
+    sample = OpSpec(name="sample", kind="sample", per_layer=False, flops=_vec(S=vocab),
+                    weight_read_bytes=_vec(), act_read_bytes=_vec(S=vocab * d), act_write_bytes=_vec(S=8),
+                    num_cpu_dispatches=CPU_DISPATCHES["sample"])
+    return [embed, *layer_ops(cfg, d), _norm("final_norm", h, d, False), lm_head, sample]
+
+
+class OpGraph:
+    """Coefficient matrices of a model's step ops; ``evaluate`` costs many batches at once.
+
+    Attributes are numpy arrays over ops (length num_ops) or (num_ops, 5) matrices over FEATURES.
+    """
+
+    def __init__(self, cfg: ModelConfig, dtype_bytes: int):
+        self.model = cfg
+        self.dtype_bytes = dtype_bytes
+        self.ops = step_ops(cfg, dtype_bytes)
+        self.names = [o.name for o in self.ops]
+        self.kinds = np.array([o.kind for o in self.ops])
+        mat = lambda attr: np.array([getattr(o, attr) for o in self.ops], dtype=np.float64)  # noqa: E731
+        self.flops = mat("flops")
+        self.weight_read_bytes = mat("weight_read_bytes")
+        self.act_read_bytes = mat("act_read_bytes")
+        self.act_write_bytes = mat("act_write_bytes")
+        self.kv_read_bytes = mat("kv_read_bytes")
+        self.kv_write_bytes = mat("kv_write_bytes")
+        self.bytes_read = self.weight_read_bytes + self.act_read_bytes + self.kv_read_bytes
+        self.bytes_written = self.act_write_bytes + self.kv_write_bytes
+        self.bytes = self.bytes_read + self.bytes_written
+        self.num_calls = np.array([cfg.num_layers if o.per_layer else 1 for o in self.ops], dtype=np.float64)
+        self.num_kernels = np.array([o.num_kernels for o in self.ops], dtype=np.float64)
+        self.num_cpu_dispatches = np.array([o.num_cpu_dispatches for o in self.ops], dtype=np.float64)
+        self.gemm_index = np.array([i for i, o in enumerate(self.ops) if o.gemm_nk is not None])
+        self.gemm_n = np.array([self.ops[i].gemm_nk[0] for i in self.gemm_index], dtype=np.float64)
+        self.gemm_k = np.array([self.ops[i].gemm_nk[1] for i in self.gemm_index], dtype=np.float64)
+        self.gemm_m_feature = np.array([self.ops[i].m_feature for i in self.gemm_index])
+        self.sample_index = self.names.index("sample")
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    def total_kernels(self) -> int:
+        """Kernels one step launches on a GPU (eager): sum over ops of calls x kernels."""
+        return int(np.dot(self.num_calls, self.num_kernels))
+
+    def total_cpu_dispatches(self) -> int:
+        """Framework op dispatches one step pays on the CPU backend."""
+        return int(np.dot(self.num_calls, self.num_cpu_dispatches))
+
+    def per_call(self, features: np.ndarray, attr: str) -> np.ndarray:
+        """(P, num_ops) values of ``attr`` (flops, bytes, ...) per call, for (P, 5) features."""
+        return features @ getattr(self, attr).T
+
+    def totals(self, features: np.ndarray, attr: str) -> np.ndarray:
+        """(P,) step totals of ``attr`` over every op and layer."""
+        return features @ (getattr(self, attr).T @ self.num_calls)
+
+
+def batch_features(batch) -> np.ndarray:
+    """The (5,) feature vector of one batch: a list of (num_new_tokens, num_cached_tokens).
+
+    Raises ConfigError for an empty batch, a sequence with no new token, or a negative context.
+    """
+    from gpubench.errors import ConfigError
+
+    arr = np.asarray(batch, dtype=np.float64).reshape(-1, 2) if len(batch) else np.zeros((0, 2))
+    if arr.shape[0] == 0:
+        raise ConfigError("empty batch: give at least one (num_new_tokens, num_cached_tokens) sequence")
+    n, c = arr[:, 0], arr[:, 1]
+    if (n < 1).any():
+        raise ConfigError(f"every sequence needs num_new_tokens >= 1 (got {int(n.min())})")
+    if (c < 0).any():
+        raise ConfigError(f"num_cached_tokens must be >= 0 (got {int(c.min())})")
+    return np.array([1.0, n.sum(), float(len(n)), (n * c + n * (n + 1) / 2).sum(), (c + n).sum()])
+
+
+def decode_features(batch_sizes, context_sums) -> np.ndarray:
+    """(P, 5) features of P decode steps: B sequences, one new token each, sum of cached tokens.
+
+    For decode T = S = B, A = C = context_sum + B (each query also attends to its own new key).
+    """
+    b = np.asarray(batch_sizes, dtype=np.float64).reshape(-1)
+    ctx = np.broadcast_to(np.asarray(context_sums, dtype=np.float64).reshape(-1), b.shape)
+    out = np.empty((b.size, 5))
+    out[:, _ONE] = 1.0
+    out[:, _T] = b
+    out[:, _S] = b
+    out[:, _A] = ctx + b
+    out[:, _C] = ctx + b
+    return out

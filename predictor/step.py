@@ -1,0 +1,265 @@
+"""StepModel: the time of one forward step from the op graph, the hardware and a calibration.
+
+Per op (DESIGN §6), with spec peak P of the op's unit and bandwidth B::
+
+    t_c = FLOPs / (P * eta_c)          eta_c = f_clk * eta_cluster(M,N,K) * eta_active * eta_duty
+    t_m = bytes / (B * eta_mem(x))     x = bytes / L2;  equivalently (bytes + x_half*L2) / (B*eta_max)
+
+Step (``form="additive"``)::
+
+    GPU:  t = max(sum_op max(t_c, t_m), N_kern * t_launch) + S(N) + t_samp
+    CPU:  t = sum_op max(t_c, t_m) + N_dispatch * t_dispatch + S(N) + t_samp   (no async queue)
+
+``form="max"`` is the monolithic baseline: ``sum_op max`` becomes ``max(sum t_c, sum t_m)``; the
+other terms (T_0) are the same, so additive >= max on the same op list. S(N) = s_floor +
+s_slope * max(0, N - 1) with N the number of sequences. With ``cuda_graphs=True`` the host issues
+one graph launch, but the device still spends a graph-node interval per kernel, so the launch
+floor is N_kern * t_graph_node.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gpubench.errors import ConfigError
+from predictor import efficiency as eff
+from predictor.calibrate import Calibration, resolve
+from predictor.config import ModelConfig, load_model_config
+from predictor.hardware import DTYPE_BYTES, HardwareSpec
+from predictor.ops import OpGraph, batch_features, decode_features
+
+FORMS = ("additive", "max")
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op's share of a step, summed over its calls (layers). Times in seconds."""
+
+    name: str
+    kind: str
+    num_calls: int
+    num_kernels: int
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float
+    gemm_mnk: tuple | None
+    t_c_s: float
+    t_m_s: float
+    t_s: float  # what this op contributes to the total in the chosen form
+    bound: str  # "compute" or "memory"
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A predicted step. ``total_s = blocks_s + launch_added_s + host_s + sample_s`` and
+    ``blocks_s + sample_s = sum(op.t_s for op in ops.values())`` (the breakdown sums to the total).
+
+    ``launch_s`` is the launch floor N_kern * t_launch (GPU) or the dispatch cost (CPU);
+    ``launch_added_s`` is what it adds to the total (GPU: max(0, launch_s - blocks_s)).
+    """
+
+    total_s: float
+    form: str
+    backend: str
+    ops: dict
+    blocks_s: float
+    compute_s: float
+    memory_s: float
+    launch_s: float
+    launch_added_s: float
+    host_s: float
+    sample_s: float
+    num_kernels: int
+    num_seqs: int
+    num_new_tokens: int
+    tiers: dict = field(default_factory=dict)
+
+    @property
+    def bound(self) -> str:
+        """What dominates the blocks: "compute" or "memory"."""
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ops"] = {k: {**asdict(v), "bytes": v.bytes} for k, v in self.ops.items()}
+        d["bound"] = self.bound
+        return d
+
+
+class StepModel:
+    """Predicts forward-step times of ``model`` on ``hardware``.
+
+    Args:
+        hardware: a HardwareSpec or an SKU id (``"h100"``, ``"cpu"``).
+        model: a ModelConfig, a shipped model name, or a path to a config.json.
+        calibration: None (published, then spec defaults), a calibration.json path, a dict, or a
+            Calibration; it must be for the same SKU.
+        form: "additive" (sum of per-op max) or "max" (max of sums, the monolithic baseline).
+        cuda_graphs: launch floor from graph-node intervals instead of eager launches (GPU only).
+        dtype: weights/activations/KV dtype; None means bf16 on GPUs and fp32 on the CPU.
+    """
+
+    def __init__(self, hardware, model, *, calibration=None, form: str = "additive",
+                 cuda_graphs: bool = False, dtype: str | None = None):
+        if form not in FORMS:
+            raise ConfigError(f"unknown form '{form}' (choose from: {', '.join(FORMS)})")
+        hw = HardwareSpec.from_sku(hardware) if isinstance(hardware, str) else hardware
+        self.model: ModelConfig = load_model_config(model) if not isinstance(model, ModelConfig) else model
+        self.dtype = dtype or hw.default_dtype
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPE_BYTES)})")
+        self.calibration: Calibration = resolve(calibration, hw, self.dtype)
+        overrides = {k: p.value for k, p in self.calibration.hardware.items()}
+        if "num_sms" in overrides:
+            overrides["num_sms"] = int(overrides["num_sms"])
+        if "mem_bytes_per_s" in overrides:
+            overrides["mem_bw_tier"] = self.calibration.hardware["mem_bytes_per_s"].tier
+        self.hardware: HardwareSpec = hw.replace(**overrides) if overrides else hw
+        self.form = form
+        self.cuda_graphs = bool(cuda_graphs)
+        self.graph = OpGraph(self.model, DTYPE_BYTES[self.dtype])
+        self._setup_constants()
+
+    @classmethod
+    def for_names(cls, sku: str = "h100-sxm", model: str = "llama-3.1-8b", calibration=None, **kw) -> "StepModel":
+        """StepModel from an SKU id and a model name or config path (keywords as the constructor)."""
+        return cls(HardwareSpec.from_sku(sku), model, calibration=calibration, **kw)
+
+    # ---------------------------------------------------------------- setup
+    def _setup_constants(self) -> None:
+        """Everything that does not depend on the batch, precomputed once (the hot path is numpy)."""
+        hw, cal, g = self.hardware, self.calibration, self.graph
+        v = cal.value
+        self.f_clk = v("f_clk")
+        self.eta_active = v("eta_active")
+        self.eta_duty = v("eta_duty")
+        self.eta_max = v("eta_max")
+        self.x_half = v("x_half")
+        self.tile = eff.tile_shape(hw.arch)
+        tensor_peak = hw.peak(self.dtype)
+        vector_peak = hw.peak_flops_per_s.get("vector", tensor_peak)
+        matrix = np.isin(g.kinds, ("gemm", "attention"))
+        # eta_c without eta_cluster (that one depends on M); elementwise ops run on vector units.
+        eta_c = np.where(matrix, self.f_clk * self.eta_active * self.eta_duty, self.f_clk * self.eta_active)
+        self._flops_per_s = np.where(matrix, tensor_peak, vector_peak) * eta_c
+        # t_m = bytes * (x + x_half) / (B * eta_max * x) = (bytes + x_half * L2) / (B * eta_max)
+        self._mem_bytes_per_s = hw.mem_bytes_per_s * self.eta_max
+        self._mem_latency_bytes = self.x_half * hw.l2_bytes
+        if hw.backend == "cpu":
+            self.num_kernels = g.total_cpu_dispatches()
+            self.t_launch_s = v("t_dispatch_s")
+        else:
+            self.num_kernels = g.total_kernels()
+            self.t_launch_s = v("t_graph_node_s") if self.cuda_graphs else v("t_launch_s")
+        self.launch_s = self.num_kernels * self.t_launch_s
+        self.s_floor_s = v("s_floor_ms") * 1e-3
+        self.s_slope_s = v("s_slope_ms") * 1e-3
+        self._block_mask = np.ones(g.num_ops, dtype=bool)
+        self._block_mask[g.sample_index] = False
+
+    # ---------------------------------------------------------------- core (vectorized)
+    def _op_times(self, feats: np.ndarray):
+        """(t_c, t_m) per call, each (P, num_ops), for (P, 5) features."""
+        g = self.graph
+        flops = feats @ g.flops.T
+        nbytes = feats @ g.bytes.T
+        cluster = np.ones_like(flops)
+        if g.gemm_index.size:
+            m = feats[:, g.gemm_m_feature]
+            cluster[:, g.gemm_index] = eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
+        t_c = flops / (self._flops_per_s * cluster)
+        t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
+        return t_c, t_m
+
+    def _combine(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray):
+        """Step totals (P,) and their parts from per-call op times."""
+        calls = self.graph.num_calls
+        mask = self._block_mask
+        compute_s = t_c[:, mask] @ calls[mask]
+        memory_s = t_m[:, mask] @ calls[mask]
+        if self.form == "additive":
+            blocks_s = np.maximum(t_c, t_m)[:, mask] @ calls[mask]
+        else:
+            blocks_s = np.maximum(compute_s, memory_s)
+        s = self.graph.sample_index
+        sample_s = np.maximum(t_c[:, s], t_m[:, s])
+        if self.hardware.backend == "cpu":
+            launch_added_s = np.full_like(blocks_s, self.launch_s)
+        else:
+            launch_added_s = np.maximum(0.0, self.launch_s - blocks_s)
+        num_seqs = feats[:, 2]
+        host_s = self.s_floor_s + self.s_slope_s * np.maximum(0.0, num_seqs - 1)
+        total_s = blocks_s + launch_added_s + host_s + sample_s
+        return total_s, dict(blocks_s=blocks_s, compute_s=compute_s, memory_s=memory_s,
+                             launch_added_s=launch_added_s, host_s=host_s, sample_s=sample_s)
+
+    def predict_features(self, feats) -> np.ndarray:
+        """Step times (P,) in seconds for (P, 5) features (see predictor.ops.FEATURES)."""
+        feats = np.atleast_2d(np.asarray(feats, dtype=np.float64))
+        t_c, t_m = self._op_times(feats)
+        return self._combine(feats, t_c, t_m)[0]
+
+    def predict_decode(self, batch_sizes, context_sums) -> np.ndarray:
+        """Vectorized decode: step times (P,) for B sequences with ``context_sums`` cached tokens in total."""
+        return self.predict_features(decode_features(batch_sizes, context_sums))
+
+    def predict_many(self, batches) -> np.ndarray:
+        """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""
+        return self.predict_features(np.stack([batch_features(b) for b in batches]))
+
+    # ---------------------------------------------------------------- one step with breakdown
+    def predict(self, batch) -> StepPrediction:
+        """Predict one step. ``batch``: list of (num_new_tokens, num_cached_tokens) per sequence."""
+        feats = batch_features(batch)[None, :]
+        t_c, t_m = self._op_times(feats)
+        total, parts = self._combine(feats, t_c, t_m)
+        g = self.graph
+        calls = g.num_calls
+        flops = (feats @ g.flops.T)[0]
+        b_read = (feats @ g.bytes_read.T)[0]
+        b_written = (feats @ g.bytes_written.T)[0]
+        w = (feats @ g.weight_read_bytes.T)[0]
+        compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
+        ops = {}
+        for i, spec in enumerate(g.ops):
+            tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
+            if self.form == "additive" or i == g.sample_index:
+                t = max(tc, tm)
+            else:
+                t = tc if compute_wins else tm
+            mnk = None
+            if spec.gemm_nk is not None:
+                mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk)
+            ops[spec.name] = OpTime(
+                name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
+                num_kernels=int(calls[i] * (g.num_cpu_dispatches[i] if self.hardware.backend == "cpu" else g.num_kernels[i])),
+                flops=float(flops[i] * calls[i]), bytes_read=float(b_read[i] * calls[i]),
+                bytes_written=float(b_written[i] * calls[i]), weight_bytes=float(w[i] * calls[i]),
+                gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(t),
+                bound="compute" if tc > tm else "memory")
+        return StepPrediction(
+            total_s=float(total[0]), form=self.form, backend=self.hardware.backend, ops=ops,
+            blocks_s=float(parts["blocks_s"][0]), compute_s=float(parts["compute_s"][0]),
+            memory_s=float(parts["memory_s"][0]), launch_s=float(self.launch_s),
+            launch_added_s=float(parts["launch_added_s"][0]), host_s=float(parts["host_s"][0]),
+            sample_s=float(parts["sample_s"][0]), num_kernels=int(self.num_kernels),
+            num_seqs=int(feats[0, 2]), num_new_tokens=int(feats[0, 1]), tiers=self.calibration.tiers())
+
+    # ---------------------------------------------------------------- physical floor
+    def physical_floor_s(self, batch) -> float:
+        """Lower bound no step can beat: max(total bytes / spec B, total FLOPs / spec peak)."""
+        feats = batch_features(batch)[None, :]
+        g = self.graph
+        nbytes = float(g.totals(feats, "bytes")[0])
+        flops = float(g.totals(feats, "flops")[0])
+        return max(nbytes / self.hardware.mem_bytes_per_s, flops / self.hardware.peak(self.dtype))
+
+    def __repr__(self) -> str:
+        return (f"StepModel({self.hardware.sku_id}, {self.model.name}, dtype={self.dtype}, form={self.form}, "
+                f"cuda_graphs={self.cuda_graphs})")
