@@ -215,3 +215,246 @@ def resolve(calibration, hw: HardwareSpec, dtype: str) -> Calibration:
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype,
                        params={**base.params, **cal.params}, hardware=dict(cal.hardware),
                        host_residual={**base.host_residual, **cal.host_residual}, meta=dict(cal.meta))
+
+
+# ====================================================================== fitting from a run
+def _valid(df):
+    """Rows whose golden-value check passed (rows without a 'valid' field are kept)."""
+    if df is None or len(df) == 0:
+        return df
+    if "valid" in df.columns:
+        df = df[df["valid"].fillna(False).astype(bool)]
+    return df
+
+
+def _err(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def triad_plateau(run) -> Param | None:
+    """The CPU bandwidth B: STREAM triad headline (best) of the largest array in the run."""
+    df = _valid(run.frames.get("stream"))
+    if df is None or len(df) == 0 or "kernel" not in df.columns:
+        return None
+    tri = df[df["kernel"] == "triad"]
+    if len(tri) == 0:
+        return None
+    size_col = "array_bytes" if "array_bytes" in tri.columns else "bytes"
+    biggest = tri[tri[size_col] == tri[size_col].max()]
+    best = float(biggest["gbps_best"].max()) * 1e9
+    med = float(biggest["gbps_median"].median()) * 1e9
+    return Param(best, abs(best - med), "measured",
+                 f"{run.run_dir}: stream triad best of the largest array ({int(biggest[size_col].iloc[0])} B per array); "
+                 f"error = best - median")
+
+
+def run_hardware_overrides(run, hw: HardwareSpec) -> dict:
+    """Device figures a run read at run time (SM/core count, L2/LLC) and, on a CPU, the measured B."""
+    props = (run.manifest.get("device") or {}).get("properties") or {}
+    src = f"{run.run_dir}/manifest.json device.properties"
+    out = {}
+    sms = props.get("sm_count") if hw.backend == "cuda" else props.get("num_cpus")
+    if sms:
+        out["num_sms"] = Param(float(sms), None, "measured", f"{src} ({'sm_count' if hw.backend == 'cuda' else 'num_cpus'})")
+    l2 = props.get("l2_bytes") if hw.backend == "cuda" else props.get("llc_bytes")
+    if l2:
+        out["l2_bytes"] = Param(float(l2), None, "measured", f"{src} ({'l2_bytes' if hw.backend == 'cuda' else 'llc_bytes'})")
+    if hw.backend == "cpu":
+        b = triad_plateau(run)
+        if b is not None:
+            out["mem_bytes_per_s"] = b
+    return out
+
+
+def fit_eta_mem(x, eta) -> tuple[float, float, float, float, float]:
+    """Least-squares fit of eta_mem(x) = eta_max * x / (x + x_half) (scipy curve_fit).
+
+    Returns (eta_max, x_half, eta_max_stderr, x_half_stderr, mape) where mape is the mean absolute
+    percentage error of the fitted law on the points. ValueError if fewer than 3 distinct x.
+    """
+    from scipy.optimize import curve_fit
+
+    x = np.asarray(x, dtype=np.float64)
+    eta = np.asarray(eta, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(eta) & (x > 0) & (eta > 0)
+    x, eta = x[ok], eta[ok]
+    if np.unique(x).size < 3:
+        raise ValueError(f"need >= 3 distinct transfer sizes to fit eta_mem (have {np.unique(x).size})")
+    p0 = (float(eta.max()), float(np.median(x)))
+    popt, pcov = curve_fit(lambda xx, a, b: eff.eta_mem(xx, a, b), x, eta, p0=p0,
+                           bounds=([1e-6, 0.0], [2.0, 1e4]), maxfev=20000)
+    perr = np.sqrt(np.clip(np.diag(pcov), 0, None))
+    pred = eff.eta_mem(x, *popt)
+    mape = float(np.mean(np.abs(pred - eta) / eta))
+    return float(popt[0]), float(popt[1]), float(perr[0]), float(perr[1]), mape
+
+
+def _memory_points(run, bw: float, l2_bytes: float):
+    """(x, eta, sources) from the l2 cold sweep and the stream triad sweep of a run."""
+    xs, etas, used = [], [], []
+    l2 = _valid(run.frames.get("l2"))
+    if l2 is not None and len(l2) and "mode" in l2.columns:
+        cold = l2[l2["mode"] == "cold"]
+        if len(cold):
+            xs.append(cold["bytes"].to_numpy(float) / l2_bytes)
+            etas.append(cold["gbps_median"].to_numpy(float) * 1e9 / bw)
+            used.append(f"{len(cold)} l2 cold rows")
+    st = _valid(run.frames.get("stream"))
+    if st is not None and len(st) and "kernel" in st.columns:
+        tri = st[st["kernel"] == "triad"]  # triad only: copy/scale move uncounted write-allocate bytes
+        if len(tri):
+            xs.append(tri["bytes"].to_numpy(float) / l2_bytes)
+            etas.append(tri["gbps_median"].to_numpy(float) * 1e9 / bw)
+            used.append(f"{len(tri)} stream triad rows")
+    if not xs:
+        return np.array([]), np.array([]), []
+    return np.concatenate(xs), np.concatenate(etas), used
+
+
+def _fit_clock(run, hw: HardwareSpec, base: Param) -> Param:
+    """f_clk = 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs."""
+    g = _valid(run.frames.get("gemm"))
+    if g is None or len(g) == 0 or "clock_mhz_mean" not in g.columns or "clock_max_ref_mhz" not in g.columns:
+        return base
+    g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
+    g = g[(g["clock_max_ref_mhz"] > 0) & (g["clock_mhz_mean"] > 0)]
+    if len(g) == 0:
+        return base
+    big = g[g["m"] == g["m"].max()]
+    f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
+    return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
+                 f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+
+
+def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Param:
+    """eta_active = best `peak` throughput for dtype / (spec peak x clock factor of that row)."""
+    pk = _valid(run.frames.get("peak"))
+    if pk is None or len(pk) == 0 or "dtype" not in pk.columns:
+        return base
+    pk = pk[pk["dtype"] == dtype]
+    if len(pk) == 0:
+        return base
+    row = pk.loc[pk["tflops_median"].idxmax()]
+    f_row, how = f, "the step clock factor"
+    ref, mean = row.get("clock_max_ref_mhz"), row.get("clock_mhz_mean")
+    if ref is not None and mean is not None and _finite(ref) and _finite(mean) and ref > 0 and mean > 0:
+        f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
+    measured = float(row["tflops_median"]) * 1e12
+    value = eff.eta_active(measured, hw.peak(dtype), f_row)
+    cv = row.get("cv")
+    err = value * float(cv) if cv is not None and _finite(cv) else None
+    return Param(value, err, "measured", f"{run.run_dir}: peak {row['key']} median {measured / 1e12:.3g} TFLOP/s "
+                 f"/ spec {hw.peak(dtype) / 1e12:.3g} / f_clk {f_row:.3f} ({how})")
+
+
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _fit_duty(run, hw: HardwareSpec, dtype: str, f: float, active: float, eta_max: float, x_half: float,
+              base: Param) -> tuple[Param, dict]:
+    """eta_duty: median over compute-bound gemm rows of measured / (P f_clk eta_cluster eta_active).
+
+    A row counts as compute bound when the memory law predicts under half of its measured time;
+    if none does, the rows with the largest M are used (and the source says so).
+    """
+    g = _valid(run.frames.get("gemm"))
+    if g is None or len(g) == 0 or "dtype" not in g.columns:
+        return base, {}
+    g = g[g["dtype"] == dtype]
+    if len(g) == 0:
+        return base, {}
+    peak = hw.peak(dtype)
+    m, n, k = (g[c].to_numpy(float) for c in ("m", "n", "k"))
+    measured = g["tflops_median"].to_numpy(float) * 1e12
+    cluster = eff.eta_cluster(m, n, k, hw.num_sms, eff.tile_shape(hw.arch))
+    duty = eff.eta_duty(measured, peak, f, cluster, active)
+    t_meas = g["flops"].to_numpy(float) / measured
+    nbytes = g["bytes"].to_numpy(float)
+    t_mem = (nbytes + x_half * hw.l2_bytes) / (hw.mem_bytes_per_s * eta_max)
+    keep = t_mem < 0.5 * t_meas
+    how = f"{int(keep.sum())} compute-bound gemm rows (memory law < half the measured time)"
+    if not keep.any():
+        keep = m == m.max()
+        how = f"{int(keep.sum())} gemm rows at the largest M={int(m.max())} (none compute bound)"
+    d = duty[keep]
+    q75, q25 = np.percentile(d, [75, 25])
+    value = float(np.median(d))
+    # the identity check: eta_c * P against every kept row's measured throughput
+    pred = peak * f * cluster[keep] * active * value
+    report = {"eta_duty_rows": int(keep.sum()),
+              "gemm_identity_mape": float(np.mean(np.abs(pred - measured[keep]) / measured[keep]))}
+    return Param(value, _err((q75 - q25) / 1.349), "measured",
+                 f"{run.run_dir}: median over {how}; error = IQR/1.349"), report
+
+
+def _fit_launch(run, hw: HardwareSpec, params: dict) -> None:
+    """t_launch_s / t_graph_node_s (CUDA device interval, graph node) or t_dispatch_s (CPU)."""
+    la = _valid(run.frames.get("launch"))
+    if la is None or len(la) == 0 or "kind" not in la.columns:
+        return
+    if hw.backend == "cpu":
+        kinds = [("torch_dispatch", "t_dispatch_s"), ("py_ext_call", "t_dispatch_s")]
+    else:
+        kinds = [("device_interval", "t_launch_s"), ("graph_node", "t_graph_node_s")]
+    done = set()
+    for kind, name in kinds:
+        rows = la[la["kind"] == kind]
+        if name in done or len(rows) == 0:
+            continue
+        row = rows.loc[rows["count"].idxmax()]
+        med = float(row["per_launch_s_median"])
+        lo = row.get("per_launch_s_min")
+        params[name] = Param(med, abs(med - float(lo)) if _finite(lo) else None, "measured",
+                             f"{run.run_dir}: launch {kind} per launch (median) at count {int(row['count'])}; error = median - min")
+        done.add(name)
+
+
+def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Calibration:
+    """Fit every parameter a run supports; the rest fall back to published, then spec, values.
+
+    Raises ResultsFormatError for a malformed run directory (from gpubench.results.load).
+    """
+    from gpubench import results
+
+    run = results.load(run_dir)
+    hw0 = HardwareSpec.from_sku(run.sku)
+    if hw0.backend != run.backend:
+        raise ConfigError(f"{run.run_dir}: manifest backend '{run.backend}' does not match SKU '{run.sku}' ({hw0.backend})")
+    dtype = dtype or hw0.default_dtype
+    hw0.peak(dtype)  # ConfigError early for a dtype this SKU has no peak for
+    cal = defaults(hw0, dtype)
+    hw_over = run_hardware_overrides(run, hw0)
+    hw = hw0.replace(**{k: (int(p.value) if k == "num_sms" else p.value) for k, p in hw_over.items()})
+    params = dict(cal.params)
+    report: dict = {}
+
+    x, eta, used = _memory_points(run, hw.mem_bytes_per_s, hw.l2_bytes)
+    if len(used):
+        try:
+            a, b, ea, eb, mape = fit_eta_mem(x, eta)
+            src = f"{run.run_dir}: curve_fit over {', '.join(used)} (x = bytes / {hw.l2_bytes:.3g} B L2; " \
+                  f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s ({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
+            params["eta_max"] = Param(a, _err(ea), "measured", src)
+            params["x_half"] = Param(b, _err(eb), "measured", src)
+            report["eta_mem_mape"] = mape
+            report["eta_mem_points"] = int(x.size)
+        except (ValueError, RuntimeError) as e:
+            report["eta_mem_skipped"] = str(e)
+    params["f_clk"] = _fit_clock(run, hw, params["f_clk"])
+    f = params["f_clk"].value
+    params["eta_active"] = _fit_active(run, hw, dtype, f, params["eta_active"])
+    params["eta_duty"], duty_report = _fit_duty(run, hw, dtype, f, params["eta_active"].value,
+                                                params["eta_max"].value, params["x_half"].value, params["eta_duty"])
+    report.update(duty_report)
+    _fit_launch(run, hw, params)
+    meta = {"created_utc": _now(), "from": "run", "run_dir": str(run.run_dir),
+            "run_git_commit": run.manifest.get("git_commit"), "run_created_utc": run.manifest.get("created_utc"),
+            "device": (run.manifest.get("device") or {}).get("name"),
+            "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}
+    return Calibration(sku=hw0.sku_id, backend=hw0.backend, dtype=dtype, params=params, hardware=hw_over,
+                       host_residual=cal.host_residual, meta=meta)

@@ -108,5 +108,8 @@ class HardwareSpec:
         if not hasattr(run, "manifest"):
             run = results.load(run)
         base = cls.from_sku(run.sku)
-        return base.replace(**{k: p.value for k, p in run_hardware_overrides(run, base).items()},
-                            **({"mem_bw_tier": "measured"} if base.backend == "cpu" and "stream" in run else {}))
+        over = run_hardware_overrides(run, base)
+        changes = {k: (int(p.value) if k == "num_sms" else p.value) for k, p in over.items()}
+        if "mem_bytes_per_s" in over:
+            changes["mem_bw_tier"] = "measured"
+        return base.replace(**changes)

@@ -18,6 +18,7 @@ floor is N_kern * t_graph_node.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -30,6 +31,8 @@ from predictor.hardware import DTYPE_BYTES, HardwareSpec
 from predictor.ops import OpGraph, batch_features, decode_features
 
 FORMS = ("additive", "max")
+# M-tile segments the GEMM monotone envelope covers (128-row tiles: M up to ~1M tokens).
+GEMM_ENVELOPE_SEGMENTS = 8192
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,47 @@ class StepModel:
         self.s_slope_s = v("s_slope_ms") * 1e-3
         self._block_mask = np.ones(g.num_ops, dtype=bool)
         self._block_mask[g.sample_index] = False
+        self._setup_gemm_envelope()
+        self._setup_scalar_path()
+
+    def _setup_gemm_envelope(self) -> None:
+        """Per GEMM op, the least compute time of any larger M, by M-tile segment.
+
+        NOTE(predictor): wave quantization alone makes t_c fall when M crosses a tile boundary
+        (133 tiles run as 2 waves, 264 tiles also run as 2 waves). But a GEMM with M rows can always
+        be run as the bigger GEMM with zero rows added, so its time is at most the least time of any
+        M' >= M: t_c(M) = min(raw(M), min over later segments of raw(segment start)). This keeps the
+        model monotone in batch and context and never lowers it below FLOPs / peak.
+        """
+        g = self.graph
+        t_m = self.tile[0]
+        starts = np.arange(1, GEMM_ENVELOPE_SEGMENTS + 1, dtype=np.float64) * t_m + 1  # first M of segment a+1
+        env = np.full((g.gemm_index.size, GEMM_ENVELOPE_SEGMENTS + 2), np.inf)
+        for j, i in enumerate(g.gemm_index):
+            flops_per_m = g.flops[i, g.gemm_m_feature[j]]
+            cluster = eff.eta_cluster(starts, g.gemm_n[j], g.gemm_k[j], self.hardware.num_sms, self.tile)
+            raw = starts * flops_per_m / (self._flops_per_s[i] * cluster)
+            # env[j, a] = least raw time over segments after segment a (a = ceil(M / t_m))
+            env[j, 1:GEMM_ENVELOPE_SEGMENTS + 1] = np.minimum.accumulate(raw[::-1])[::-1]
+        self._gemm_env = env
+        self._gemm_env_list = [list(row) for row in env]
+
+    def _segment(self, m):
+        """Index into the envelope table of a GEMM's M (past the table: its last, infinite, column)."""
+        return np.minimum(np.ceil(np.maximum(m, 1.0) / self.tile[0]), GEMM_ENVELOPE_SEGMENTS + 1).astype(np.intp)
+
+    def _setup_scalar_path(self) -> None:
+        """Plain-Python tuples for ``predict_time``: one batch costs ~15 ops x 5 features of float
+        arithmetic, cheaper than a dozen small numpy calls."""
+        g = self.graph
+        gemm = {int(i): (int(g.gemm_m_feature[j]), float(g.gemm_n[j]), float(g.gemm_k[j]))
+                for j, i in enumerate(g.gemm_index)}
+        self._scalar_ops = [
+            (tuple(g.flops[i]), tuple(g.bytes[i]), float(self._flops_per_s[i]), float(g.num_calls[i]),
+             gemm.get(i), i == g.sample_index)
+            for i in range(g.num_ops)
+        ]
+        self._scalar_env = {int(i): self._gemm_env_list[j] for j, i in enumerate(g.gemm_index)}
 
     # ---------------------------------------------------------------- core (vectorized)
     def _op_times(self, feats: np.ndarray):
@@ -174,6 +218,9 @@ class StepModel:
             m = feats[:, g.gemm_m_feature]
             cluster[:, g.gemm_index] = eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
         t_c = flops / (self._flops_per_s * cluster)
+        if g.gemm_index.size:
+            env = self._gemm_env[np.arange(g.gemm_index.size), self._segment(m)]
+            t_c[:, g.gemm_index] = np.minimum(t_c[:, g.gemm_index], env)
         t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
         return t_c, t_m
 
@@ -208,6 +255,52 @@ class StepModel:
     def predict_decode(self, batch_sizes, context_sums) -> np.ndarray:
         """Vectorized decode: step times (P,) for B sequences with ``context_sums`` cached tokens in total."""
         return self.predict_features(decode_features(batch_sizes, context_sums))
+
+    def predict_time(self, batch) -> float:
+        """Total step time (s) of one batch, no breakdown: the scheduler's hot path (pure Python).
+
+        Same numbers as ``predict(batch).total_s``.
+        """
+        num_new = num_seqs = pairs = kv_tokens = 0
+        for n, c in batch:
+            if n < 1 or c < 0:
+                batch_features(batch)  # raises the ConfigError that names the problem
+            num_new += n
+            num_seqs += 1
+            pairs += n * c + n * (n + 1) // 2
+            kv_tokens += c + n
+        if num_seqs == 0:
+            batch_features(batch)
+        f = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
+        sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
+        lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
+        comp = mem = add = sample = 0.0
+        last_seg = GEMM_ENVELOPE_SEGMENTS + 1
+        for i, (fc, bc, rate, calls, gemm, is_sample) in enumerate(self._scalar_ops):
+            flops = fc[0] * f[0] + fc[1] * f[1] + fc[2] * f[2] + fc[3] * f[3] + fc[4] * f[4]
+            nbytes = bc[0] * f[0] + bc[1] * f[1] + bc[2] * f[2] + bc[3] * f[3] + bc[4] * f[4]
+            if gemm is not None:
+                m, n, k = f[gemm[0]], gemm[1], gemm[2]
+                tiles = math.ceil(max(m, 1.0) / t_m_tile) * math.ceil(n / t_n_tile)
+                tiles *= max(1, min(sms // tiles, k // eff.MIN_SPLIT_K))
+                rate = rate * tiles / (math.ceil(tiles / sms) * sms)
+                t_c = min(flops / rate, self._scalar_env[i][min(math.ceil(max(m, 1.0) / t_m_tile), last_seg)])
+            else:
+                t_c = flops / rate
+            t_m = (nbytes + lat) / bw if nbytes > 0 else 0.0
+            if is_sample:
+                sample = max(t_c, t_m)
+                continue
+            comp += calls * t_c
+            mem += calls * t_m
+            add += calls * max(t_c, t_m)
+        blocks = add if self.form == "additive" else max(comp, mem)
+        if self.hardware.backend == "cpu":
+            launch = self.launch_s
+        else:
+            launch = max(0.0, self.launch_s - blocks)
+        host = self.s_floor_s + self.s_slope_s * max(0.0, num_seqs - 1)
+        return blocks + launch + host + sample
 
     def predict_many(self, batches) -> np.ndarray:
         """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""

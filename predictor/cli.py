@@ -1,0 +1,134 @@
+"""`gpubench fit` (run directory -> calibration.json) and `gpubench predict` (one step's time)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpubench.errors import ConfigError
+
+PHASES = ("decode", "prefill", "mixed")
+
+
+def register(sub) -> None:
+    """Add the `fit` and `predict` sub-commands."""
+    p = sub.add_parser(
+        "fit", help="fit the predictor's efficiency parameters from a gpubench run",
+        description="Fit eta_mem (eta_max, x_half) from the stream/l2 cold sweeps, eta_active from `peak`, "
+                    "eta_duty from `gemm`, t_launch from `launch`, f_clk from telemetry. Parameters a run "
+                    "lacks fall back to published, then spec values; each says which tier it came from.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (results/<sku>/<stamp>-<host>/)")
+    p.add_argument("-o", "--output", default="calibration.json", help="where to write (default: %(default)s)")
+    p.add_argument("--dtype", default=None, help="dtype to calibrate (default: bf16 on GPUs, fp32 on the CPU)")
+    p.add_argument("--json", action="store_true", help="print the calibration JSON instead of a table")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser(
+        "predict", help="predict one forward step's time for a model, batch and context on an SKU",
+        description="Predict the time of one forward step (DESIGN §6). Decode: BATCH sequences with CONTEXT "
+                    "cached tokens, one new token each. Prefill: BATCH sequences of NEW_TOKENS (default: CONTEXT) "
+                    "new tokens, nothing cached. Mixed: BATCH-1 decodes at CONTEXT plus one chunked prefill of "
+                    "NEW_TOKENS (default 512) over CONTEXT cached tokens.")
+    p.add_argument("--sku", default="h100-sxm", help="SKU id or alias, or `cpu` for this host (default: %(default)s)")
+    p.add_argument("--model", default="llama-3.1-8b", help="shipped model name or path to a config.json (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=1, help="number of sequences (default: %(default)s)")
+    p.add_argument("--context", type=int, default=2048, help="cached tokens per sequence (default: %(default)s)")
+    p.add_argument("--phase", choices=PHASES, default="decode", help="step kind (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=None, help="prefill length (prefill: default CONTEXT; mixed: 512)")
+    p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
+    p.add_argument("--cuda-graphs", action="store_true", help="launch floor from CUDA-graph node intervals")
+    p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
+    p.add_argument("--dtype", default=None, help="default: bf16 on GPUs, fp32 on the CPU")
+    p.add_argument("--breakdown", action="store_true", help="print the per-op table")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.set_defaults(func=cmd_predict)
+
+
+def build_batch(phase: str, batch: int, context: int, new_tokens: int | None) -> list[tuple[int, int]]:
+    """The (num_new_tokens, num_cached_tokens) list the CLI options describe."""
+    if batch < 1:
+        raise ConfigError(f"--batch must be >= 1 (got {batch})")
+    if context < 0:
+        raise ConfigError(f"--context must be >= 0 (got {context})")
+    if new_tokens is not None and new_tokens < 1:
+        raise ConfigError(f"--new-tokens must be >= 1 (got {new_tokens})")
+    if phase == "decode":
+        return [(1, context)] * batch
+    if phase == "prefill":
+        n = new_tokens or context
+        if n < 1:
+            raise ConfigError("prefill needs --new-tokens or --context >= 1")
+        return [(n, 0)] * batch
+    return [(new_tokens or 512, context)] + [(1, context)] * (batch - 1)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from predictor.step import StepModel
+
+    model = StepModel.for_names(sku=args.sku, model=args.model, calibration=args.calibration, form=args.form,
+                                cuda_graphs=args.cuda_graphs, dtype=args.dtype)
+    batch = build_batch(args.phase, args.batch, args.context, args.new_tokens)
+    pred = model.predict(batch)
+    if args.json:
+        out = pred.to_dict()
+        out["request"] = {"sku": model.hardware.sku_id, "model": model.model.name, "dtype": model.dtype,
+                          "phase": args.phase, "batch": args.batch, "context": args.context,
+                          "new_tokens": args.new_tokens, "cuda_graphs": model.cuda_graphs}
+        json.dump(out, sys.stdout, indent=2)
+        print()
+        return 0
+    hw = model.hardware
+    launch_name = "dispatch" if hw.backend == "cpu" else ("graph floor" if model.cuda_graphs else "launch floor")
+    print(f"{hw.sku_id} {model.model.name} {model.dtype} {args.phase} batch {args.batch} context {args.context}"
+          f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}: {pred.total_s * 1e3:.3f} ms [{pred.form}]")
+    print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
+          f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
+          f"kernels (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms | sampling {pred.sample_s * 1e3:.3f} ms")
+    t = pred.tiers
+    print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
+          f"eta_duty {t['eta_duty']}, launch {t['t_dispatch_s' if hw.backend == 'cpu' else 't_launch_s']}, host {t['s_floor_ms']}")
+    if args.breakdown:
+        _print_breakdown(pred)
+    return 0
+
+
+def _print_breakdown(pred) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"per-op breakdown ({pred.form} form; times summed over layers)")
+    for col in ("op", "kind", "calls", "GEMM (M,N,K)", "GFLOP", "MB", "t_c ms", "t_m ms", "t ms", "share", "bound"):
+        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right")
+    for op in pred.ops.values():
+        mnk = "" if op.gemm_mnk is None else "x".join(str(v) for v in op.gemm_mnk)
+        table.add_row(op.name, op.kind, str(op.num_calls), mnk, f"{op.flops / 1e9:.3f}", f"{op.bytes / 1e6:.2f}",
+                      f"{op.t_c_s * 1e3:.4f}", f"{op.t_m_s * 1e3:.4f}", f"{op.t_s * 1e3:.4f}",
+                      f"{op.t_s / pred.total_s:.1%}", op.bound)
+    for name, v in (("launch (added)", pred.launch_added_s), ("host residual", pred.host_s)):
+        table.add_row(name, "", "", "", "", "", "", "", f"{v * 1e3:.4f}", f"{v / pred.total_s:.1%}", "")
+    table.add_row("total", "", "", "", f"{sum(o.flops for o in pred.ops.values()) / 1e9:.3f}",
+                  f"{sum(o.bytes for o in pred.ops.values()) / 1e6:.2f}", "", "", f"{pred.total_s * 1e3:.4f}", "100%", "")
+    Console(width=max(Console().width, 150)).print(table)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from predictor.calibrate import fit_run
+
+    cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None)
+    cal.save(args.output)
+    if args.json:
+        json.dump(cal.to_dict(), sys.stdout, indent=2)
+        print()
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calibration {cal.sku} {cal.dtype} <- {args.run_dir}")
+    for col in ("parameter", "value", "error", "tier", "source"):
+        table.add_column(col, overflow="fold")
+    for block in (cal.params, cal.hardware, cal.host_residual):
+        for name, p in block.items():
+            table.add_row(name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source)
+    Console(width=max(Console().width, 160)).print(table)
+    print(f"wrote {args.output}")
+    return 0

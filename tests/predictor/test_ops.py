@@ -1,0 +1,120 @@
+"""Op graph FLOPs and bytes against hand-computed values."""
+import numpy as np
+import pytest
+
+from gpubench.errors import ConfigError
+from predictor import available_models, load_model_config
+from predictor.ops import OpGraph, batch_features, decode_features
+
+L8 = dict(h=4096, q=4096, kv=1024, inter=14336, vocab=128256, layers=32, heads=32)
+
+
+def graph(name="llama-3.1-8b", d=2):
+    return OpGraph(load_model_config(name), d)
+
+
+def totals(g, batch, attr):
+    return float(g.totals(batch_features(batch)[None, :], attr)[0])
+
+
+def op_total(g, batch, name, attr):
+    f = batch_features(batch)[None, :]
+    i = g.names.index(name)
+    return float((f @ getattr(g, attr).T)[0, i] * g.num_calls[i])
+
+
+def test_llama8b_decode_reads_15_01_gb_of_weights_not_16_06():
+    g = graph()
+    # 16.06 GB of bf16 parameters, minus the 128256 x 4096 embedding table (the gather reads 1 row),
+    # lm_head (untied) read in full: 16,060,522,496 - 1,050,673,152 + 8,192 bytes.
+    assert load_model_config("llama-3.1-8b").weight_bytes(2) == 16_060_522_496
+    assert totals(g, [(1, 2048)], "weight_read_bytes") == 16_060_522_496 - 128256 * 4096 * 2 + 4096 * 2
+    assert totals(g, [(1, 2048)], "weight_read_bytes") / 1e9 == pytest.approx(15.0099, abs=1e-4)
+    # batch of 8: only the 7 extra embedding rows are added
+    assert totals(g, [(1, 2048)] * 8, "weight_read_bytes") - totals(g, [(1, 2048)], "weight_read_bytes") == 7 * 4096 * 2
+
+
+@pytest.mark.parametrize("name", available_models())
+def test_decode_weight_bytes_every_model(name):
+    cfg = load_model_config(name)
+    g = OpGraph(cfg, 2)
+    embed_table = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    expect = (cfg.param_count() - embed_table + 3 * cfg.hidden_size) * 2  # 3 embedding rows gathered
+    assert totals(g, [(1, 10)] * 3, "weight_read_bytes") == expect
+
+
+def test_llama8b_decode_gemm_flops():
+    g = graph()
+    # per layer: 2 * 4096 * (6144 qkv + 4096 o + 28672 gate_up) + 2 * 14336 * 4096 down
+    per_layer = 2 * 4096 * (6144 + 4096 + 28672 + 14336)
+    assert per_layer == 436_207_616
+    lm_head = 2 * 4096 * 128256
+    gemm = sum(op_total(g, [(1, 2048)], n, "flops") for n in ("qkv_proj", "o_proj", "gate_up", "down", "lm_head"))
+    assert gemm == 32 * per_layer + lm_head == 15_009_316_864
+    # batch 16: layer GEMMs scale with tokens, lm_head with sequences (16 here too)
+    gemm16 = sum(op_total(g, [(1, 2048)] * 16, n, "flops") for n in ("qkv_proj", "o_proj", "gate_up", "down", "lm_head"))
+    assert gemm16 == 16 * gemm
+
+
+def test_attention_flops_and_kv_bytes_decode():
+    g = graph()
+    c = 1000
+    # one query against c cached keys + its own: (c+1) pairs; 4*q FLOPs (QK and PV) + 5 per head (softmax)
+    assert op_total(g, [(1, c)], "attention", "flops") == 32 * (c + 1) * (4 * 4096 + 5 * 32)
+    kv_token = 2 * 32 * 1024 * 2  # K and V, 32 layers, 8 heads x 128, bf16
+    assert op_total(g, [(1, c)], "attention", "kv_read_bytes") == (c + 1) * kv_token
+    assert op_total(g, [(1, c)], "attention", "kv_write_bytes") == kv_token
+    assert load_model_config("llama-3.1-8b").kv_bytes_per_token(2) == kv_token
+
+
+def test_prefill_attention_is_causal_and_mixed_batch_adds_up():
+    g = graph()
+    n = 4096
+    assert op_total(g, [(n, 0)], "attention", "flops") == 32 * (n * (n + 1) / 2) * (4 * 4096 + 5 * 32)
+    # chunked prefill of 512 over 1000 cached, plus a decode at 2000: pairs add per sequence
+    pairs = 512 * 1000 + 512 * 513 / 2 + (2000 + 1)
+    assert batch_features([(512, 1000), (1, 2000)]).tolist() == [1, 513, 2, pairs, 1512 + 2001]
+    mixed = op_total(g, [(512, 1000), (1, 2000)], "attention", "flops")
+    parts = op_total(g, [(512, 1000)], "attention", "flops") + op_total(g, [(1, 2000)], "attention", "flops")
+    assert mixed == parts
+
+
+def test_lm_head_only_last_token_of_each_sequence():
+    g = graph()
+    # a 1000-token prefill produces logits for 1 token: lm_head M = 1 (sequences), not 1000
+    assert op_total(g, [(1000, 0)], "lm_head", "flops") == 2 * 4096 * 128256
+    assert op_total(g, [(1000, 0)], "qkv_proj", "flops") == 32 * 1000 * 2 * 4096 * 6144
+
+
+def test_qwen2_qkv_bias():
+    cfg = load_model_config("qwen2.5-7b")
+    assert cfg.attention_bias
+    g = OpGraph(cfg, 2)
+    nqkv = cfg.q_dim + 2 * cfg.kv_dim
+    assert op_total(g, [(1, 0)], "qkv_proj", "flops") == cfg.num_layers * (2 * nqkv * cfg.hidden_size + nqkv)
+    assert op_total(g, [(1, 0)], "qkv_proj", "weight_read_bytes") == cfg.num_layers * (nqkv * cfg.hidden_size + nqkv) * 2
+
+
+def test_kernel_counts():
+    g = graph()
+    # 12 kernels per layer (attention = cache write + attention), embed, final norm, lm_head, sample
+    assert g.total_kernels() == 32 * 12 + 4
+    assert g.total_cpu_dispatches() > g.total_kernels()  # eager PyTorch splits ops further
+
+
+def test_decode_features_match_batch_features():
+    f = decode_features([4, 1], [4 * 100, 7])
+    assert f.tolist() == [batch_features([(1, 100)] * 4).tolist(), batch_features([(1, 7)]).tolist()]
+
+
+def test_bad_batches():
+    for bad, msg in (([], "empty batch"), ([(0, 5)], "num_new_tokens >= 1"), ([(1, -1)], "num_cached_tokens")):
+        with pytest.raises(ConfigError, match=msg):
+            batch_features(bad)
+
+
+def test_vectorized_totals_shape():
+    g = graph("smollm2-135m", 4)
+    f = decode_features(np.arange(1, 65), np.arange(1, 65) * 300)
+    assert g.totals(f, "bytes").shape == (64,)
+    assert np.all(np.diff(g.totals(f, "bytes")) > 0)

@@ -1,0 +1,136 @@
+"""StepModel properties: monotone, physical floor, bound regimes, forms, breakdown, launch terms."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from gpubench.errors import ConfigError
+from predictor import HardwareSpec, StepModel
+
+SKUS = ("h100-sxm", "a100-80", "l40s", "h200", "cpu")
+MODELS = ("llama-3.1-8b", "smollm2-135m", "qwen2.5-7b")
+
+
+def models(forms=("additive", "max"), graphs=(False, True)):
+    for sku, model, form, g in itertools.product(SKUS, MODELS, forms, graphs):
+        if sku == "cpu" and g:
+            continue
+        yield StepModel.for_names(sku=sku, model=model, form=form, cuda_graphs=g)
+
+
+def test_monotone_in_batch_and_context():
+    for m in models():
+        batches = np.arange(1, 257)
+        t_b = m.predict_decode(batches, batches * 2048)
+        assert np.all(np.diff(t_b) >= 0), m
+        ctx = np.arange(0, 64 * 1024, 512)
+        t_c = m.predict_decode(np.full(ctx.size, 8), 8 * ctx)
+        assert np.all(np.diff(t_c) >= 0), m
+        prefill = [m.predict_time([(n, 0)]) for n in (1, 16, 128, 1024, 4096, 8192)]
+        assert np.all(np.diff(prefill) >= 0), m
+
+
+def test_never_below_physical_floor():
+    batches = [[(1, 0)], [(1, 4096)] * 64, [(8192, 0)], [(512, 2048)] + [(1, 2048)] * 31, [(2048, 30000)]]
+    for m in models():
+        for b in batches:
+            assert m.predict(b).total_s >= m.physical_floor_s(b), (m, b[:2])
+
+
+def test_h100_decode_b1_memory_bound_prefill_8k_compute_bound():
+    m = StepModel.for_names(sku="h100", model="llama-3.1-8b")
+    d = m.predict([(1, 2048)])
+    assert d.bound == "memory"
+    assert all(op.bound == "memory" for op in d.ops.values() if op.kind == "gemm")
+    p = m.predict([(8192, 0)])
+    assert p.bound == "compute"
+    assert all(p.ops[n].bound == "compute" for n in ("qkv_proj", "o_proj", "gate_up", "down", "attention"))
+
+
+def test_additive_at_least_max_form_on_same_ops():
+    rng = np.random.default_rng(0)
+    for sku, model in itertools.product(SKUS, MODELS):
+        add = StepModel.for_names(sku=sku, model=model, form="additive")
+        mx = StepModel.for_names(sku=sku, model=model, form="max")
+        for _ in range(30):
+            b = [(int(n), int(c)) for n, c in zip(rng.integers(1, 600, 5), rng.integers(0, 9000, 5))]
+            assert add.predict_time(b) >= mx.predict_time(b) - 1e-15
+        # decode sweep, vectorized
+        bs = np.arange(1, 129)
+        assert np.all(add.predict_decode(bs, bs * 1500) >= mx.predict_decode(bs, bs * 1500))
+
+
+def test_breakdown_sums_to_total_and_paths_agree():
+    for m in models():
+        for b in ([(1, 100)] * 3, [(300, 50), (1, 7000)], [(4096, 0)]):
+            p = m.predict(b)
+            ops_sum = sum(op.t_s for op in p.ops.values())
+            assert ops_sum + p.launch_added_s + p.host_s == pytest.approx(p.total_s, rel=1e-12)
+            assert p.blocks_s + p.sample_s == pytest.approx(ops_sum, rel=1e-12)
+            assert m.predict_time(b) == pytest.approx(p.total_s, rel=1e-12)
+            assert m.predict_many([b])[0] == pytest.approx(p.total_s, rel=1e-12)
+        assert m.predict_decode([5], [5 * 333])[0] == pytest.approx(m.predict([(1, 333)] * 5).total_s, rel=1e-12)
+
+
+def test_gpu_launch_floor_overlaps_cpu_dispatch_adds():
+    # a tiny model on an H100 whose fitted law has a small x_half (the published 0.477 alone costs
+    # every op ~7.9 us, more than a launch): the blocks are below the launch floor, so the floor is the step
+    cal = {"sku": "h100-sxm", "params": {"x_half": {"value": 0.01, "tier": "measured", "source": "test"}}}
+    tiny = StepModel.for_names(sku="h100", model="tiny-llama", calibration=cal)
+    p = tiny.predict([(1, 10)])
+    assert p.launch_s > p.blocks_s
+    assert p.total_s == pytest.approx(p.launch_s + p.host_s + p.sample_s)
+    graphs = StepModel.for_names(sku="h100", model="tiny-llama", calibration=cal, cuda_graphs=True)
+    assert graphs.predict([(1, 10)]).total_s < p.total_s
+    # a big model: the floor is hidden under the blocks
+    big = StepModel.for_names(sku="h100", model="llama-3.1-8b").predict([(1, 10)])
+    assert big.launch_added_s == 0.0
+    # CPU: the dispatch cost adds on top of the blocks (no async queue)
+    cpu = StepModel.for_names(sku="cpu", model="smollm2-135m")
+    c = cpu.predict([(1, 10)])
+    assert c.launch_added_s == pytest.approx(cpu.num_kernels * cpu.calibration.value("t_dispatch_s"))
+    assert c.total_s == pytest.approx(c.blocks_s + c.launch_added_s + c.host_s + c.sample_s)
+    assert cpu.dtype == "fp32"
+
+
+def test_host_residual_published_and_from_calibration(tmp_path):
+    m = StepModel.for_names(sku="h100", model="llama-3.1-8b")
+    assert m.predict([(1, 10)]).host_s == pytest.approx(2.37e-3)
+    assert m.calibration.host_residual["s_floor_ms"].tier == "published"
+    # a host_residual block as the evaluation writes it (flat numbers with block-level provenance)
+    cal = {"sku": "h100-sxm", "backend": "cuda", "dtype": "bf16", "params": {},
+           "host_residual": {"s_floor_ms": 1.5, "s_slope_ms": 0.02, "fit_error": 0.1, "tier": "measured",
+                             "source": "step rows"}}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal))
+    m2 = StepModel.for_names(sku="h100", model="llama-3.1-8b", calibration=path)
+    assert m2.predict([(1, 10)] * 11).host_s == pytest.approx((1.5 + 0.02 * 10) * 1e-3)
+    assert m2.calibration.host_residual["s_floor_ms"].tier == "measured"
+    assert m2.calibration.params["eta_max"].tier == "published"  # the rest falls back
+
+
+def test_wrong_sku_calibration_and_bad_args():
+    with pytest.raises(ConfigError, match="calibration is for SKU 'a100-80'"):
+        StepModel.for_names(sku="h100", calibration={"sku": "a100-80", "params": {}})
+    with pytest.raises(ConfigError, match="unknown form"):
+        StepModel.for_names(form="sum")
+    with pytest.raises(ConfigError, match="no bf16 peak"):
+        StepModel.for_names(sku="cpu", model="tiny-llama", dtype="bf16")
+    with pytest.raises(ConfigError, match="num_new_tokens"):
+        StepModel.for_names().predict_time([(0, 3)])
+
+
+def test_hardware_spec_from_sku_peaks_by_identity():
+    hw = HardwareSpec.from_sku("h100")
+    assert hw.peak("bf16") == pytest.approx(132 * 4 * 512 * 2 * 1.83e9)
+    assert hw.mem_bytes_per_s == 3350e9 and hw.mem_bw_tier == "spec"
+    cpu = HardwareSpec.from_sku("cpu")
+    assert cpu.backend == "cpu" and cpu.mem_bw_tier == "assumed"
+
+
+def test_prediction_json_roundtrip():
+    p = StepModel.for_names(sku="l40s", model="mistral-7b").predict([(128, 0), (1, 900)])
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["total_s"] == p.total_s and set(d["ops"]) == set(p.ops)
+    assert d["ops"]["qkv_proj"]["gemm_mnk"] == [129, 4096 + 2 * 1024, 4096]
