@@ -1,0 +1,86 @@
+"""``gpubench profile`` (step rows) and ``gpubench evaluate`` (score the predictor on them)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    """Add the ``profile`` and ``evaluate`` sub-commands."""
+    p = sub.add_parser(
+        "profile", help="time real engine steps of a model (ground-truth step rows)",
+        description="Run real forward steps (input preparation + forward + greedy sampling + synchronize) of a "
+                    "model built from a config with random weights, over a grid of batch, context and phase. "
+                    "Rows are appended as measured; rerunning the same command resumes where it stopped.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="shipped config name (e.g. smollm2-135m) or path to a config.json")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                   help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
+    p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
+    p.add_argument("--grid", default="default", choices=("quick", "default"), help="grid of points")
+    p.add_argument("--ops-subset", type=int, default=16, metavar="K",
+                   help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--max-points", type=int, default=None, help="stop after the first N grid points")
+    p.add_argument("--list", action="store_true", help="print the grid points and exit")
+    p.set_defaults(func=_profile)
+
+    e = sub.add_parser(
+        "evaluate", help="score the step predictor and baselines on step rows",
+        description="Score the additive and max forms of the step model, a Vidur-style baseline (sum of per-op "
+                    "profiled medians) and a random forest on step rows, with held-out splits by batch, context "
+                    "and model. Writes CSV and Markdown tables, PNG plots and a COMMAND file into --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("rows", nargs="+", type=Path, help="step-row files written by `gpubench profile`")
+    e.add_argument("--calibration", type=Path, default=None,
+                   help="calibration.json from `gpubench fit` (default: spec/published tier)")
+    e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
+    e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
+    e.add_argument("--seed", type=int, default=0, help="random forest seed")
+    e.set_defaults(func=_evaluate)
+
+
+def _profile(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpubench.errors import ConfigError
+    from predictor.config import load_model_config
+    from predictor.profile import GRIDS, ProfileConfig, build_grid, run_profile
+
+    cfg = load_model_config(args.model)
+    if args.list:
+        dtype_bytes = 2 if (args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")) != "fp32" else 4
+        for pt in build_grid(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)[: args.max_points]:
+            print(pt.key)
+        return 0
+    if args.out is None:
+        raise ConfigError("profile: --out ROWS.parquet is required (or --list to print the grid)")
+    if args.out.suffix != ".parquet":
+        raise ConfigError(f"profile: --out must end in .parquet, got '{args.out}'")
+    pc = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, grid=args.grid,
+                       ops_subset=args.ops_subset, num_threads=args.threads, max_points=args.max_points,
+                       command=["gpubench"] + sys.argv[1:] if sys.argv and "gpubench" in sys.argv[0]
+                       else ["gpubench", "profile", "--model", args.model, "--device", args.device,
+                             "--grid", args.grid, "--out", str(args.out)])
+    with Progress(TextColumn("[bold]profile {task.fields[model]}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
+        task = bar.add_task("profile", total=None, model=cfg.name, point="")
+
+        def progress(done: int, total: int, key: str) -> None:
+            bar.update(task, completed=done, total=total, point=key)
+
+        rows = run_profile(cfg, pc, args.out, progress=progress)
+    print(f"{len(rows)} rows in {args.out}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from predictor.evaluate import EvalConfig, run_evaluation
+
+    ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
+                    sku=args.sku, out=str(args.out), seed=args.seed)
+    summary = run_evaluation(ec)
+    print(summary)
+    return 0

@@ -1,0 +1,439 @@
+"""Step rows: real engine steps of a model built from a config, timed over a grid (the ground truth).
+
+One engine step = input preparation (Python lists -> tensors) + forward + greedy sampling +
+synchronize, timed on the host clock (``time.perf_counter``) around all four, as a serving
+engine's step loop would see it. Each grid point runs ``num_warmup`` untimed steps, then
+``num_repeats`` timed ones; every repetition is kept and the row's headline is the median. The KV
+cache is allocated and filled once before the grid (never timed) and only re-viewed per point.
+
+For a subset of points the step is also run under ``torch.profiler``: op time is attributed to
+the top-level aten op that issued it and grouped by kind (``linear``, ``attention``, ...). The sum
+of those per-kind medians is the Vidur-style baseline (op time only, no host gaps between ops).
+
+Rows are appended to a JSONL sidecar (``<out>.partial.jsonl``) and fsynced one at a time; an
+interrupted run resumes by skipping keys already in the sidecar or in ``<out>``; at the end all
+rows go to ``<out>`` as zstd-compressed parquet and the sidecar is removed.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from gpubench.errors import ConfigError, GpubenchError, NoDeviceError, ResultsFormatError
+from gpubench.stats import summarize
+from predictor.config import ModelConfig
+
+PHASES = ("decode", "prefill", "mixed")
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """Which steps to time. Points over a cap are dropped, so one grid fits small and big models.
+
+    ``max_kv_bytes`` caps the preallocated cache (memory on a shared host); ``max_step_gflop`` caps
+    the FLOPs of one step, which keeps prefill steps of a 1B model on a 2-core CPU to seconds.
+    """
+    name: str
+    batch_sizes: tuple[int, ...]
+    contexts: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]
+    prefill_batch_sizes: tuple[int, ...] = (1, 4)
+    max_kv_bytes: int = 3 << 29  # 1.5 GiB
+    max_step_gflop: float = 40.0
+    num_warmup: int = 2
+    num_repeats: int = 5      # minimum timed steps per point
+    min_time_s: float = 0.5   # keep repeating until this much was timed (fast steps get more repeats)
+    max_repeats: int = 50
+
+
+GRIDS = {
+    "quick": GridSpec("quick", batch_sizes=(1, 4, 16), contexts=(64, 512), prefill_tokens=(16, 64),
+                      prefill_batch_sizes=(1, 2), max_kv_bytes=1 << 28, max_step_gflop=10.0,
+                      num_warmup=1, num_repeats=5, min_time_s=0.1, max_repeats=20),
+    "default": GridSpec("default", batch_sizes=(1, 2, 4, 8, 16, 32, 64), contexts=(64, 256, 1024, 4096),
+                        prefill_tokens=(16, 64, 256, 1024)),
+}
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One batch to time: per sequence ``(num_new_tokens, num_cached_tokens)``, decodes first."""
+    phase: str
+    batch: tuple[tuple[int, int], ...]
+
+    @property
+    def key(self) -> str:
+        # Run-length encoded so a 64-sequence decode batch stays a short key.
+        parts, prev, count = [], None, 0
+        for seq in self.batch + ((None, None),):
+            if seq == prev:
+                count += 1
+                continue
+            if prev is not None:
+                parts.append(f"{count}x{prev[0]}+{prev[1]}")
+            prev, count = seq, 1
+        return f"{self.phase}:{','.join(parts)}"
+
+    @property
+    def num_new_tokens(self) -> int:
+        return sum(n for n, _ in self.batch)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Cache positions the step needs: rows x longest sequence (the cache is a dense view)."""
+        return len(self.batch) * max(n + c for n, c in self.batch)
+
+
+def step_flops(cfg: ModelConfig, batch: Iterable[tuple[int, int]]) -> float:
+    """FLOPs of one step: 2 per weight per new token, attention QK^T and PV, lm_head per sequence."""
+    batch = list(batch)
+    dense = cfg.num_layers * cfg.layer_params()
+    num_new = sum(n for n, _ in batch)
+    # Causal pairs: token j of n new tokens over c cached sees c + j + 1 keys.
+    pairs = sum(n * c + n * (n + 1) / 2 for n, c in batch)
+    attn = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs
+    return 2.0 * dense * num_new + attn + 2.0 * cfg.vocab_size * cfg.hidden_size * len(batch)
+
+
+def build_grid(spec: GridSpec, cfg: ModelConfig, *, dtype_bytes: int) -> list[GridPoint]:
+    """Decode, prefill and mixed points of ``spec`` that fit its memory and FLOP caps, in run order."""
+    pts: list[GridPoint] = []
+    for b in spec.batch_sizes:
+        for ctx in spec.contexts:
+            pts.append(GridPoint("decode", ((1, ctx),) * b))
+    for b in spec.prefill_batch_sizes:
+        for n in spec.prefill_tokens:
+            for cached in (0, spec.contexts[len(spec.contexts) // 2]):
+                pts.append(GridPoint("prefill", ((n, cached),) * b))
+    # Mixed: a chunked prefill over half the context plus (b-1) decodes, as a chunked-prefill engine runs.
+    for b in spec.batch_sizes[1:]:
+        for n in spec.prefill_tokens[:2]:
+            for ctx in spec.contexts[:: max(1, len(spec.contexts) // 2)]:
+                pts.append(GridPoint("mixed", ((1, ctx),) * (b - 1) + ((n, ctx // 2),)))
+    kv_per_token = cfg.kv_bytes_per_token(dtype_bytes)
+    out = [p for p in pts if p.kv_tokens * kv_per_token <= spec.max_kv_bytes
+           and step_flops(cfg, p.batch) <= spec.max_step_gflop * 1e9]
+    return list(dict.fromkeys(out))  # drop duplicates, keep order
+
+
+# ----------------------------------------------------------------------------- op profiling
+_OP_KINDS = (
+    ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
+    ("linear", ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm")),
+    ("kv_write", ("aten::index_put",)),
+    ("sampling", ("aten::argmax",)),
+    ("gather", ("aten::embedding", "aten::index", "aten::index_select")),
+    ("copy", ("aten::to", "aten::_to_copy", "aten::copy_", "aten::lift_fresh", "aten::empty")),
+)
+
+
+def op_kind(name: str) -> str:
+    """Kind of a top-level aten op ("elementwise" for norms, RoPE, activations, residuals)."""
+    for kind, keys in _OP_KINDS:
+        if any(name.startswith(k) or k in name for k in keys):
+            return kind
+    return "elementwise"
+
+
+def op_times_by_kind(events, *, device_type: str) -> dict[str, float]:
+    """Seconds per op kind from profiler events, attributed to each top-level op (no double count).
+
+    CPU: the op's inclusive CPU time; CUDA: the device time of the kernels it launched.
+    """
+    out: dict[str, float] = {}
+    for ev in events:
+        if ev.cpu_parent is not None or not ev.name.startswith("aten::"):
+            continue
+        us = ev.device_time_total if device_type == "cuda" else ev.cpu_time_total
+        out[op_kind(ev.name)] = out.get(op_kind(ev.name), 0.0) + us * 1e-6
+    return out
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass
+class ProfileConfig:
+    """What ``gpubench profile`` runs (one model on one device)."""
+    model: str
+    device: str = "cpu"
+    dtype: str | None = None  # fp32 on CPU, bf16 on CUDA
+    grid: str = "default"
+    ops_subset: int = 16
+    num_op_repeats: int = 3
+    num_threads: int | None = None
+    max_points: int | None = None
+    seed: int = 0
+    command: list[str] = field(default_factory=list)
+
+
+def _resolve_device(device: str):
+    import torch
+
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise NoDeviceError(f"--device {device}: torch sees no CUDA device on this machine")
+        dev = torch.device(device)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise NoDeviceError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+        return dev
+    raise ConfigError(f"--device '{device}': use cpu, cuda or cuda:N")
+
+
+def _device_name(dev) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def sidecar_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.jsonl")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a parquet file or a JSONL sidecar; a malformed line is a one-line user error."""
+    if not path.exists():
+        return []
+    if path.suffix == ".jsonl":
+        rows = []
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    if lineno == sum(1 for _ in open(path)):  # a torn last line: interrupted mid-write
+                        break
+                    raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+        return rows
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path).to_dict("records")
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise ResultsFormatError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+
+
+def write_parquet(rows: list[dict], out: Path) -> None:
+    """All rows to ``out`` (zstd parquet), written to a temp file and renamed."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    tmp = out.with_name(out.name + ".tmp")
+    df.to_parquet(tmp, compression="zstd", index=False)
+    os.replace(tmp, out)
+
+
+def _append_jsonl(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def row_key(model: str, device: str, dtype: str, point: GridPoint) -> str:
+    return f"{model}|{device}|{dtype}|{point.key}"
+
+
+@dataclass
+class _Session:
+    """Model, cache and token ids for one profile run."""
+    cfg: ModelConfig
+    model: object
+    cache: object
+    device: object
+    rng: np.random.Generator
+
+
+def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats: int,
+              min_time_s: float = 0.0, max_repeats: int | None = None) -> dict:
+    """Warm up, then time engine steps of ``point``; every repetition is kept.
+
+    At least ``num_repeats`` steps, more until ``min_time_s`` was timed (at most ``max_repeats``),
+    so that millisecond steps on a noisy shared host get a median over many samples.
+    """
+    from predictor.torch_model import synchronize
+
+    n_seq = len(point.batch)
+    sess.cache.layout(n_seq, max(n + c for n, c in point.batch))
+    sess.model.reserve(max(n + c for n, c in point.batch) + 1)
+    # Token ids are drawn outside the timed region: an engine already holds them as Python ints.
+    ids = [sess.rng.integers(0, sess.cfg.vocab_size, size=n).tolist() for n, _ in point.batch]
+    cached = [c for _, c in point.batch]
+    prep, fwd, samp, wall = [], [], [], []
+    max_repeats = max(num_repeats, max_repeats or num_repeats)
+    rep = 0
+    while rep < num_warmup + num_repeats or (sum(wall) < min_time_s and len(wall) < max_repeats):
+        rep += 1
+        t0 = time.perf_counter()
+        inp = sess.model.prepare(ids, cached)
+        t1 = time.perf_counter()
+        hidden = sess.model.forward(inp, sess.cache)
+        synchronize(sess.device)
+        t2 = time.perf_counter()
+        nxt = sess.model.sample(hidden, inp.order)
+        synchronize(sess.device)
+        t3 = time.perf_counter()
+        if nxt.shape[0] != n_seq:  # a wrong-shaped step must never be reported as a timing
+            raise GpubenchError(f"step returned {nxt.shape[0]} tokens for {n_seq} sequences")
+        if rep > num_warmup:
+            prep.append(t1 - t0), fwd.append(t2 - t1), samp.append(t3 - t2), wall.append(t3 - t0)
+    # Warm-up steps are not recorded, so no repetition is discarded from the summary.
+    s = summarize(wall, discard_first=False)
+    return {
+        "wall_s": s["t_median_s"], "wall_min_s": s["t_min_s"], "wall_p20_s": s["t_p20_s"],
+        "wall_p80_s": s["t_p80_s"], "wall_max_s": s["t_max_s"], "wall_cv": s["cv"], "num_repeats": s["n"],
+        "wall_times_s": wall, "prep_s": float(np.median(prep)), "forward_s": float(np.median(fwd)),
+        "sampling_s": float(np.median(samp)), "forward_times_s": fwd, "sampling_times_s": samp,
+    }
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 while the profiler runs: kineto prints two log lines per session
+    from C++ (no setting turns them off), which would bury the progress bar."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
+    """Per-op-kind medians (s) of ``num_repeats`` profiled steps, and their sum (Vidur-style)."""
+    import torch.profiler as tp
+
+    from predictor.torch_model import synchronize
+
+    ids = [sess.rng.integers(0, sess.cfg.vocab_size, size=n).tolist() for n, _ in point.batch]
+    cached = [c for _, c in point.batch]
+    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if sess.device.type == "cuda" else [])
+    per_rep: list[dict[str, float]] = []
+    for _ in range(num_repeats):
+        with _quiet_stderr(), tp.profile(activities=acts) as prof:
+            inp = sess.model.prepare(ids, cached)
+            sess.model.sample(sess.model.forward(inp, sess.cache), inp.order)
+            synchronize(sess.device)
+        per_rep.append(op_times_by_kind(prof.events(), device_type=sess.device.type))
+    kinds = sorted({k for r in per_rep for k in r})
+    med = {k: float(np.median([r.get(k, 0.0) for r in per_rep])) for k in kinds}
+    return {"ops_profiled": True, "ops_json": json.dumps(med), "op_sum_s": float(sum(med.values())),
+            "num_op_repeats": num_repeats}
+
+
+def point_features(cfg: ModelConfig, point: GridPoint, dtype_bytes: int) -> dict:
+    """Batch descriptors and the analytic quantities a predictor uses."""
+    b = point.batch
+    cached = [c for _, c in b]
+    return {
+        "num_seqs": len(b), "num_decode_seqs": sum(1 for n, c in b if n == 1 and c > 0),
+        "num_prefill_seqs": sum(1 for n, c in b if not (n == 1 and c > 0)),
+        "num_new_tokens": point.num_new_tokens, "context_sum": int(sum(cached)), "context_max": int(max(cached)),
+        "kv_len_sum": int(sum(n + c for n, c in b)), "batch_json": json.dumps([list(s) for s in b]),
+        "step_flops": step_flops(cfg, b), "weight_bytes": cfg.weight_bytes(dtype_bytes),
+        "kv_read_bytes": int(sum(n + c for n, c in b)) * cfg.kv_bytes_per_token(dtype_bytes),
+        "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "param_count": cfg.param_count(),
+    }
+
+
+def _ops_indices(num_points: int, k: int) -> set[int]:
+    """K point indices spread evenly over the grid (all when k >= num_points, none when k <= 0)."""
+    if k <= 0 or num_points == 0:
+        return set()
+    if k >= num_points:
+        return set(range(num_points))
+    return {int(round(i)) for i in np.linspace(0, num_points - 1, k)}
+
+
+def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
+                progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
+    """Time every point of the grid for ``cfg``; append rows; resume; write parquet. Returns all rows."""
+    import torch
+
+    from predictor.torch_model import DTYPES, KVCache, TorchCausalLM
+
+    if pc.grid not in GRIDS:
+        raise ConfigError(f"--grid '{pc.grid}': use one of {', '.join(GRIDS)}")
+    dev = _resolve_device(pc.device)
+    dtype = pc.dtype or ("bf16" if dev.type == "cuda" else "fp32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype '{dtype}': use one of {', '.join(DTYPES)}")
+    dtype_bytes = DTYPES[dtype].itemsize
+    if pc.num_threads:
+        torch.set_num_threads(pc.num_threads)
+    spec = GRIDS[pc.grid]
+    points = build_grid(spec, cfg, dtype_bytes=dtype_bytes)[: pc.max_points]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    side = sidecar_path(out)
+    old = read_rows(out) + read_rows(side)
+    done = {r["key"] for r in old}
+    dev_label = str(dev)
+    todo = [(i, p) for i, p in enumerate(points) if row_key(cfg.name, dev_label, dtype, p) not in done]
+    ops_idx = _ops_indices(len(points), pc.ops_subset)
+    if todo:
+        cap = max(p.kv_tokens for _, p in todo)
+        sess = _Session(cfg, TorchCausalLM(cfg, dtype=dtype, device=dev_label, seed=pc.seed),
+                        KVCache(cfg, capacity_tokens=cap, dtype=DTYPES[dtype], device=dev_label, seed=pc.seed),
+                        dev, np.random.default_rng(pc.seed))
+        static = {
+            "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": dev_label, "device_type": dev.type,
+            "device_name": _device_name(dev), "host": platform.node(), "dtype": dtype, "grid": spec.name,
+            "num_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+            "timer": "perf_counter", "command": " ".join(pc.command),
+        }
+        for j, (i, p) in enumerate(todo):
+            if progress:
+                progress(j, len(todo), p.key)
+            load_before = os.getloadavg()[0]
+            row = {"key": row_key(cfg.name, dev_label, dtype, p), **static, "phase": p.phase,
+                   **point_features(cfg, p, dtype_bytes)}
+            row |= time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
+                             min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
+            row |= (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if i in ops_idx
+                    else {"ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "num_op_repeats": 0})
+            row |= {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
+                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            _append_jsonl(side, row)
+            old.append(row)
+        if progress:
+            progress(len(todo), len(todo), "done")
+    write_parquet(old, out)
+    if side.exists():
+        side.unlink()
+    return old
+
+
+def grid_summary(spec: GridSpec) -> dict:
+    return asdict(spec)

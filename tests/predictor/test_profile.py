@@ -1,0 +1,100 @@
+"""`gpubench profile`: real engine steps of tiny-llama, appended rows, resume, per-op attribution."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from gpubench.errors import ConfigError, ResultsFormatError
+from predictor import load_model_config
+from predictor.profile import (GRIDS, GridPoint, ProfileConfig, build_grid, op_kind, read_rows, run_profile,
+                               sidecar_path, step_flops)
+
+TINY = load_model_config("tiny-llama")
+
+
+def test_grid_respects_caps_and_puts_decodes_first():
+    spec = GRIDS["default"]
+    for name in ("tiny-llama", "smollm2-135m", "llama-3.2-1b"):
+        cfg = load_model_config(name)
+        pts = build_grid(spec, cfg, dtype_bytes=4)
+        assert {p.phase for p in pts} == {"decode", "prefill", "mixed"}
+        for p in pts:
+            assert p.kv_tokens * cfg.kv_bytes_per_token(4) <= spec.max_kv_bytes
+            assert step_flops(cfg, p.batch) <= spec.max_step_gflop * 1e9
+            if p.phase == "mixed":  # decodes first: their cache rows form one contiguous view
+                assert all(n == 1 for n, _ in p.batch[:-1]) and p.batch[-1][0] > 1
+    # The 1B model's grid is cut by the FLOP cap, the tiny one is not.
+    assert len(build_grid(spec, load_model_config("llama-3.2-1b"), dtype_bytes=4)) < len(build_grid(spec, TINY, dtype_bytes=4))
+
+
+def test_step_flops_known_answer():
+    # One decode token at context 0: 2 FLOPs per dense weight + attention over 1 key + lm_head.
+    dense = TINY.num_layers * TINY.layer_params()
+    attn = 4 * TINY.num_layers * TINY.num_heads * TINY.head_dim * 1
+    assert step_flops(TINY, [(1, 0)]) == 2 * dense + attn + 2 * TINY.vocab_size * TINY.hidden_size
+
+
+def test_point_key_is_run_length_encoded():
+    assert GridPoint("mixed", ((1, 64),) * 3 + ((16, 32),)).key == "mixed:3x1+64,1x16+32"
+
+
+@pytest.mark.parametrize("name,kind", [("aten::linear", "linear"), ("aten::addmm", "linear"),
+                                       ("aten::scaled_dot_product_attention", "attention"),
+                                       ("aten::index_put_", "kv_write"), ("aten::argmax", "sampling"),
+                                       ("aten::mul", "elementwise"), ("aten::embedding", "gather")])
+def test_op_kinds(name, kind):
+    assert op_kind(name) == kind
+
+
+def test_profile_tiny_llama_rows_resume_and_ops(tmp_path):
+    out = tmp_path / "rows.parquet"
+    pc = ProfileConfig(model="tiny-llama", grid="quick", ops_subset=2, num_threads=1, max_points=3)
+    rows = run_profile(TINY, pc, out)
+    assert len(rows) == 3 and out.exists() and not sidecar_path(out).exists()
+    df = pd.read_parquet(out)
+    assert list(df.phase) == ["decode"] * 3
+    for r in df.itertuples():
+        assert r.num_repeats >= 5 and len(r.wall_times_s) == r.num_repeats
+        assert r.wall_min_s <= r.wall_s <= r.wall_max_s
+        assert 0 < r.forward_s < r.wall_s and r.sampling_s > 0  # wall = prep + forward + sampling
+        assert r.loadavg_1m_before >= 0 and r.num_threads == 1
+    assert df.ops_profiled.sum() == 2
+    prof = df[df.ops_profiled].iloc[0]
+    ops = json.loads(prof.ops_json)
+    assert {"linear", "attention", "sampling"} <= set(ops)
+    assert prof.op_sum_s == pytest.approx(sum(ops.values()))
+    # Resume: a torn sidecar (interrupted mid-write) plus the parquet; only missing points run.
+    side = sidecar_path(out)
+    side.write_text('{"key": "tiny-llama|cpu|fp32|decode:4x1+512", "half')
+    rows = run_profile(TINY, ProfileConfig(model="tiny-llama", grid="quick", ops_subset=0, num_threads=1,
+                                           max_points=5), out)
+    df2 = pd.read_parquet(out)
+    assert len(df2) == 5 and df2.key.is_unique
+    pd.testing.assert_series_equal(df2.wall_s.iloc[:3], df.wall_s, check_names=False)  # not re-measured
+
+
+def test_malformed_sidecar_line_is_a_user_error(tmp_path):
+    side = tmp_path / "x.parquet.partial.jsonl"
+    side.write_text('not json\n{"key": "a"}\n')
+    with pytest.raises(ResultsFormatError, match=r"x.parquet.partial.jsonl:1"):
+        read_rows(side)
+
+
+def test_unknown_grid_is_a_user_error(tmp_path):
+    with pytest.raises(ConfigError, match="--grid 'huge'"):
+        run_profile(TINY, ProfileConfig(model="tiny-llama", grid="huge"), tmp_path / "r.parquet")
+
+
+def test_cli_profile_subprocess(tmp_path):
+    out = tmp_path / "cli.parquet"
+    cmd = [sys.executable, "-m", "gpubench", "profile", "--model", "tiny-llama", "--grid", "quick",
+           "--max-points", "2", "--ops-subset", "0", "--threads", "1", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(out)) == 2
+    bad = subprocess.run(cmd[:-2] + ["--device", "cuda:7", "--out", str(tmp_path / "g.parquet")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "cuda" in bad.stderr
