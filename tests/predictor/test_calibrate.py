@@ -1,0 +1,259 @@
+"""Calibration from run directories written with RunWriter: synthetic rows with known answers."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpubench.errors import ConfigError, ResultsFormatError
+from gpubench.results import RunWriter
+from gpubench.stats import summarize
+from predictor import Calibration, HardwareSpec, StepModel
+from predictor import efficiency as eff
+from predictor.calibrate import defaults, fit_eta_mem, fit_run
+
+# Known answers the synthetic GPU run is generated from
+H100 = dict(eta_max=0.85, x_half=0.30, f_clk=0.72, active=0.95, duty=0.80, launch=2.2e-6, graph=1.2e-6,
+            l2_bytes=52_428_800, sms=132, bw=3350e9)
+CPU = dict(bw=12.5e9, eta_max=0.97, x_half=0.004, active=0.9, duty=0.75, dispatch=6.0e-6, llc=32 * 2**20)
+
+
+def _row(probe, key, t_s, rng, **fields):
+    """A schema row whose repetitions scatter 1 % around t_s (the median)."""
+    times = list(t_s * (1 + 0.01 * rng.standard_normal(11)))
+    times[0] *= 1.5  # warm-up-ish first repetition (discarded by summarize)
+    s = summarize(times)
+    return {"key": key, "probe": probe, "times_s": times, **s, "valid": True, **fields}
+
+
+def _gbps(nbytes, t):
+    return {"gbps_median": nbytes / t / 1e9, "gbps_best": nbytes / (0.97 * t) / 1e9}
+
+
+def write_gpu_run(root, rng, *, with_clock=True, probes=("stream", "l2", "launch", "peak", "gemm")):
+    k = H100
+    w = RunWriter.create(root, sku="h100-sxm", host="synthetic", probes=list(probes), argv=["synthetic"],
+                         device={"backend": "cuda", "name": "NVIDIA H100 80GB HBM3",
+                                 "properties": {"sm_count": k["sms"], "l2_bytes": k["l2_bytes"]}})
+    noise = lambda: 1 + 0.01 * rng.standard_normal()  # noqa: E731
+    if "l2" in probes:
+        ws = 64 * 1024.0
+        while ws < 8 * k["l2_bytes"]:
+            eta = eff.eta_mem(ws / k["l2_bytes"], k["eta_max"], k["x_half"]) * noise()
+            t = ws / (k["bw"] * eta)
+            w.append("l2", _row("l2", f"l2_cold_{int(ws)}", t, rng, mode="cold", working_set_bytes=ws, bytes=ws,
+                                passes=1, backend="cuda", **_gbps(ws, t)))
+            ws *= 1.25
+    if "stream" in probes:
+        for arr in (k["l2_bytes"] / 8, k["l2_bytes"] / 2, 2 * k["l2_bytes"], 8 * k["l2_bytes"]):
+            nbytes = 3 * arr
+            t = nbytes / (k["bw"] * eff.eta_mem(nbytes / k["l2_bytes"], k["eta_max"], k["x_half"]) * noise())
+            w.append("stream", _row("stream", f"stream_triad_bf16_{int(arr)}", t, rng, kernel="triad", dtype="fp32",
+                                    array_bytes=arr, bytes=nbytes, backend="cuda", **_gbps(nbytes, t)))
+            # copy rows must not enter the fit (write-allocate): make them wildly off
+            w.append("stream", _row("stream", f"stream_copy_bf16_{int(arr)}", t / 5, rng, kernel="copy", dtype="fp32",
+                                    array_bytes=arr, bytes=2 * arr, backend="cuda", **_gbps(nbytes, t / 5)))
+    if "launch" in probes:
+        for kind, per in (("device_interval", k["launch"]), ("graph_node", k["graph"]), ("host_enqueue", 4e-6)):
+            for count in (1, 100, 10000):
+                p = per * (3 if count == 1 else 1)
+                w.append("launch", {**_row("launch", f"launch_{kind}_{count}", p * count, rng), "kind": kind,
+                                    "count": count, "per_launch_s_median": p, "per_launch_s_min": 0.95 * p})
+    spec = HardwareSpec.from_sku("h100").peak("bf16")
+    clock = {"clock_mhz_mean": k["f_clk"] * 1980, "clock_max_ref_mhz": 1980.0} if with_clock else \
+        {"clock_mhz_mean": None, "clock_max_ref_mhz": None}
+    if "peak" in probes:
+        # the peak loop runs short, at 0.9 of max clock
+        tf = spec * 0.9 * k["active"] / 1e12
+        w.append("peak", {**_row("peak", "peak_tc_bf16", 1.0 / tf, rng), "dtype": "bf16", "unit": "tensor_core",
+                          "tflops_median": tf, "tflops_best": tf * 1.01, "spec_tflops": spec / 1e12,
+                          "clock_mhz_mean": 0.9 * 1980, "clock_max_ref_mhz": 1980.0})
+        w.append("peak", {**_row("peak", "peak_tc_fp16", 1.0, rng), "dtype": "fp16", "unit": "tensor_core",
+                          "tflops_median": 1.0, "tflops_best": 1.0, "spec_tflops": spec / 1e12})
+    if "gemm" in probes:
+        for n, kk in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+            for m in (1, 8, 64, 512, 2048, 8192, 16384):
+                flops = 2.0 * m * n * kk
+                nbytes = 2.0 * (m * kk + kk * n + m * n)
+                cl = eff.eta_cluster(m, n, kk, k["sms"], eff.tile_shape("hopper"))
+                t_c = flops / (spec * k["f_clk"] * cl * k["active"] * k["duty"])
+                t_m = (nbytes + k["x_half"] * k["l2_bytes"]) / (k["bw"] * k["eta_max"])
+                t = max(t_c, t_m)
+                w.append("gemm", {**_row("gemm", f"gemm_bf16_{m}_{n}_{kk}", t, rng), "dtype": "bf16", "m": m, "n": n,
+                                  "k": kk, "flops": flops, "bytes": nbytes, "tflops_median": flops / t / 1e12,
+                                  "tflops_best": flops / t / 1e12, "library": "cublas", **clock})
+    return w.run_dir
+
+
+def write_cpu_run(root, rng, *, dispatch_kind="torch_dispatch"):
+    k = CPU
+    w = RunWriter.create(root, sku="cpu", host="synthetic", probes=["stream", "l2", "launch", "peak", "gemm"],
+                         argv=["synthetic"], device={"backend": "cpu", "name": "synthetic CPU",
+                                                     "properties": {"num_cpus": 2, "llc_bytes": k["llc"]}})
+    law = lambda nbytes: eff.eta_mem(nbytes / k["llc"], k["eta_max"], k["x_half"])  # noqa: E731
+    # the plateau the fit uses as B: the triad headline (best) of the largest array
+    for arr in (k["llc"] / 8, k["llc"], 4 * k["llc"], 16 * k["llc"]):
+        nbytes = 3 * arr
+        t = nbytes / (k["bw"] * law(nbytes))
+        w.append("stream", {**_row("stream", f"stream_triad_fp64_{int(arr)}", t, rng), "kernel": "triad",
+                            "dtype": "fp64", "array_bytes": arr, "bytes": nbytes,
+                            "gbps_median": nbytes / t / 1e9, "gbps_best": nbytes / t / 1e9})
+    ws = 64 * 1024.0
+    while ws < 8 * k["llc"]:
+        t = ws / (k["bw"] * law(ws) * (1 + 0.01 * rng.standard_normal()))
+        w.append("l2", {**_row("l2", f"l2_cold_{int(ws)}", t, rng), "mode": "cold", "working_set_bytes": ws,
+                        "bytes": ws, "passes": 1, **_gbps(ws, t)})
+        ws *= 1.25
+    kinds = [("omp_fork_join", 2e-6), ("py_ext_call", 0.3e-6)] + ([(dispatch_kind, k["dispatch"])] if dispatch_kind else [])
+    for kind, per in kinds:
+        w.append("launch", {**_row("launch", f"launch_{kind}_1000", per * 1000, rng), "kind": kind, "count": 1000,
+                            "per_launch_s_median": per, "per_launch_s_min": per * 0.9})
+    hw = HardwareSpec.from_sku("cpu")
+    spec = hw.peak("fp32")
+    tf = spec * k["active"] / 1e12
+    w.append("peak", {**_row("peak", "peak_fma_fp32", 1 / tf, rng), "dtype": "fp32", "unit": "vector_fma",
+                      "tflops_median": tf, "tflops_best": tf, "spec_tflops": spec / 1e12})
+    for m in (1, 16, 256, 1024):
+        n = kk = 1024
+        flops, nbytes = 2.0 * m * n * kk, 4.0 * (m * kk + kk * n + m * n)
+        cl = eff.eta_cluster(m, n, kk, 2, eff.tile_shape("cpu"))
+        t = max(flops / (spec * cl * k["active"] * k["duty"]), (nbytes + k["x_half"] * k["llc"]) / (k["bw"] * k["eta_max"]))
+        w.append("gemm", {**_row("gemm", f"gemm_fp32_{m}", t, rng), "dtype": "fp32", "m": m, "n": n, "k": kk,
+                          "flops": flops, "bytes": nbytes, "tflops_median": flops / t / 1e12,
+                          "tflops_best": flops / t / 1e12, "library": "numpy-blas:openblas"})
+    return w.run_dir
+
+
+def test_fit_eta_mem_recovers_known_law():
+    rng = np.random.default_rng(1)
+    x = np.geomspace(1e-3, 10, 40)
+    eta = eff.eta_mem(x, 0.8, 0.3) * (1 + 0.02 * rng.standard_normal(x.size))
+    a, b, ea, eb, mape = fit_eta_mem(x, eta)
+    assert a == pytest.approx(0.8, rel=0.03) and b == pytest.approx(0.3, rel=0.05)
+    assert 0 < ea < 0.05 and 0 < eb < 0.05 and mape < 0.03
+    with pytest.raises(ValueError, match=">= 3 distinct"):
+        fit_eta_mem([1, 1, 1], [0.5, 0.5, 0.5])
+
+
+def test_fit_gpu_run_recovers_every_parameter(tmp_path):
+    run = write_gpu_run(tmp_path, np.random.default_rng(2))
+    cal = fit_run(run)
+    p = cal.params
+    assert p["eta_max"].value == pytest.approx(H100["eta_max"], rel=0.03)
+    assert p["x_half"].value == pytest.approx(H100["x_half"], rel=0.06)
+    assert p["f_clk"].value == pytest.approx(H100["f_clk"])
+    assert p["eta_active"].value == pytest.approx(H100["active"], rel=0.01)
+    assert p["eta_duty"].value == pytest.approx(H100["duty"], rel=0.03)
+    assert p["t_launch_s"].value == pytest.approx(H100["launch"])  # largest count, not the count-1 outlier
+    assert p["t_graph_node_s"].value == pytest.approx(H100["graph"])
+    for name in ("eta_max", "x_half", "f_clk", "eta_active", "eta_duty", "t_launch_s", "t_graph_node_s"):
+        assert p[name].tier == "measured" and str(run) in p[name].source, name
+        assert p[name].error is not None and p[name].error >= 0, name
+    assert cal.hardware["num_sms"].value == 132 and cal.hardware["l2_bytes"].value == H100["l2_bytes"]
+    assert cal.host_residual["s_floor_ms"].tier == "published"
+    assert cal.meta["fit"]["gemm_identity_mape"] < 0.05
+
+
+def test_calibrated_model_reproduces_measured_gemm(tmp_path):
+    """The identity: eta_c * P with the fitted factors gives back a compute-bound GEMM's throughput."""
+    cal = fit_run(write_gpu_run(tmp_path, np.random.default_rng(3)))
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    m = StepModel.for_names(sku="h100", model="llama-3.1-8b", calibration=path)
+    p = m.predict([(8192, 0)])
+    qkv = p.ops["qkv_proj"]
+    spec = m.hardware.peak("bf16")
+    cl = eff.eta_cluster(8192, 6144, 4096, 132, eff.tile_shape("hopper"))
+    truth = 32 * 2.0 * 8192 * 6144 * 4096 / (spec * H100["f_clk"] * cl * H100["active"] * H100["duty"])
+    assert qkv.t_c_s == pytest.approx(truth, rel=0.03)
+    assert m.predict_time([(8192, 0)]) > StepModel.for_names(sku="h100", model="llama-3.1-8b").predict_time([(8192, 0)]) * 0.5
+
+
+def test_fit_without_telemetry_or_probes_falls_back_by_tier(tmp_path):
+    run = write_gpu_run(tmp_path, np.random.default_rng(4), with_clock=False, probes=("gemm",))
+    cal = fit_run(run)
+    assert cal.params["f_clk"].tier == "published" and cal.params["f_clk"].value == pytest.approx(1 - 0.302)
+    assert cal.params["eta_max"].tier == "published" and cal.params["eta_max"].value == 0.90
+    assert cal.params["eta_active"].tier == "spec" and cal.params["eta_active"].value == 1.0
+    assert cal.params["t_launch_s"].tier == "assumed"  # no published launch figure for the H100
+    assert cal.params["eta_duty"].tier == "measured"
+    d = defaults(HardwareSpec.from_sku("l40s"), "bf16")
+    assert d.params["t_launch_s"].tier == "published" and d.params["f_clk"].value == pytest.approx(1 - 0.427)
+
+
+def test_fit_cpu_run(tmp_path):
+    run = write_cpu_run(tmp_path, np.random.default_rng(5))
+    cal = fit_run(run)
+    assert cal.backend == "cpu" and cal.dtype == "fp32"
+    # B is the measured plateau (what the largest triad delivers), so eta_max comes out ~1
+    plateau = CPU["bw"] * eff.eta_mem(48.0, CPU["eta_max"], CPU["x_half"])  # triad of 16 LLC: x = 48
+    assert cal.hardware["mem_bytes_per_s"].value == pytest.approx(plateau, rel=0.001)
+    assert cal.hardware["mem_bytes_per_s"].tier == "measured"
+    assert cal.params["eta_max"].value == pytest.approx(1.0, rel=0.02)
+    assert cal.params["x_half"].value == pytest.approx(CPU["x_half"], rel=0.15)
+    assert cal.params["t_dispatch_s"].value == pytest.approx(CPU["dispatch"])
+    assert cal.params["eta_active"].value == pytest.approx(CPU["active"], rel=0.01)
+    assert cal.params["eta_duty"].value == pytest.approx(CPU["duty"], rel=0.03)
+    assert cal.params["f_clk"].tier == "spec"  # the synthetic CPU run has no clock telemetry
+    m = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=cal)
+    assert m.hardware.mem_bytes_per_s == pytest.approx(plateau, rel=0.001) and m.hardware.mem_bw_tier == "measured"
+    assert HardwareSpec.from_run(run).mem_bytes_per_s == m.hardware.mem_bytes_per_s
+    # without torch_dispatch rows the per-call extension cost is the dispatch estimate
+    cal2 = fit_run(write_cpu_run(tmp_path / "b", np.random.default_rng(6), dispatch_kind=None))
+    assert cal2.params["t_dispatch_s"].value == pytest.approx(0.3e-6)
+
+
+def test_roundtrip_and_errors(tmp_path):
+    cal = fit_run(write_cpu_run(tmp_path, np.random.default_rng(7)))
+    path = tmp_path / "c.json"
+    cal.save(path)
+    back = Calibration.load(path)
+    assert back.to_dict() == json.loads(path.read_text())
+    assert back.params == cal.params and back.hardware == cal.hardware
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"sku": "cpu",\n "params": {"eta_max": {"valu": 1}}}')
+    with pytest.raises(ConfigError, match="eta_max: expected a number or an object with 'value'"):
+        Calibration.load(bad)
+    with pytest.raises(ConfigError, match="no such calibration file"):
+        Calibration.load(tmp_path / "missing.json")
+    with pytest.raises(ResultsFormatError):
+        fit_run(tmp_path)
+
+
+def _gpubench(*args):
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_fit_then_predict(tmp_path):
+    run = write_gpu_run(tmp_path, np.random.default_rng(8))
+    out = tmp_path / "cal.json"
+    r = _gpubench("fit", str(run), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "eta_duty" in r.stdout and "measured" in r.stdout
+    saved = json.loads(out.read_text())
+    assert saved["params"]["eta_max"]["value"] == pytest.approx(H100["eta_max"], rel=0.03)
+    assert saved["meta"]["command"][:2] == ["gpubench", "fit"]
+    r = _gpubench("predict", "--sku", "h100", "--model", "llama-3.1-8b", "--batch", "32", "--context", "2048",
+                  "--calibration", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    pred = json.loads(r.stdout)
+    m = StepModel.for_names(sku="h100", model="llama-3.1-8b", calibration=out)
+    assert pred["total_s"] == pytest.approx(m.predict([(1, 2048)] * 32).total_s)
+    assert pred["tiers"]["eta_duty"] == "measured"
+    r = _gpubench("predict", "--sku", "h100", "--phase", "mixed", "--batch", "8", "--breakdown")
+    assert r.returncode == 0 and "gate_up" in r.stdout and "host residual" in r.stdout
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000}))
+    r = _gpubench("predict", "--sku", "cpu", "--model", str(cfg), "--batch", "2", "--context", "16")
+    assert r.returncode == 0 and "fp32" in r.stdout
+    for args, msg in ((("predict", "--sku", "h1000"), "unknown SKU"), (("predict", "--model", "lama-3.1-8b"), "did you mean"),
+                      (("predict", "--batch", "0"), "--batch must be >= 1"), (("fit", str(tmp_path)), "manifest.json"),
+                      (("predict", "--calibration", str(tmp_path / "none.json")), "no such calibration file")):
+        r = _gpubench(*args)
+        assert r.returncode == 2, args
+        assert r.stderr.count("\n") == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
