@@ -397,7 +397,7 @@ def synthetic_jobs(n: int, seed: int, params: SyntheticParams | None = None, *, 
             turn_tools[num_turns - 2] = "submit"
         turn_tools[-1] = None
         durations = np.zeros(num_turns)
-        for name in set(t for t in turn_tools if t is not None):
+        for name in sorted(set(t for t in turn_tools if t is not None)):  # sorted: set order varies by process
             mask = np.array([t == name for t in turn_tools])
             durations[mask] = p.tool_models[name].sample(rng, int(mask.sum()))
         turns = tuple(

@@ -1,0 +1,59 @@
+"""``gpubench view RUN_DIR``: draw a replay's step log in the browser (or export one HTML file)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpubench.errors import GpubenchError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``view`` sub-command."""
+    p = sub.add_parser(
+        "view", help="draw a replay's step log (batch mix, KV pressure, preemptions, per-job timelines)",
+        description="Serve a self-contained page on 127.0.0.1 that draws the step log of a "
+                    "`gpubench replay --out DIR` directory, or export it as one HTML file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a replay output directory (summary.json, steps.csv, ...)")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--no-open", action="store_true", help="do not open a browser; just print the URL")
+    p.add_argument("--export", metavar="FILE.html", type=Path, default=None,
+                   help="write one HTML file with the data embedded, then exit (no server)")
+    p.add_argument("--max-jobs", type=int, default=80, help="jobs drawn in the per-job timeline")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export or serve; serving blocks until Ctrl-C."""
+    from scheduling.viewer import data as data_mod
+    from scheduling.viewer.server import ViewerServer, render_page
+
+    if args.export is not None:
+        page = render_page(data_mod.load_run(args.run_dir, max_jobs=args.max_jobs))
+        args.export.parent.mkdir(parents=True, exist_ok=True)
+        args.export.write_text(page, encoding="utf-8")
+        print(f"wrote {args.export} ({len(page.encode('utf-8')) / 1e6:.1f} MB)")
+        return 0
+    if not 0 <= args.port <= 65535:
+        raise GpubenchError(f"--port must be 0..65535, got {args.port}")
+    try:
+        server = ViewerServer(args.run_dir, port=args.port)
+    except OSError as err:
+        raise GpubenchError(f"cannot listen on 127.0.0.1:{args.port} ({err.strerror or err})") from None
+    server.start()
+    print(f"viewer for {args.run_dir} at {server.url}  (Ctrl-C to stop)", flush=True)
+    if not args.no_open:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 0
+    finally:
+        server.stop()

@@ -1,0 +1,110 @@
+"""Serve (or export) the step-log viewer for one replay directory.
+
+The page is one HTML file with its CSS and JavaScript inlined (no CDN: nothing outside is
+reachable, and an exported file must work alone). Served, it fetches ``data.json`` from this
+server; exported, the same JSON is embedded in a ``<script type="application/json">`` element.
+
+Routes: ``/`` (the page), ``/data.json`` (what :func:`scheduling.viewer.data.load_run` returns),
+``/summary.json`` (the run's own file). The server binds 127.0.0.1 only: a step log is nobody
+else's business, and no page here needs to be reachable from another host.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from scheduling.viewer.data import load_run
+
+ASSETS = Path(__file__).parent
+HOST = "127.0.0.1"
+
+
+def render_page(data: dict[str, Any] | None = None) -> str:
+    """The page: CSS and JS inlined; ``data`` embedded when given (export), else fetched (served)."""
+    html = (ASSETS / "index.html").read_text(encoding="utf-8")
+    css = (ASSETS / "viewer.css").read_text(encoding="utf-8")
+    js = (ASSETS / "viewer.js").read_text(encoding="utf-8")
+    # NOTE: "</" inside a <script> element would end it early; "<\/" is the same JSON string.
+    payload = "" if data is None else json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return (html.replace("/*__CSS__*/", css)
+                .replace("/*__DATA__*/", payload)
+                .replace("/*__JS__*/", js.replace("</script", "<\\/script")))
+
+
+def export_html(run_dir: str | Path, out_file: str | Path) -> Path:
+    """Write one self-contained HTML file with the run's data embedded."""
+    out = Path(out_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_page(load_run(run_dir)), encoding="utf-8")
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET-only handler over an already-loaded run (loaded once: the files do not change)."""
+
+    def __init__(self, *args, page: bytes, data: bytes, summary: bytes, **kw) -> None:
+        self._routes = {"/": (page, "text/html; charset=utf-8"), "/index.html": (page, "text/html; charset=utf-8"),
+                        "/data.json": (data, "application/json"), "/summary.json": (summary, "application/json")}
+        super().__init__(*args, **kw)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        route = self._routes.get(self.path.split("?", 1)[0])
+        if route is None:
+            self.send_error(404, "not found")
+            return
+        body, ctype = route
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints the URL once
+        pass
+
+
+class ViewerServer:
+    """A viewer for one run on 127.0.0.1 in a background thread. ``port=0`` picks a free port.
+
+    Use as a context manager, or ``start()`` / ``stop()``; ``url`` is the page's address.
+    """
+
+    def __init__(self, run_dir: str | Path, port: int = 0) -> None:
+        data = load_run(run_dir)
+        summary_path = Path(run_dir) / "summary.json"
+        handler = partial(_Handler, page=render_page(None).encode("utf-8"),
+                          data=json.dumps(data, separators=(",", ":")).encode("utf-8"),
+                          summary=summary_path.read_bytes())
+        self.httpd = ThreadingHTTPServer((HOST, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/"
+
+    def start(self) -> "ViewerServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpubench-viewer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "ViewerServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,218 @@
+"""Viewer: data loading, a real server on 127.0.0.1, the CLI, and a real headless Chromium.
+
+The browser tests drive Debian's Chromium through chromedriver (selenium); they skip, saying so,
+only when chromium/chromedriver are missing. Screenshots land in pytest's tmp dir
+(``GPUBENCH_VIEWER_SHOTS=DIR`` keeps them somewhere to look at).
+"""
+from __future__ import annotations
+
+import json
+import re
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpubench.errors import ResultsFormatError
+from scheduling.viewer.data import bin_steps, load_run
+from scheduling.viewer.sample_run import write_sample_run
+from scheduling.viewer.server import ViewerServer, export_html, render_page
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+needs_browser = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER), reason="chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return write_sample_run(tmp_path_factory.mktemp("replay") / "run")
+
+
+def test_load_run_totals_match_files(run_dir):
+    data = load_run(run_dir)
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert data["totals"]["num_steps"] == len(steps)
+    assert data["totals"]["num_preemptions"] == steps["num_preemptions"].sum() > 0
+    assert sum(data["break_reasons"].values()) == len(steps)
+    assert len(data["jobs"]["job_id"]) == len(pd.read_csv(run_dir / "jobs.csv"))
+    json.dumps(data)  # JSON-able
+
+
+def test_binning_keeps_totals(run_dir):
+    steps = pd.read_csv(run_dir / "steps.csv")
+    binned = bin_steps(steps, 100)
+    assert len(binned) == 100
+    for col in ("num_prefill_tokens", "num_decode_tokens", "num_preemptions"):
+        assert binned[col].sum() == steps[col].sum()
+    assert binned["kv_used_blocks"].max() == steps["kv_used_blocks"].max()
+    data = load_run(run_dir, max_step_points=100)
+    assert data["steps_binned"] and data["totals"]["num_steps"] == len(steps)
+
+
+def test_load_run_errors(tmp_path, run_dir):
+    with pytest.raises(ResultsFormatError, match="not a directory"):
+        load_run(tmp_path / "nope")
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad)
+    (bad / "summary.json").write_text("{oops")
+    with pytest.raises(ResultsFormatError, match=r"summary.json: invalid JSON"):
+        load_run(bad)
+    shutil.copy(run_dir / "summary.json", bad / "summary.json")
+    pd.read_csv(run_dir / "steps.csv").drop(columns=["num_running"]).to_csv(bad / "steps.csv", index=False)
+    with pytest.raises(ResultsFormatError, match=r"steps.csv: missing column\(s\) num_running"):
+        load_run(bad)
+    (bad / "turns.csv").unlink()
+    shutil.copy(run_dir / "steps.csv", bad / "steps.csv")
+    with pytest.raises(ResultsFormatError, match=r"turns.csv: missing"):
+        load_run(bad)
+
+
+def test_page_is_self_contained(run_dir):
+    page = render_page(load_run(run_dir))
+    assert "/*__" not in page
+    assert "http://" not in page and "https://" not in page
+    # every referenced resource is inline (data: URI); nothing is fetched but data.json when served
+    refs = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']*)', page)
+    assert all(r.startswith("data:") for r in refs), refs
+
+
+def test_server_routes_on_loopback(run_dir):
+    with ViewerServer(run_dir) as server:
+        assert server.httpd.server_address[0] == "127.0.0.1" and server.port > 0
+        page = urllib.request.urlopen(server.url, timeout=10).read().decode()
+        assert "<canvas" not in page and "chart-batch" in page  # canvases are drawn by the script
+        data = json.loads(urllib.request.urlopen(server.url + "data.json", timeout=10).read())
+        assert data["totals"]["num_steps"] == len(pd.read_csv(run_dir / "steps.csv"))
+        summary = json.loads(urllib.request.urlopen(server.url + "summary.json", timeout=10).read())
+        assert summary == json.loads((run_dir / "summary.json").read_text())
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(server.url + "../etc/passwd", timeout=10)
+        assert info.value.code == 404
+
+
+def test_cli_export_and_errors(run_dir, tmp_path):
+    out = tmp_path / "page.html"
+    cmd = [sys.executable, "-m", "gpubench.cli", "view", str(run_dir), "--export", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 10_000 and "gpubench-data" in out.read_text()
+    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "view", str(tmp_path / "missing"), "--no-open"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not a directory" in proc.stderr
+
+
+def test_cli_serves_until_interrupted(run_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench.cli", "view", str(run_dir), "--no-open"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        line = proc.stdout.readline()
+        url = line.split(" at ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        assert b"gpubench step log" in urllib.request.urlopen(url, timeout=10).read()
+    finally:
+        proc.send_signal(2)  # SIGINT, as Ctrl-C
+        proc.wait(timeout=20)
+    assert proc.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Real browser
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("chromium and chromedriver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,2400",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chrome-profile')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _wait_ready(driver, timeout_s=30.0) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        state = driver.execute_script(
+            "const v = window.gpubenchViewer; return v ? {ready: v.ready, error: v.error} : null;")
+        if state and (state["ready"] or state["error"]):
+            assert not state["error"], state["error"]
+            return state
+        time.sleep(0.1)
+    raise AssertionError("viewer did not become ready")
+
+
+def _ink_fraction(driver, canvas_id: str) -> float:
+    """Share of a chart's canvas pixels that are not transparent (something was drawn)."""
+    return driver.execute_script("""
+        const c = document.querySelector('#' + arguments[0] + ' canvas');
+        if (!c || !c.width) return 0;
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+        return n / (c.width * c.height);""", canvas_id)
+
+
+CHARTS = ("chart-batch", "chart-queue", "chart-kv", "chart-pool", "chart-break", "chart-preempt", "chart-hit",
+          "chart-ttft", "chart-jobs")
+
+
+def _check_page(driver, run_dir: Path, shot: Path) -> None:
+    _wait_ready(driver)
+    summary = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    js = driver.execute_script("return window.gpubenchViewer.summary;")
+    for key in ("num_jobs", "num_turns", "steps", "preemptions", "jct_p50_s", "jct_mean_s", "gpu_prefix_hit_rate"):
+        assert js[key] == pytest.approx(summary[key], rel=1e-6, abs=1e-9), key
+    assert driver.execute_script("return window.gpubenchViewer.mismatches;") == []
+    marks = driver.execute_script("return window.gpubenchViewer.charts;")
+    has_pool = max(pd.read_csv(run_dir / "steps.csv")["pool_total_blocks"]) > 0
+    for chart in CHARTS:
+        if chart == "chart-pool" and not has_pool:  # no pool in this run: axes and a note, no data
+            assert marks[chart]["marks"] == 0
+            continue
+        assert marks[chart]["marks"] > 0, chart
+        assert _ink_fraction(driver, chart) > 0.01, chart
+    # the timeline draws one row per shown job
+    assert driver.execute_script("return window.gpubenchViewer.data.timeline_jobs.length;") == summary["num_jobs"]
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors
+    driver.save_screenshot(str(shot))
+    assert shot.stat().st_size > 20_000
+
+
+def _shot_dir(tmp_path: Path) -> Path:
+    keep = os.environ.get("GPUBENCH_VIEWER_SHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        return Path(keep)
+    return tmp_path
+
+
+@needs_browser
+def test_browser_served_page(browser, run_dir, tmp_path):
+    with ViewerServer(run_dir) as server:
+        browser.get(server.url)
+        _check_page(browser, run_dir, _shot_dir(tmp_path) / "viewer_served.png")
+
+
+@needs_browser
+def test_browser_exported_file(browser, run_dir, tmp_path):
+    page = export_html(run_dir, tmp_path / "export.html")
+    browser.get(page.as_uri())  # file:// with no server: the data must be embedded
+    _check_page(browser, run_dir, _shot_dir(tmp_path) / "viewer_export.png")
