@@ -1,5 +1,7 @@
-"""Sub-commands of the bench stage: skus (run, show and compare are registered here too)."""
+"""Sub-commands of the bench stage: skus, run, show, compare."""
 from __future__ import annotations
+
+import sys
 
 
 def register(sub) -> None:
@@ -7,6 +9,184 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--sources", action="store_true", help="also print the source of every figure")
     p.set_defaults(func=cmd_skus)
+
+    r = sub.add_parser(
+        "run", help="characterize the device: stream, l2, launch, peak, gemm probes into a run directory",
+        description="Run the probes, each in its own worker process, into results/<sku>/<UTC>-<host>/ "
+                    "(manifest.json + one <probe>.jsonl per probe, appended row by row). A probe that "
+                    "crashes or overruns its time budget is recorded as failed; the others still run.")
+    r.add_argument("--sku", help="SKU id for the spec peaks (default: the detected device; `cpu` on the CPU)")
+    r.add_argument("--device", default="auto", help="auto (a working GPU, else the CPU), cpu, or cuda:N (default: auto)")
+    r.add_argument("--probes", help="comma-separated probes (default: all): stream,l2,launch,peak,gemm")
+    r.add_argument("--quick", action="store_true", help="coarser sweeps (under a minute on a small CPU)")
+    r.add_argument("--out", default="results", help="results root (default: results)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
+    r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")
+    r.add_argument("--reps", type=int, default=10, help="repetitions per measurement (default 10; first discarded)")
+    r.add_argument("--set", action="append", default=[], metavar="PROBE.NAME=VALUE",
+                   help="probe option, e.g. stream.max_array_bytes=1048576, l2.factor=2 (repeatable)")
+    r.add_argument("--probe-budget-s", type=float, help="time budget of every probe in seconds (default: per probe)")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("show", help="headline figures of a run: %% of spec/peak, spread, telemetry, failures")
+    s.add_argument("run_dir", metavar="RUN_DIR")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_show)
+
+    c = sub.add_parser("compare", help="per-probe speed ratios between two runs, flagging changes beyond the spread")
+    c.add_argument("run_a", metavar="RUN_A")
+    c.add_argument("run_b", metavar="RUN_B")
+    c.add_argument("--all", action="store_true", help="list every key, not only flagged ones")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(func=cmd_compare)
+
+
+def _parse_sets(items) -> dict:
+    from gpubench.errors import ConfigError
+
+    out = {}
+    for item in items:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set expects PROBE.NAME=VALUE, got '{item}'")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpubench import report
+    from gpubench.errors import ConfigError
+    from gpubench.results import load
+    from gpubench.runner import RunRequest, execute
+
+    if args.reps < 2:
+        raise ConfigError(f"--reps must be >= 2 (the first repetition is discarded), got {args.reps}")
+    probes = tuple(p.strip() for p in args.probes.split(",") if p.strip()) if args.probes else None
+    req = RunRequest(device=args.device, sku=args.sku, probes=probes, quick=args.quick, out=args.out,
+                     resume=args.resume, force=args.force, options=_parse_sets(args.set), num_reps=args.reps,
+                     probe_budget_s=args.probe_budget_s, argv=tuple(["gpubench", *sys.argv[1:]]))
+    err = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err)
+    tasks: dict = {}
+
+    def on_start(writer, line, todo):
+        err.print(line)
+        err.print(f"run dir: {writer.run_dir}")
+
+    def on_event(name, ev):
+        if ev.get("event") == "plan":
+            tasks[name] = progress.add_task(name, total=ev["total"], completed=ev["done"], label="")
+        elif ev.get("event") == "row" and name in tasks:
+            progress.update(tasks[name], advance=1, label=("" if ev["valid"] else "INVALID ") + ev.get("label", ""))
+
+    with progress:
+        outcome = execute(req, on_event=on_event, on_start=on_start)
+    summary = report.summarize_run(load(outcome.run_dir))
+    _print_summary(summary, Console(width=max(Console().width, 160)))
+    print(f"run dir: {outcome.run_dir}")
+    return 0 if outcome.ok else 1
+
+
+def _fmt(v, nd=2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{nd}f}" if abs(v) < 1e6 else f"{v:.3e}"
+
+
+def _print_summary(s, console) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]{s.run_dir}[/bold]  sku={s.sku}  device={s.device}  created={s.created_utc}")
+    t = Table(title="headline figures (best = min time; range over repetitions, first discarded)")
+    for col in ("probe", "figure", "best", "median", "unit", "min..max", "CV", "n", "% of"):
+        t.add_column(col, justify="left" if col in ("probe", "figure", "unit", "% of") else "right")
+    for h in s.headlines:
+        rng = f"{_fmt(h.lo)}..{_fmt(h.hi)}" if h.lo is not None else "-"
+        pct = f"{h.pct:.1f} % of {h.pct_of}" if h.pct is not None else ""
+        if h.note:
+            pct = f"{pct}; {h.note}" if pct else h.note
+        t.add_row(h.probe, h.label, _fmt(h.value), _fmt(h.median), h.unit, rng,
+                  f"{100 * h.cv:.1f} %" if h.cv is not None else "-", str(h.n or "-"), pct)
+    console.print(t)
+    for name, p in s.probes.items():
+        line = f"{name}: {p.get('status')}"
+        if p.get("wall_s") is not None:
+            line += f" in {p['wall_s']:.1f} s, {p.get('num_rows', 0)} rows"
+        if p.get("reason"):
+            line += f" - {p['reason']}"
+        for note in p.get("notes", []) or []:
+            line += f" [{note}]"
+        console.print(line, markup=False, highlight=False)
+    if s.invalid:
+        console.print(f"[red]{len(s.invalid)} invalid rows (never reported as figures):[/red]")
+        for line in s.invalid[:10]:
+            console.print("  " + line, markup=False, highlight=False)
+    tel = s.telemetry
+    console.print(f"telemetry ({tel.get('source')}, {tel.get('samples')} samples): clock "
+                  f"{_fmt(tel.get('clock_mhz_mean'), 0)} MHz mean, {_fmt(tel.get('clock_mhz_min'), 0)}.."
+                  f"{_fmt(tel.get('clock_mhz_max'), 0)} over rows, low-clock share {_fmt(tel.get('low_clock_frac_mean'), 3)}, "
+                  f"energy {_fmt(tel.get('energy_j_total'), 1)} J", markup=False, highlight=False)
+    if tel.get("note"):
+        console.print(f"  clock: {tel['note']}", markup=False, highlight=False)
+    for f, why in (tel.get("null_reasons") or {}).items():
+        console.print(f"  {f}: null - {why}", markup=False, highlight=False)
+
+
+def cmd_show(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from gpubench import report
+    from gpubench.results import load
+
+    s = report.summarize_run(load(args.run_dir))
+    if args.json:
+        print(json.dumps(s.to_dict(), indent=2, default=float))
+        return 0
+    _print_summary(s, Console(width=max(Console().width, 160)))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpubench import report
+    from gpubench.results import load
+
+    out = report.compare_runs(load(args.run_a), load(args.run_b))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    con = Console(width=max(Console().width, 140))
+    con.print(f"A = {out['run_a']}\nB = {out['run_b']}\nspeed ratio = t_median(A) / t_median(B) per key "
+              "(> 1: B faster); flagged when |ratio - 1| > the larger (p80 - p20)/median spread", highlight=False)
+    t = Table(title="per probe")
+    for col in ("probe", "keys", "geomean ratio", "flagged", "only A", "only B"):
+        t.add_column(col, justify="left" if col == "probe" else "right")
+    for probe, p in out["probes"].items():
+        t.add_row(probe, str(p["num_common"]), f"{p['geomean_speed_ratio']:.3f}", str(p["num_flagged"]),
+                  str(p["num_only_a"]), str(p["num_only_b"]))
+    con.print(t)
+    rows = [c for p in out["probes"].values() for c in p["changes"] if args.all or c["flagged"]]
+    if rows:
+        k = Table(title="all keys" if args.all else "flagged changes")
+        for col in ("probe", "key", "ratio", "spread A", "spread B", "flag"):
+            k.add_column(col, justify="left" if col in ("probe", "key") else "right")
+        for c in sorted(rows, key=lambda c: -abs(c["speed_ratio"] - 1)):
+            k.add_row(c["probe"], c["key"], f"{c['speed_ratio']:.3f}", f"{100 * c['spread_a']:.1f} %",
+                      f"{100 * c['spread_b']:.1f} %", "*" if c["flagged"] else "")
+        con.print(k)
+    if out["only_a"] or out["only_b"]:
+        con.print(f"probes only in A: {out['only_a']}; only in B: {out['only_b']}", highlight=False)
+    return 0
 
 
 def cmd_skus(args) -> int:

@@ -55,11 +55,21 @@ class MeasurementSpec:
             must be the same across runs with the same config.
         params: probe-specific arguments passed back to ``measure`` (sizes, dtype, mode, ...).
         label: short human text for progress bars.
+        row_keys: when one measurement yields several rows (STREAM's four kernels come from one
+            run of the kernel sequence, so its golden check covers all four), the keys of those
+            rows; empty means the single row ``key``. ``--resume`` skips the spec only when every
+            row key is on disk, and appends only the missing rows.
     """
 
     key: str
     params: dict = field(default_factory=dict)
     label: str = ""
+    row_keys: tuple = ()
+
+    @property
+    def keys(self) -> tuple:
+        """The row keys this measurement writes."""
+        return self.row_keys or (self.key,)
 
 
 class Probe(abc.ABC):
@@ -86,9 +96,15 @@ class Probe(abc.ABC):
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
         """The measurements to take, in order. Pure: no device work, no timing."""
 
+    def notes(self, cfg: ProbeConfig) -> list[str]:
+        """Lines for the manifest's probe entry: parts left out and why (``torch not importable``)."""
+        return []
+
     @abc.abstractmethod
-    def measure(self, spec: MeasurementSpec) -> dict[str, Any]:
+    def measure(self, spec: MeasurementSpec) -> dict[str, Any] | list[dict[str, Any]]:
         """Take one measurement (blocking) and return its row fields.
+
+        A spec with ``row_keys`` returns a list of row dicts, each with its ``key``.
 
         Must return ``times_s`` (every repetition in seconds, raw, first included) and ``valid``
         (the golden-value / checksum check passed), plus the probe-specific fields of

@@ -1,0 +1,27 @@
+"""CPU probes (stream, l2, launch, peak, gemm) and hidden debug probes.
+
+Each module holds one probe family: its work formula (bytes or FLOPs per repetition), its plan
+(the sweep) and its measurement, which calls the compiled ``gpubench._cpu`` kernels (numpy's BLAS
+for gemm). The CUDA probes live with the CUDA backend.
+"""
+from __future__ import annotations
+
+
+def cpu_probes() -> dict:
+    """Probe name -> CPU probe, in the order a full run takes them."""
+    from gpubench.probes.gemm import GemmProbe
+    from gpubench.probes.l2 import CacheSweepProbe
+    from gpubench.probes.launch import LaunchProbe
+    from gpubench.probes.peak import PeakProbe
+    from gpubench.probes.stream import StreamProbe
+
+    probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe()]
+    return {p.name: p for p in probes}
+
+
+def debug_probes() -> dict:
+    """Hidden probes that crash, abort or hang on purpose (fault-isolation tests); run only by name."""
+    from gpubench.probes.debug import DebugProbe
+
+    probes = [DebugProbe("debug_crash"), DebugProbe("debug_abort"), DebugProbe("debug_hang"), DebugProbe("debug_error")]
+    return {p.name: p for p in probes}

@@ -1,0 +1,50 @@
+"""Sizes and host facts the CPU probes plan with."""
+from __future__ import annotations
+
+import math
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (bytes), None if unreadable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def llc_bytes(device: dict) -> int:
+    """The last-level cache size recorded in the manifest's device properties (read from sysfs)."""
+    return int(device.get("properties", {}).get("llc_bytes") or 32 * 1024 * 1024)
+
+
+def geometric(lo: float, hi: float, factor: float, align: int = 1) -> list[int]:
+    """Sizes lo, lo*factor, ... up to and including hi (each rounded to `align`, deduplicated)."""
+    if lo <= 0 or hi < lo or factor <= 1:
+        raise ValueError(f"bad sweep lo={lo} hi={hi} factor={factor}")
+    n = int(math.floor(math.log(hi / lo) / math.log(factor) + 1e-9))
+    out = []
+    for i in range(n + 1):
+        v = max(align, int(round(lo * factor**i / align)) * align)
+        if not out or v > out[-1]:
+            out.append(v)
+    top = max(align, int(hi) // align * align)
+    if out[-1] < top:
+        out.append(top)
+    return out
+
+
+def opt(cfg, probe: str, name: str, default):
+    """cfg.options["<probe>.<name>"] (from `--set probe.name=value`) converted to default's type."""
+    key = f"{probe}.{name}"
+    if key not in cfg.options:
+        return default
+    v = cfg.options[key]
+    if default is None or isinstance(v, type(default)):
+        return v
+    if isinstance(default, bool):
+        return str(v).lower() in ("1", "true", "yes", "on")
+    return type(default)(float(v)) if isinstance(default, int) else type(default)(v)

@@ -1,0 +1,240 @@
+"""What `gpubench show` and `gpubench compare` print: headline figures per probe, spread, telemetry.
+
+Pure functions of loaded runs (``gpubench.results.Run``) returning dataclasses / dicts; the CLI
+renders them. Rows with ``valid=false`` are never used as figures: they are counted and listed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gpubench.results import Run
+
+
+@dataclass
+class Headline:
+    """One headline figure. ``value`` is in ``unit``; ``lo``..``hi`` is the range over repetitions."""
+
+    probe: str
+    label: str
+    value: float
+    unit: str
+    key: str
+    median: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    cv: float | None = None
+    n: int | None = None
+    pct: float | None = None
+    pct_of: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class RunSummary:
+    run_dir: str
+    sku: str
+    device: str
+    created_utc: str | None
+    headlines: list = field(default_factory=list)
+    probes: dict = field(default_factory=dict)  # name -> {status, reason, num_rows, num_invalid, wall_s}
+    invalid: list = field(default_factory=list)  # "probe/key: reason"
+    telemetry: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["headlines"] = [asdict(h) for h in self.headlines]
+        return d
+
+
+def _valid(df):
+    return df[df["valid"].astype(bool)] if "valid" in df else df
+
+
+def _rate(row, work_field: str, scale: float, unit: str, probe: str, label: str, **kw) -> Headline:
+    """Headline from a row's work (bytes/flops) and its times: best = min time, range over reps."""
+    work = float(row[work_field])
+    return Headline(probe=probe, label=label, value=work / row["t_min_s"] / scale, unit=unit, key=row["key"],
+                    median=work / row["t_median_s"] / scale, lo=work / row["t_max_s"] / scale,
+                    hi=work / row["t_min_s"] / scale, cv=float(row["cv"]), n=int(row["n"]), **kw)
+
+
+def _stream(df) -> list[Headline]:
+    out = []
+    top = df["n_elements"].max()
+    for kernel in ("copy", "scale", "add", "triad"):
+        sel = df[(df["kernel"] == kernel) & (df["n_elements"] == top)]
+        if len(sel):
+            r = sel.iloc[0]
+            out.append(_rate(r, "bytes", 1e9, "GB/s", "stream", f"{kernel} (best; {r['array_bytes'] / 2**20:.0f} MiB arrays)"))
+    return out
+
+
+def _l2(df) -> list[Headline]:
+    out = []
+    for mode in ("warm", "cold"):
+        sel = df[df["mode"] == mode]
+        if not len(sel):
+            continue
+        best = sel.loc[sel["gbps_best"].idxmax()]
+        out.append(_rate(best, "bytes", 1e9, "GB/s", "l2", f"{mode} max (at {_size(best['working_set_bytes'])})"))
+        last = sel.loc[sel["working_set_bytes"].idxmax()]
+        out.append(_rate(last, "bytes", 1e9, "GB/s", "l2", f"{mode} at {_size(last['working_set_bytes'])}"))
+    return out
+
+
+def _launch(df) -> list[Headline]:
+    out = []
+    for kind in df["kind"].drop_duplicates():
+        sel = df[df["kind"] == kind]
+        r = sel.loc[sel["count"].idxmax()]
+        c = float(r["count"])
+        out.append(Headline(probe="launch", label=f"{kind} (median, x{int(c)})", value=r["t_median_s"] / c * 1e6,
+                            unit="us", key=r["key"], median=r["t_median_s"] / c * 1e6, lo=r["t_min_s"] / c * 1e6,
+                            hi=r["t_max_s"] / c * 1e6, cv=float(r["cv"]), n=int(r["n"])))
+    return out
+
+
+def _peak(df) -> list[Headline]:
+    out = []
+    for _, r in df.iterrows():
+        if r.get("unit") == "dependent_add":
+            out.append(Headline(probe="peak", label="core clock (dependent adds, best)", value=r["clock_mhz_measured"],
+                                unit="MHz", key=r["key"], median=r.get("clock_mhz_median"), cv=float(r["cv"]),
+                                n=int(r["n"]), pct=100 * r["clock_mhz_measured"] / r["clock_mhz_reported"],
+                                pct_of=f"reported {r['clock_mhz_reported']:.0f} MHz"))
+            continue
+        h = _rate(r, "flops", 1e9, "GFLOP/s", "peak", f"fma {r['dtype']} (best)", pct=r["pct_of_spec"],
+                  pct_of=f"spec {r['spec_tflops'] * 1e3:.1f} GFLOP/s = {r['spec_formula']}")
+        h.note = (f"{r['pct_of_measured_clock_peak']:.1f} % of the peak at the measured clock "
+                  f"{r['clock_mhz_measured']:.0f} MHz")
+        out.append(h)
+    return out
+
+
+def _gemm(df, peaks: dict) -> list[Headline]:
+    out = []
+    for dtype in df["dtype"].drop_duplicates():
+        sel = df[df["dtype"] == dtype]
+        best = sel.loc[sel["tflops_best"].idxmax()]
+        pk = peaks.get(dtype)
+        out.append(_rate(best, "flops", 1e9, "GFLOP/s", "gemm", f"{dtype} best ({best['shape']} M={best['m']})",
+                         pct=100 * best["tflops_best"] * 1e3 / pk if pk else None,
+                         pct_of="measured fma peak" if pk else None))
+        dec = sel[(sel["shape"] != "square") & (sel["m"] == sel["m"].min())]
+        if len(dec):
+            r = dec.loc[dec["bytes"].idxmax()]
+            out.append(_rate(r, "bytes", 1e9, "GB/s", "gemm", f"{dtype} decode {r['shape']} M={r['m']} (weights streamed)"))
+    return out
+
+
+def _size(b) -> str:
+    b = float(b)
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 1024:.0f} KiB"
+
+
+def summarize_run(run: Run) -> RunSummary:
+    m = run.manifest
+    s = RunSummary(run_dir=str(run.run_dir), sku=m["sku"], device=m.get("device", {}).get("name", "?"),
+                   created_utc=m.get("created_utc"))
+    for name, entry in m["probes"].items():
+        s.probes[name] = {k: entry.get(k) for k in ("status", "reason", "num_rows", "num_invalid", "wall_s", "notes")
+                          if entry.get(k) is not None}
+    peaks = {}
+    if "peak" in run.frames:
+        pk = _valid(run.frames["peak"])
+        if "unit" in pk:
+            for _, r in pk[pk["unit"] == "vector_fma"].iterrows():
+                peaks[r["dtype"]] = r["flops"] / r["t_min_s"] / 1e9
+    for probe, df in run.frames.items():
+        if "valid" in df:
+            for _, r in df[~df["valid"].astype(bool)].iterrows():
+                s.invalid.append(f"{probe}/{r['key']}: {r.get('invalid_reason', 'invalid')}")
+        good = _valid(df)
+        if not len(good) or "t_min_s" not in good:
+            continue
+        fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak}.get(probe)
+        if fn:
+            s.headlines += fn(good)
+        elif probe == "gemm":
+            s.headlines += _gemm(good, peaks)
+    s.telemetry = telemetry_summary(run)
+    return s
+
+
+def telemetry_summary(run: Run) -> dict:
+    """Clock range, low-clock share, energy and null reasons over every row of the run."""
+    clocks, lows, energy, samples = [], [], [], 0
+    for df in run.frames.values():
+        for col, acc in (("clock_mhz_mean", clocks), ("low_clock_frac", lows), ("energy_j", energy)):
+            if col in df:
+                acc += [float(v) for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if "telemetry_samples" in df:
+            samples += int(df["telemetry_samples"].fillna(0).sum())
+    t = run.manifest.get("telemetry", {})
+    return {
+        "source": t.get("source"),
+        "clock_source": t.get("clock_source"),
+        "clock_mhz_mean": float(np.mean(clocks)) if clocks else None,
+        "clock_mhz_min": float(np.min(clocks)) if clocks else None,
+        "clock_mhz_max": float(np.max(clocks)) if clocks else None,
+        "low_clock_frac_mean": float(np.mean(lows)) if lows else None,
+        "energy_j_total": float(np.sum(energy)) if energy else None,
+        "samples": samples,
+        "null_reasons": t.get("null_reasons", {}),
+        "note": t.get("clock_note"),
+    }
+
+
+# ---------------------------------------------------------------- compare ----------------------
+
+@dataclass
+class KeyChange:
+    probe: str
+    key: str
+    speed_ratio: float  # t_median(A) / t_median(B): > 1 means B is faster
+    spread_a: float  # (p80 - p20) / median of run A's repetitions
+    spread_b: float
+    flagged: bool
+
+
+def _spread(r) -> float:
+    return float((r["t_p80_s"] - r["t_p20_s"]) / r["t_median_s"])
+
+
+def compare_runs(a: Run, b: Run) -> dict:
+    """Per-key speed ratios between two runs, flagged when larger than either run's spread.
+
+    The ratio is t_median(A) / t_median(B) of the same key (same work), so > 1 means B is faster.
+    The spread of a row is (p80 - p20) / median of its repetitions; a change is flagged when
+    |ratio - 1| exceeds the larger of the two spreads. Invalid rows are left out.
+    """
+    out = {"run_a": str(a.run_dir), "run_b": str(b.run_dir), "probes": {}}
+    for probe in sorted(set(a.frames) & set(b.frames)):
+        da, db = _valid(a.frames[probe]), _valid(b.frames[probe])
+        if "t_median_s" not in da or "t_median_s" not in db:
+            continue
+        ia, ib = da.set_index("key"), db.set_index("key")
+        common = [k for k in ia.index if k in ib.index]
+        changes = []
+        for k in common:
+            ra, rb = ia.loc[k], ib.loc[k]
+            ratio = float(ra["t_median_s"] / rb["t_median_s"])
+            sa, sb = _spread(ra), _spread(rb)
+            changes.append(KeyChange(probe, k, ratio, sa, sb, abs(ratio - 1) > max(sa, sb)))
+        if not changes:
+            continue
+        ratios = [c.speed_ratio for c in changes]
+        out["probes"][probe] = {
+            "num_common": len(common),
+            "num_only_a": len(set(ia.index) - set(ib.index)),
+            "num_only_b": len(set(ib.index) - set(ia.index)),
+            "geomean_speed_ratio": float(np.exp(np.mean(np.log(ratios)))),
+            "num_flagged": sum(c.flagged for c in changes),
+            "changes": [asdict(c) for c in changes],
+        }
+    out["only_a"] = sorted(set(a.frames) - set(b.frames))
+    out["only_b"] = sorted(set(b.frames) - set(a.frames))
+    return out

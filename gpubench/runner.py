@@ -1,0 +1,364 @@
+"""Runs probes into a run directory, each probe in its own worker process.
+
+    parent (gpubench run)                          worker (python -m gpubench.runner worker ...)
+    ─────────────────────                          ───────────────────────────────────────────
+    create or reopen the run dir (manifest)
+    for each probe:
+      supported? else manifest: skipped(reason)
+      manifest: running; spawn worker ───────────► plan(cfg); drop keys already on disk (resume)
+      progress bar  ◄──── JSON events on stdout ── for each spec: Sampler ▸ measure ▸ stats ▸
+      deadline: kill past the time budget                          telemetry ▸ append row (fsync)
+      exit status ─► manifest: done | failed(reason: signal, exception, budget, invalid rows)
+
+A crash (SIGSEGV, abort), an exception or a time-budget overrun in one probe only fails that probe:
+its rows taken so far stay on disk and the next probe runs. The worker dies with the parent
+(PR_SET_PDEATHSIG), so a killed run leaves no orphan writing rows; ``--resume RUN_DIR`` skips keys
+already measured. Only the parent writes the manifest; workers only append rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gpubench import stats
+from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
+from gpubench.errors import ConfigError, suggest
+from gpubench.results import RunWriter, read_manifest, read_rows
+
+DONE_STATUSES = ("done", "skipped")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What ``gpubench run`` was asked to do (see its --help)."""
+
+    device: str = "auto"
+    sku: str | None = None
+    probes: tuple | None = None  # None: every probe of the backend
+    quick: bool = False
+    out: str = "results"
+    resume: str | None = None
+    force: bool = False
+    options: dict = field(default_factory=dict)  # "<probe>.<name>" -> value (--set)
+    num_reps: int = 10
+    probe_budget_s: float | None = None  # overrides every probe's own time budget
+    argv: tuple | None = None
+
+
+@dataclass
+class ProbeOutcome:
+    name: str
+    status: str
+    reason: str | None = None
+    num_rows: int = 0
+    num_invalid: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    device_line: str
+    probes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(p.status in DONE_STATUSES for p in self.probes)
+
+
+# ---------------------------------------------------------------- rows -------------------------
+
+def build_rows(probe: Probe, backend_name: str, spec: MeasurementSpec, fields, telemetry: dict) -> list[dict]:
+    """Full rows from what ``measure`` returned: common fields, stats, derived rates, telemetry."""
+    items = fields if isinstance(fields, list) else [dict(fields, key=fields.get("key", spec.key))]
+    rows = []
+    for f in items:
+        row = {"key": f["key"], "probe": probe.name, "backend": backend_name, "timer": probe.timer}
+        row.update(f)
+        times = row.get("times_s") or []
+        if not times:
+            row["valid"] = False
+            row.setdefault("invalid_reason", "the probe returned no repetitions")
+        else:
+            summary = stats.summarize(times)
+            row.update(summary)
+            if summary["t_min_s"] <= 0:
+                row["valid"] = False
+                row.setdefault("invalid_reason", "a repetition took no time (timer or kernel broken)")
+            else:
+                row.update(probe.derive(row, summary))
+        row["valid"] = bool(row.get("valid", False))
+        row.update(telemetry)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- worker -----------------------
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this worker when the parent dies (no orphan appending rows)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def probe_config(manifest: dict, backend: Backend | None = None) -> ProbeConfig:
+    c = manifest.get("config", {})
+    return ProbeConfig(quick=bool(c.get("quick")), num_reps=int(c.get("num_reps", 10)),
+                       device=manifest.get("device", {}), options=dict(c.get("options", {})))
+
+
+def find_probe(backend: Backend, name: str) -> Probe:
+    table = {**backend.probes(), **backend.hidden_probes()}
+    if name not in table:
+        raise ConfigError(f"unknown probe '{name}' for the {backend.name} backend"
+                          f"{suggest(name, list(backend.probes()))}; probes: {', '.join(backend.probes())}")
+    return table[name]
+
+
+def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
+    """Measure one probe into run_dir; events on stdout; exceptions propagate (exit 1)."""
+    from gpubench.backends import get_backend
+    from gpubench.telemetry import Sampler
+
+    _die_with_parent(parent_pid)
+    manifest = read_manifest(run_dir)
+    backend, _ = get_backend(manifest["config"]["device_spec"])
+    probe = find_probe(backend, probe_name)
+    cfg = probe_config(manifest, backend)
+    writer = RunWriter(run_dir)
+    done_keys = writer.measured_keys(probe.name)
+    specs = probe.plan(cfg)
+    todo = [s for s in specs if not set(s.keys) <= done_keys]
+    _emit({"event": "plan", "total": len(specs), "done": len(specs) - len(todo), "notes": probe.notes(cfg)})
+    source = backend.telemetry_source()
+    hz = float(manifest["config"].get("telemetry_hz", 50.0))
+    try:
+        for spec in todo:
+            with Sampler(source, hz=hz) as sampler:
+                fields = probe.measure(spec)
+            rows = build_rows(probe, backend.name, spec, fields, sampler.aggregate())
+            for row in rows:
+                if row["key"] not in done_keys:
+                    writer.append(probe.name, row)
+            _emit({"event": "row", "key": spec.key, "label": spec.label,
+                   "valid": all(r["valid"] for r in rows)})
+    finally:
+        source.close()
+    return 0
+
+
+# ---------------------------------------------------------------- parent -----------------------
+
+def _parse_probe_list(backend: Backend, names) -> list[str]:
+    available = backend.probes()
+    if not names:
+        return list(available)
+    hidden = backend.hidden_probes()
+    out = []
+    for n in names:
+        if n not in available and n not in hidden:
+            raise ConfigError(f"unknown probe '{n}'{suggest(n, list(available))}; probes: {', '.join(available)}")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
+    """Create the run directory (or reopen it for --resume); SKU and probe checks happen here."""
+    from gpubench import skus
+    from gpubench.backends import get_backend
+    from gpubench.hostinfo import hostname
+
+    if req.resume:
+        if req.probes or req.quick or req.options or req.sku:
+            raise ConfigError("--resume takes the SKU, probes, --quick and --set options from the run's "
+                              "manifest; do not pass them again")
+        manifest = read_manifest(req.resume)
+        if "config" not in manifest:
+            raise ConfigError(f"{req.resume}: manifest has no 'config' (not written by gpubench run)")
+        backend, line = get_backend(manifest["config"]["device_spec"])
+        return RunWriter(req.resume), backend, f"resuming {req.resume}; {line}"
+    backend, line = get_backend(req.device)
+    sku = skus.get(req.sku or backend.default_sku())
+    skus.check_matches(sku, backend.device_name(), backend.name, force=req.force)
+    names = _parse_probe_list(backend, req.probes)
+    source = backend.telemetry_source()
+    try:
+        telemetry = source.describe()
+    finally:
+        source.close()
+    config = {"device_spec": backend.spec, "quick": req.quick, "num_reps": req.num_reps,
+              "options": dict(req.options), "probe_budget_s": req.probe_budget_s, "telemetry_hz": 50.0,
+              "forced_sku": bool(req.force and req.sku)}
+    writer = RunWriter.create(req.out, sku=sku.id, host=hostname(), device=backend.device_info(), probes=names,
+                              argv=list(req.argv) if req.argv is not None else None,
+                              extra={"config": config, "telemetry": telemetry})
+    return writer, backend, line
+
+
+def count_rows(writer: RunWriter, probe: str) -> tuple[int, int, str | None]:
+    """(rows, invalid rows, first invalid 'key: reason') of a probe's file."""
+    path = writer.path(probe)
+    if not path.exists():
+        return 0, 0, None
+    rows = read_rows(path)
+    bad = [r for r in rows if not r.get("valid")]
+    first = f"{bad[0]['key']}: {bad[0].get('invalid_reason', 'invalid')}" if bad else None
+    return len(rows), len(bad), first
+
+
+class _Worker:
+    """One worker subprocess with its stdout events in a queue and the tail of its stderr."""
+
+    def __init__(self, run_dir: Path, probe: str):
+        cmd = [sys.executable, "-m", "gpubench.runner", "worker", "--run-dir", str(run_dir),
+               "--probe", probe, "--parent-pid", str(os.getpid())]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.events: queue.Queue = queue.Queue()
+        self.stderr_tail: deque = deque(maxlen=40)
+        self._threads = [threading.Thread(target=self._pump_out, daemon=True),
+                         threading.Thread(target=self._pump_err, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _pump_out(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.events.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.stderr_tail.append(line.rstrip())
+
+    def _pump_err(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip())
+
+    def join_pipes(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def last_error_line(self) -> str | None:
+        lines = [ln for ln in self.stderr_tail if ln.strip()]
+        return lines[-1].strip() if lines else None
+
+
+def _failure_reason(rc: int, worker: _Worker) -> str:
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"worker process died of {name} (crash inside the probe)"
+    last = worker.last_error_line()
+    return f"worker exited with status {rc}" + (f": {last}" if last else "")
+
+
+def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
+              on_event: Callable[[str, dict], None] | None = None) -> ProbeOutcome:
+    """Run one probe in a worker; record done/failed in the manifest; never raises for probe faults."""
+    probe = find_probe(backend, name)
+    ok, why = probe.supported(backend)
+    if not ok:
+        writer.set_probe_status(name, "skipped", reason=why)
+        return ProbeOutcome(name, "skipped", why)
+    writer.set_probe_status(name, "running")
+    t0 = time.monotonic()
+    worker = _Worker(writer.run_dir, name)
+    notes: list = []
+    reason = None
+    try:
+        while True:
+            try:
+                ev = worker.events.get(timeout=0.1)
+                if ev.get("event") == "plan":
+                    notes = ev.get("notes") or []
+                if on_event:
+                    on_event(name, ev)
+                continue
+            except queue.Empty:
+                pass
+            if worker.proc.poll() is not None and worker.events.empty():
+                break
+            if time.monotonic() - t0 > budget_s:
+                worker.proc.kill()
+                worker.proc.wait()
+                reason = f"exceeded its time budget of {budget_s:g} s (worker killed)"
+                break
+    except KeyboardInterrupt:
+        worker.proc.kill()
+        worker.proc.wait()
+        writer.set_probe_status(name, "failed", reason="interrupted (resume with --resume RUN_DIR)",
+                                wall_s=round(time.monotonic() - t0, 3))
+        raise
+    rc = worker.proc.wait()
+    worker.join_pipes()
+    wall_s = round(time.monotonic() - t0, 3)
+    if reason is None and rc != 0:
+        reason = _failure_reason(rc, worker)
+    num_rows, num_invalid, first_bad = count_rows(writer, name)
+    if reason is None and num_invalid:
+        reason = f"{num_invalid} of {num_rows} rows failed validation (first: {first_bad})"
+    status = "failed" if reason else "done"
+    info = {"wall_s": wall_s, "num_rows": num_rows, "num_invalid": num_invalid}
+    if notes:
+        info["notes"] = notes
+    writer.set_probe_status(name, status, reason=reason, **info)
+    return ProbeOutcome(name, status, reason, num_rows, num_invalid, wall_s)
+
+
+def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None,
+            on_start: Callable[[RunWriter, str, list], None] | None = None) -> RunOutcome:
+    """Open the run and run every probe not yet done. Returns what happened to each probe."""
+    writer, backend, line = open_run(req)
+    manifest = writer.manifest
+    names = list(manifest["probes"])
+    todo = [n for n in names if manifest["probes"][n].get("status") not in DONE_STATUSES]
+    if on_start:
+        on_start(writer, line, todo)
+    outcome = RunOutcome(writer.run_dir, line)
+    budget_override = req.probe_budget_s or manifest["config"].get("probe_budget_s")
+    for n in names:
+        entry = manifest["probes"][n]
+        if n not in todo:
+            outcome.probes.append(ProbeOutcome(n, entry["status"], entry.get("reason"), entry.get("num_rows", 0),
+                                               entry.get("num_invalid", 0), entry.get("wall_s", 0.0)))
+            continue
+        budget = budget_override or find_probe(backend, n).time_budget_s
+        outcome.probes.append(run_probe(writer, backend, n, float(budget), on_event))
+    return outcome
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpubench.runner", description="gpubench probe worker (internal)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker", help="measure one probe into a run directory")
+    w.add_argument("--run-dir", required=True)
+    w.add_argument("--probe", required=True)
+    w.add_argument("--parent-pid", type=int, default=os.getppid())
+    args = p.parse_args(argv)
+    return worker_main(args.run_dir, args.probe, args.parent_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
