@@ -2,7 +2,10 @@
 
 One engine step = input preparation (Python lists -> tensors) + forward + greedy sampling +
 synchronize, timed on the host clock (``time.perf_counter``) around all four, as a serving
-engine's step loop would see it. Each grid point runs ``num_warmup`` untimed steps, then
+engine's step loop would see it (``wall_s``, the ground truth). The calling thread's CPU time
+(``time.thread_time``) is kept too (``thread_cpu_s``): with one torch thread on a shared host it
+is the step's cost without the time the OS gave other processes, so a reader can tell contention
+from the step itself (``loadavg_1m_*`` is recorded for the same reason). Each grid point runs ``num_warmup`` untimed steps, then
 ``num_repeats`` timed ones; every repetition is kept and the row's headline is the median. The KV
 cache is allocated and filled once before the grid (never timed) and only re-viewed per point.
 
@@ -287,11 +290,12 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
     # Token ids are drawn outside the timed region: an engine already holds them as Python ints.
     ids = [sess.rng.integers(0, sess.cfg.vocab_size, size=n).tolist() for n, _ in point.batch]
     cached = [c for _, c in point.batch]
-    prep, fwd, samp, wall = [], [], [], []
+    prep, fwd, samp, wall, cpu = [], [], [], [], []
     max_repeats = max(num_repeats, max_repeats or num_repeats)
     rep = 0
     while rep < num_warmup + num_repeats or (sum(wall) < min_time_s and len(wall) < max_repeats):
         rep += 1
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         inp = sess.model.prepare(ids, cached)
         t1 = time.perf_counter()
@@ -301,10 +305,12 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
         nxt = sess.model.sample(hidden, inp.order)
         synchronize(sess.device)
         t3 = time.perf_counter()
+        c3 = time.thread_time()
         if nxt.shape[0] != n_seq:  # a wrong-shaped step must never be reported as a timing
             raise GpubenchError(f"step returned {nxt.shape[0]} tokens for {n_seq} sequences")
         if rep > num_warmup:
             prep.append(t1 - t0), fwd.append(t2 - t1), samp.append(t3 - t2), wall.append(t3 - t0)
+            cpu.append(c3 - c0)
     # Warm-up steps are not recorded, so no repetition is discarded from the summary.
     s = summarize(wall, discard_first=False)
     return {
@@ -312,6 +318,7 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
         "wall_p80_s": s["t_p80_s"], "wall_max_s": s["t_max_s"], "wall_cv": s["cv"], "num_repeats": s["n"],
         "wall_times_s": wall, "prep_s": float(np.median(prep)), "forward_s": float(np.median(fwd)),
         "sampling_s": float(np.median(samp)), "forward_times_s": fwd, "sampling_times_s": samp,
+        "thread_cpu_s": float(np.median(cpu)), "thread_cpu_times_s": cpu,
     }
 
 
