@@ -313,18 +313,31 @@ def _memory_points(run, bw: float, l2_bytes: float):
 
 
 def _fit_clock(run, hw: HardwareSpec, base: Param) -> Param:
-    """f_clk = 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs."""
+    """f_clk = 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs.
+
+    CPU runs without clock telemetry: the clock the `peak` probe measured with a dependent-add
+    chain, over the clock the spec peak assumes (so f_clk > 1 means the cores turbo above it).
+    """
     g = _valid(run.frames.get("gemm"))
-    if g is None or len(g) == 0 or "clock_mhz_mean" not in g.columns or "clock_max_ref_mhz" not in g.columns:
-        return base
-    g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
-    g = g[(g["clock_max_ref_mhz"] > 0) & (g["clock_mhz_mean"] > 0)]
-    if len(g) == 0:
-        return base
-    big = g[g["m"] == g["m"].max()]
-    f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
-    return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
-                 f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+    if g is not None and len(g) and {"clock_mhz_mean", "clock_max_ref_mhz"} <= set(g.columns):
+        g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
+        g = g[(g["clock_max_ref_mhz"] > 0) & (g["clock_mhz_mean"] > 0)]
+        if len(g):
+            big = g[g["m"] == g["m"].max()]
+            f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
+            return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
+                         f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+    pk = _valid(run.frames.get("peak"))
+    if hw.backend == "cpu" and pk is not None and len(pk) and "unit" in pk.columns and hw.spec_clock_mhz > 0:
+        clk = pk[pk["unit"] == "dependent_add"]
+        col = "clock_mhz_median" if "clock_mhz_median" in clk.columns else "clock_mhz_measured"
+        if len(clk) and col in clk.columns and clk[col].notna().any():
+            mhz = float(clk[col].dropna().median())
+            cv = clk["cv"].dropna() if "cv" in clk.columns else []
+            return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
+                         "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
+                         f"{hw.spec_clock_mhz:.0f} MHz (no clock telemetry on the gemm rows)")
+    return base
 
 
 def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Param:
@@ -338,8 +351,11 @@ def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Par
     row = pk.loc[pk["tflops_median"].idxmax()]
     f_row, how = f, "the step clock factor"
     ref, mean = row.get("clock_max_ref_mhz"), row.get("clock_mhz_mean")
+    meas, spec_clk = row.get("clock_mhz_measured"), row.get("spec_clock_mhz")
     if ref is not None and mean is not None and _finite(ref) and _finite(mean) and ref > 0 and mean > 0:
         f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
+    elif meas is not None and spec_clk is not None and _finite(meas) and _finite(spec_clk) and spec_clk > 0:
+        f_row, how = float(meas) / float(spec_clk), "that row's measured clock / spec clock"
     measured = float(row["tflops_median"]) * 1e12
     value = eff.eta_active(measured, hw.peak(dtype), f_row)
     cv = row.get("cv")

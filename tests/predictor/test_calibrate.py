@@ -86,7 +86,7 @@ def write_gpu_run(root, rng, *, with_clock=True, probes=("stream", "l2", "launch
     return w.run_dir
 
 
-def write_cpu_run(root, rng, *, dispatch_kind="torch_dispatch"):
+def write_cpu_run(root, rng, *, dispatch_kind="torch_dispatch", clock_ratio=None):
     k = CPU
     w = RunWriter.create(root, sku="cpu", host="synthetic", probes=["stream", "l2", "launch", "peak", "gemm"],
                          argv=["synthetic"], device={"backend": "cpu", "name": "synthetic CPU",
@@ -111,14 +111,21 @@ def write_cpu_run(root, rng, *, dispatch_kind="torch_dispatch"):
                             "per_launch_s_median": per, "per_launch_s_min": per * 0.9})
     hw = HardwareSpec.from_sku("cpu")
     spec = hw.peak("fp32")
-    tf = spec * k["active"] / 1e12
+    f = clock_ratio or 1.0
+    tf = spec * f * k["active"] / 1e12
+    clock = {}
+    if clock_ratio:  # the peak probe's dependent-add clock row, and the clock on the FMA row
+        mhz = clock_ratio * hw.spec_clock_mhz
+        w.append("peak", {**_row("peak", "peak_clock_int64", 1e-3, rng), "dtype": "int64", "unit": "dependent_add",
+                          "clock_mhz_measured": mhz, "clock_mhz_median": mhz})
+        clock = {"clock_mhz_measured": mhz, "spec_clock_mhz": hw.spec_clock_mhz}
     w.append("peak", {**_row("peak", "peak_fma_fp32", 1 / tf, rng), "dtype": "fp32", "unit": "vector_fma",
-                      "tflops_median": tf, "tflops_best": tf, "spec_tflops": spec / 1e12})
+                      "tflops_median": tf, "tflops_best": tf, "spec_tflops": spec / 1e12, **clock})
     for m in (1, 16, 256, 1024):
         n = kk = 1024
         flops, nbytes = 2.0 * m * n * kk, 4.0 * (m * kk + kk * n + m * n)
         cl = eff.eta_cluster(m, n, kk, 2, eff.tile_shape("cpu"))
-        t = max(flops / (spec * cl * k["active"] * k["duty"]), (nbytes + k["x_half"] * k["llc"]) / (k["bw"] * k["eta_max"]))
+        t = max(flops / (spec * f * cl * k["active"] * k["duty"]), (nbytes + k["x_half"] * k["llc"]) / (k["bw"] * k["eta_max"]))
         w.append("gemm", {**_row("gemm", f"gemm_fp32_{m}", t, rng), "dtype": "fp32", "m": m, "n": n, "k": kk,
                           "flops": flops, "bytes": nbytes, "tflops_median": flops / t / 1e12,
                           "tflops_best": flops / t / 1e12, "library": "numpy-blas:openblas"})
@@ -202,6 +209,15 @@ def test_fit_cpu_run(tmp_path):
     # without torch_dispatch rows the per-call extension cost is the dispatch estimate
     cal2 = fit_run(write_cpu_run(tmp_path / "b", np.random.default_rng(6), dispatch_kind=None))
     assert cal2.params["t_dispatch_s"].value == pytest.approx(0.3e-6)
+
+
+def test_fit_cpu_run_measured_clock(tmp_path):
+    """A turbo CPU: the peak probe's clock sits 15 % above the spec clock; f_clk says so and the
+    other factors come out as if the clock were known."""
+    cal = fit_run(write_cpu_run(tmp_path, np.random.default_rng(9), clock_ratio=1.15))
+    assert cal.params["f_clk"].value == pytest.approx(1.15) and cal.params["f_clk"].tier == "measured"
+    assert cal.params["eta_active"].value == pytest.approx(CPU["active"], rel=0.01)
+    assert cal.params["eta_duty"].value == pytest.approx(CPU["duty"], rel=0.03)
 
 
 def test_roundtrip_and_errors(tmp_path):
