@@ -1,0 +1,476 @@
+"""Sweeps: policies × SKUs × JPS × seeds through :func:`scheduling.replay.run_replay`.
+
+One **cell** is one replay: a policy, a SKU, an arrival rate (jobs per second) and a seed. The
+cell's jobs are the same for every policy and SKU of a (JPS, seed) pair — the trace (synthetic,
+or a file) with Poisson arrivals drawn from the seed — so policies are compared on identical
+workloads. A cell is a pure function of the :class:`SweepSpec` and the :class:`SweepCell`
+(no global RNG), so the local process pool, Ray and a serial run give identical rows.
+
+Output directory::
+
+    DIR/sweep.csv      one row per cell: key, policy, sku, jps, seed, the summary metrics, wall_s,
+                       error (empty when the replay ran); appended and flushed as cells finish
+    DIR/spec.json      the fixed part of the spec (model, jobs, trace, engine/policy settings);
+                       a resumed sweep must match it
+    DIR/COMMAND        the command line that made (or last extended) the table
+    DIR/*.png          plots: JCT vs JPS per policy (one panel per SKU), hit rates, preemptions
+
+Resuming: cells whose key is already in ``sweep.csv`` are skipped; a sweep interrupted half-way
+picks up where it stopped, and a larger grid over the same spec only runs the new cells.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pandas as pd
+
+from gpubench.errors import ConfigError
+
+DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "lmcache")
+DEFAULT_SKUS = ("a100-40", "a100-80", "h100-sxm", "h200", "l40s", "b200")
+# See docs/sweep.md ("Choosing the JPS levels") for how these span light load to overload.
+DEFAULT_JPS = (0.05, 0.1, 0.2, 0.4, 0.8)
+DEFAULT_SEEDS = (0,)
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_NUM_JOBS = 200
+
+CSV_NAME, SPEC_NAME, COMMAND_NAME = "sweep.csv", "spec.json", "COMMAND"
+ID_COLUMNS = ("key", "policy", "sku", "jps", "seed")
+TAIL_COLUMNS = ("wall_s", "error")
+
+
+@dataclass(frozen=True)
+class SweepCell:
+    """One replay of the grid."""
+
+    policy: str
+    sku: str
+    jps: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.policy}|{self.sku}|{self.jps:g}|{self.seed}"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A sweep: the grid, and what every cell shares.
+
+    Args:
+        policies, skus, jps, seeds: the grid (cells = their product).
+        model: model name or config path for the step cost and the KV size.
+        num_jobs: jobs per cell (synthetic, or the first ``num_jobs`` of ``trace``).
+        trace: a trace file (our JSONL or SWE-smith); None = the seeded synthetic generator.
+        policy_params: ``{policy: {param: value}}`` passed to that policy.
+        replay_params: extra ``ReplayConfig`` fields (engine sizes, step cost, ...) for every cell.
+    """
+
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    skus: tuple[str, ...] = DEFAULT_SKUS
+    jps: tuple[float, ...] = DEFAULT_JPS
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    model: str = DEFAULT_MODEL
+    num_jobs: int = DEFAULT_NUM_JOBS
+    trace: str | None = None
+    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replay_params: dict[str, Any] = field(default_factory=dict)
+
+    def cells(self) -> list[SweepCell]:
+        """Grid order: seed, JPS, SKU, policy (a partial sweep covers whole load levels first)."""
+        return [SweepCell(p, s, float(j), int(seed)) for seed in self.seeds for j in self.jps
+                for s in self.skus for p in self.policies]
+
+    def fixed(self) -> dict[str, Any]:
+        """What must not change when a sweep directory is resumed or extended."""
+        return {"model": self.model, "num_jobs": self.num_jobs, "trace": self.trace,
+                "policy_params": self.policy_params, "replay_params": self.replay_params}
+
+    def validate(self) -> None:
+        """Check names and values before any cell runs (one clear error, not 120 failed cells)."""
+        from gpubench import skus as sku_table
+        from scheduling.policies import policy_kind
+
+        for name, values in (("policies", self.policies), ("skus", self.skus), ("jps", self.jps), ("seeds", self.seeds)):
+            if not values:
+                raise ConfigError(f"--{name} is empty")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"--{name} repeats a value: {list(values)}")
+        for p in self.policies:
+            policy_kind(p)
+        for s in self.skus:
+            sku_table.get(s)
+        for j in self.jps:
+            if not (math.isfinite(j) and j > 0):
+                raise ConfigError(f"--jps values must be finite and > 0, got {j}")
+        if self.num_jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {self.num_jobs}")
+        unknown = sorted(set(self.policy_params) - set(self.policies))
+        if unknown:
+            raise ConfigError(f"parameters given for policies not in the sweep: {', '.join(unknown)}")
+        if self.trace is not None and not Path(self.trace).is_file():
+            raise ConfigError(f"--trace {self.trace}: file not found")
+
+
+# --------------------------------------------------------------------------------------------
+# One cell
+# --------------------------------------------------------------------------------------------
+
+def cell_jobs(spec: SweepSpec, jps: float, seed: int):
+    """The cell's workload: identical for every policy and SKU at this (JPS, seed)."""
+    from scheduling.traces import load_trace, synthetic_jobs, with_poisson_arrivals
+
+    if spec.trace is not None:
+        jobs = load_trace(spec.trace, seed=seed)[: spec.num_jobs]
+    else:
+        jobs = synthetic_jobs(spec.num_jobs, seed)
+    return with_poisson_arrivals(jobs, jps, seed)
+
+
+def replay_config(spec: SweepSpec, cell: SweepCell):
+    """The ReplayConfig of a cell (only fields ReplayConfig has; unknown replay_params are an error)."""
+    from scheduling.replay import ReplayConfig
+
+    names = {f.name for f in fields(ReplayConfig)}
+    kw: dict[str, Any] = {"sku": cell.sku, "model": spec.model, "policy": cell.policy, "seed": cell.seed}
+    params = spec.policy_params.get(cell.policy)
+    if params:
+        kw["policy_params"] = dict(params)
+    for k, v in spec.replay_params.items():
+        if k not in names:
+            raise ConfigError(f"replay parameter {k!r} unknown (ReplayConfig has: {', '.join(sorted(names))})")
+        kw[k] = v
+    if "jps" in names:
+        kw["jps"] = cell.jps
+    return ReplayConfig(**{k: v for k, v in kw.items() if k in names})
+
+
+def _flatten(prefix: str, obj: dict[str, Any], out: dict[str, Any]) -> None:
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            _flatten(f"{prefix}{k}_", v, out)
+        else:
+            out[f"{prefix}{k}"] = v
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The numeric metrics of a replay summary, flattened (``{"jct": {"mean_s": 1}}`` -> ``jct_mean_s``)."""
+    metrics = summary.get("metrics", summary)
+    flat: dict[str, Any] = {}
+    _flatten("", metrics if isinstance(metrics, dict) else {}, flat)
+    return {k: v for k, v in flat.items() if isinstance(v, (int, float, bool)) or v is None}
+
+
+def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
+    """Run one replay; returns its CSV row. A user error (e.g. the model does not fit the SKU)
+    becomes a row with ``error`` set, so the rest of the sweep still runs."""
+    from gpubench.errors import GpubenchError
+    from scheduling.replay import run_replay
+
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"key": cell.key, "policy": cell.policy, "sku": cell.sku, "jps": cell.jps, "seed": cell.seed}
+    try:
+        result = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))
+        summary = result.summary if hasattr(result, "summary") else result["summary"]
+        row.update(summary_metrics(summary))
+        row["error"] = ""
+    except GpubenchError as err:
+        row["error"] = str(err).replace("\n", " ")
+    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# The table (append, resume)
+# --------------------------------------------------------------------------------------------
+
+def _done_keys(csv_path: Path) -> set[str]:
+    if not csv_path.is_file() or csv_path.stat().st_size == 0:
+        return set()
+    try:
+        frame = pd.read_csv(csv_path, usecols=["key"])
+    except (ValueError, pd.errors.ParserError) as err:
+        raise ConfigError(f"{csv_path}: cannot resume from this table ({err})") from None
+    return set(frame["key"].astype(str))
+
+
+class _Table:
+    """Appends rows to sweep.csv, flushing each; widens the header when a new metric appears."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.columns: list[str] = []
+        if path.is_file() and path.stat().st_size:
+            with open(path, newline="") as f:
+                self.columns = next(csv.reader(f))
+
+    def append(self, row: dict[str, Any]) -> None:
+        new = [c for c in row if c not in self.columns]
+        if new or not self.columns:
+            self._rewrite_with(new)
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(row)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _rewrite_with(self, new: list[str]) -> None:
+        ids = [c for c in ID_COLUMNS if c not in self.columns]
+        tail = [c for c in self.columns if c in TAIL_COLUMNS]
+        body = [c for c in self.columns if c not in TAIL_COLUMNS]
+        body += [c for c in ids + sorted(c for c in new if c not in ID_COLUMNS + TAIL_COLUMNS) if c not in body]
+        tail += [c for c in TAIL_COLUMNS if c not in tail]
+        columns = body + tail
+        rows = pd.read_csv(self.path).to_dict(orient="records") if self.columns else []
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, columns, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        tmp.replace(self.path)
+        self.columns = columns
+
+
+def _check_spec(out_dir: Path, spec: SweepSpec) -> None:
+    path = out_dir / SPEC_NAME
+    fixed = json.loads(json.dumps(spec.fixed()))
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != fixed:
+            diff = sorted(k for k in set(old) | set(fixed) if old.get(k) != fixed.get(k))
+            raise ConfigError(f"{out_dir} holds a sweep with different {', '.join(diff)} "
+                              f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use another --out")
+    else:
+        path.write_text(json.dumps(fixed, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Executors
+# --------------------------------------------------------------------------------------------
+
+def _run_pool(spec: SweepSpec, todo: Sequence[SweepCell], workers: int) -> Iterator[dict[str, Any]]:
+    if workers <= 1:
+        for cell in todo:
+            yield run_cell(spec, cell)
+        return
+    import multiprocessing as mp
+
+    # spawn: workers start clean (no inherited threads, e.g. rich's refresh thread, no forked locks)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        pending = {pool.submit(run_cell, spec, cell) for cell in todo}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    yield fut.result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _run_ray(spec: SweepSpec, todo: Sequence[SweepCell], address: str) -> Iterator[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs the optional extra: pip install 'gpubench[ray]' (or pip install ray)") from None
+    started = False
+    if not ray.is_initialized():
+        # "local" starts a Ray instance in this process; anything else is a cluster address.
+        ray.init(address=None if address == "local" else address, include_dashboard=False,
+                 log_to_driver=False, ignore_reinit_error=True)
+        started = True
+    try:
+        remote = ray.remote(run_cell)
+        spec_ref = ray.put(spec)
+        pending = [remote.remote(spec_ref, cell) for cell in todo]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                yield ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = None, ray_address: str | None = None,
+              command: str | None = None, progress: bool = True, plots: bool = True,
+              on_row: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
+    """Run the cells of ``spec`` not yet in ``out_dir/sweep.csv``; returns the whole table.
+
+    Args:
+        workers: local processes (default: the CPUs this process may use); 1 runs in-process.
+        ray_address: run on Ray instead ("local" starts one here; else a cluster address).
+        command: written to ``out_dir/COMMAND`` (the CLI passes its own command line).
+    """
+    spec.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_spec(out, spec)
+    if command:
+        (out / COMMAND_NAME).write_text(command.rstrip() + "\n")
+    csv_path = out / CSV_NAME
+    done = _done_keys(csv_path)
+    todo = [c for c in spec.cells() if c.key not in done]
+    table = _Table(csv_path)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    rows = _run_ray(spec, todo, ray_address) if ray_address else _run_pool(spec, todo, min(workers, max(1, len(todo))))
+    if progress and todo:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TimeRemainingColumn(), TextColumn("{task.description}")) as bar:
+            task = bar.add_task(f"{len(done)} already done", total=len(todo))
+            for row in rows:
+                table.append(row)
+                if on_row:
+                    on_row(row)
+                bar.update(task, advance=1, description=row["key"] + (" (error)" if row.get("error") else ""))
+    else:
+        for row in rows:
+            table.append(row)
+            if on_row:
+                on_row(row)
+    frame = load_table(out)
+    if plots and len(frame):
+        write_plots(frame, out)
+    return frame
+
+
+def load_table(out_dir: str | Path) -> pd.DataFrame:
+    """The sweep table sorted by grid position (policy, sku, jps, seed)."""
+    path = Path(out_dir) / CSV_NAME
+    if not path.is_file():
+        return pd.DataFrame(columns=list(ID_COLUMNS))
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if "error" in frame.columns:
+        frame["error"] = frame["error"].fillna("")
+    return frame.sort_values(["sku", "policy", "jps", "seed"], kind="stable").reset_index(drop=True)
+
+
+def parse_assignments(items: Iterable[str], policies: Sequence[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``--set`` items: ``POLICY.KEY=VALUE`` (a policy parameter) or ``KEY=VALUE`` (a ReplayConfig
+    field). Values are JSON when they parse (numbers, true/false, null), else strings."""
+    policy_params: dict[str, dict[str, Any]] = {}
+    replay_params: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE or POLICY.KEY=VALUE")
+        lhs, raw = item.split("=", 1)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if "." in lhs and lhs.split(".", 1)[0] in policies:
+            pol, key = lhs.split(".", 1)
+            policy_params.setdefault(pol, {})[key] = value
+        else:
+            replay_params[lhs] = value
+    return policy_params, replay_params
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------
+
+# Metric names as the replay summary may spell them; the first present is plotted.
+METRIC_CANDIDATES = {
+    "jct_mean": ("jct_mean_s", "jct_s_mean", "mean_jct_s"),
+    "jct_p90": ("jct_p90_s", "jct_s_p90"),
+    "ttft_p90": ("ttft_p90_s", "ttft_s_p90"),
+    "gpu_hit": ("gpu_prefix_hit_rate", "prefix_hit_rate", "gpu_hit_rate"),
+    "pool_hit": ("pool_hit_rate", "offload_hit_rate", "pool_prefix_hit_rate"),
+    "preemptions": ("preemptions", "num_preemptions"),
+    "recomputed": ("recomputed_tokens", "num_recomputed_tokens"),
+}
+POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b"}
+
+
+def metric_column(frame: pd.DataFrame, what: str) -> str | None:
+    """The table's column for a metric (see METRIC_CANDIDATES), or None."""
+    return next((c for c in METRIC_CANDIDATES[what] if c in frame.columns), None)
+
+
+def _panel_grid(num: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncols = min(3, num)
+    nrows = math.ceil(num / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.3 * nrows), squeeze=False, sharex=True)
+    for ax in axes.flat[num:]:
+        ax.set_visible(False)
+    return plt, fig, list(axes.flat)
+
+
+def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str, str]], ylabel: str,
+                 title: str, logy: bool = False) -> Path | None:
+    """One panel per SKU; x = JPS; one line per policy per (column, linestyle, label) in series;
+    the line is the mean over seeds, the band min..max over seeds."""
+    ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
+    series = [s for s in series if s[0] in ok.columns]
+    if ok.empty or not series:
+        return None
+    skus = list(dict.fromkeys(ok["sku"]))
+    plt, fig, axes = _panel_grid(len(skus))
+    for ax, sku in zip(axes, skus):
+        sub = ok[ok["sku"] == sku]
+        for policy in dict.fromkeys(frame["policy"]):
+            rows = sub[sub["policy"] == policy]
+            if rows.empty:
+                continue
+            for col, style, label in series:
+                g = rows.groupby("jps")[col].agg(["mean", "min", "max"]).reset_index()
+                color = POLICY_COLORS.get(policy)
+                ax.plot(g["jps"], g["mean"], style, color=color, marker="o", ms=3,
+                        label=f"{policy}{label}" if sku == skus[0] else None)
+                if (g["max"] > g["min"]).any():
+                    ax.fill_between(g["jps"], g["min"], g["max"], color=color, alpha=0.15, lw=0)
+        ax.set_title(sku)
+        ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel("arrival rate (jobs/s)")
+        ax.set_ylabel(ylabel)
+    fig.legend(loc="lower center", ncol=min(8, len(frame["policy"].unique()) * len(series)), frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """jct_vs_jps.png, ttft_vs_jps.png, hit_rates.png, preemptions.png (those whose metrics exist)."""
+    out = Path(out_dir)
+    made = []
+    col = metric_column
+    specs = [
+        ("jct_vs_jps.png", [(col(frame, "jct_mean"), "-", " mean"), (col(frame, "jct_p90"), ":", " p90")],
+         "job completion time (s)", "JCT vs load, per policy (line: mean over seeds; dotted: p90)", True),
+        ("ttft_vs_jps.png", [(col(frame, "ttft_p90"), "-", "")], "TTFT p90 (s)", "Turn TTFT p90 vs load", True),
+        ("hit_rates.png", [(col(frame, "gpu_hit"), "-", " GPU"), (col(frame, "pool_hit"), "--", " pool")],
+         "hit rate (share of prompt tokens)", "Prefix hit rates: GPU cache (solid), offload pool (dashed)", False),
+        ("preemptions.png", [(col(frame, "preemptions"), "-", "")], "preemptions", "Preemptions vs load", False),
+    ]
+    for name, series, ylabel, title, logy in specs:
+        series = [s for s in series if s[0] is not None]
+        if series:
+            path = _plot_metric(frame, out / name, series, ylabel, title, logy)
+            if path:
+                made.append(path)
+    return made
+
+
+__all__ = ["SweepSpec", "SweepCell", "run_sweep", "run_cell", "cell_jobs", "replay_config", "load_table",
+           "summary_metrics", "parse_assignments", "DEFAULT_POLICIES", "DEFAULT_SKUS", "DEFAULT_JPS", "DEFAULT_SEEDS"]
