@@ -58,7 +58,7 @@ def _rate(row, work_field: str, scale: float, unit: str, probe: str, label: str,
     work = float(row[work_field])
     return Headline(probe=probe, label=label, value=work / row["t_min_s"] / scale, unit=unit, key=row["key"],
                     median=work / row["t_median_s"] / scale, lo=work / row["t_max_s"] / scale,
-                    hi=work / row["t_min_s"] / scale, cv=float(row["cv"]), n=int(row["n"]), **kw)
+                    hi=work / row["t_min_s"] / scale, cv=float(row["cv"]), n=int(row["n_reps"]), **kw)
 
 
 def _stream(df) -> list[Headline]:
@@ -93,7 +93,7 @@ def _launch(df) -> list[Headline]:
         c = float(r["count"])
         out.append(Headline(probe="launch", label=f"{kind} (median, x{int(c)})", value=r["t_median_s"] / c * 1e6,
                             unit="us", key=r["key"], median=r["t_median_s"] / c * 1e6, lo=r["t_min_s"] / c * 1e6,
-                            hi=r["t_max_s"] / c * 1e6, cv=float(r["cv"]), n=int(r["n"])))
+                            hi=r["t_max_s"] / c * 1e6, cv=float(r["cv"]), n=int(r["n_reps"])))
     return out
 
 
@@ -103,7 +103,7 @@ def _peak(df) -> list[Headline]:
         if r.get("unit") == "dependent_add":
             out.append(Headline(probe="peak", label="core clock (dependent adds, best)", value=r["clock_mhz_measured"],
                                 unit="MHz", key=r["key"], median=r.get("clock_mhz_median"), cv=float(r["cv"]),
-                                n=int(r["n"]), pct=100 * r["clock_mhz_measured"] / r["clock_mhz_reported"],
+                                n=int(r["n_reps"]), pct=100 * r["clock_mhz_measured"] / r["clock_mhz_reported"],
                                 pct_of=f"reported {r['clock_mhz_reported']:.0f} MHz"))
             continue
         h = _rate(r, "flops", 1e9, "GFLOP/s", "peak", f"fma {r['dtype']} (best)", pct=r["pct_of_spec"],

@@ -92,7 +92,8 @@ def build_rows(probe: Probe, backend_name: str, spec: MeasurementSpec, fields, t
             row.setdefault("invalid_reason", "the probe returned no repetitions")
         else:
             summary = stats.summarize(times)
-            row.update(summary)
+            # stats' "n" becomes "n_reps" in rows: "n" is a GEMM dimension (m, n, k).
+            row.update({("n_reps" if k == "n" else k): v for k, v in summary.items()})
             if summary["t_min_s"] <= 0:
                 row["valid"] = False
                 row.setdefault("invalid_reason", "a repetition took no time (timer or kernel broken)")

@@ -1,0 +1,68 @@
+"""Every user error of run/show/compare: exit 2, one line on stderr, no traceback (real console script)."""
+from __future__ import annotations
+
+import pytest
+
+from .conftest import run_cli
+
+
+def _one_line_error(res, *needles):
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("gpubench: error: ") and "Traceback" not in res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def test_unknown_sku_suggests(tmp_path):
+    res = run_cli("run", "--device", "cpu", "--sku", "h10", "--out", str(tmp_path))
+    _one_line_error(res, "unknown SKU 'h10'", "did you mean", "h100")
+    assert not list(tmp_path.iterdir())  # nothing created
+
+
+def test_sku_contradicting_the_cpu(tmp_path):
+    res = run_cli("run", "--device", "cpu", "--sku", "h100", "--out", str(tmp_path))
+    _one_line_error(res, "h100-sxm", "cpu", "--force")
+
+
+def test_unknown_probe_and_bad_options(tmp_path):
+    _one_line_error(run_cli("run", "--device", "cpu", "--probes", "stram", "--out", str(tmp_path)),
+                    "unknown probe 'stram'", "stream")
+    _one_line_error(run_cli("run", "--device", "cpu", "--set", "nodot", "--out", str(tmp_path)), "PROBE.NAME=VALUE")
+    _one_line_error(run_cli("run", "--device", "tpu", "--out", str(tmp_path)), "unknown --device 'tpu'")
+    _one_line_error(run_cli("run", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)), "--reps")
+
+
+def test_cuda_without_a_device(tmp_path):
+    _one_line_error(run_cli("run", "--device", "cuda:0", "--out", str(tmp_path)))
+
+
+@pytest.mark.parametrize("cmd", [["show"], ["compare", "."]])
+def test_bad_run_dir(tmp_path, cmd):
+    res = run_cli(*cmd, str(tmp_path / "nope")) if cmd == ["show"] else run_cli("compare", str(tmp_path / "nope"), str(tmp_path))
+    _one_line_error(res, "not a run directory")
+
+
+def test_show_malformed_rows_names_file_and_line(tmp_path):
+    import json
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "sku": "cpu", "probes": {}}))
+    (tmp_path / "stream.jsonl").write_text('{"key": "a", "valid": true}\n{oops\n')
+    _one_line_error(run_cli("show", str(tmp_path)), "stream.jsonl:2", "malformed JSON")
+
+
+def test_resume_rejects_new_options(tmp_path):
+    import json
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "sku": "cpu", "probes": {}}))
+    _one_line_error(run_cli("run", "--resume", str(tmp_path), "--probes", "stream"), "--resume")
+    _one_line_error(run_cli("run", "--resume", str(tmp_path)), "no 'config'")
+
+
+def test_help_lists_options():
+    res = run_cli("run", "--help")
+    assert res.returncode == 0
+    for opt in ("--sku", "--device", "--probes", "--quick", "--out", "--resume", "--force"):
+        assert opt in res.stdout

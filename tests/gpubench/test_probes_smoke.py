@@ -1,0 +1,121 @@
+"""Each CPU probe on tiny sizes through the Python API, on the real compiled extension."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpubench import _cpu
+from gpubench.backends import get_backend
+from gpubench.backends.base import ProbeConfig
+from gpubench.probes import cpu_probes
+from gpubench.probes.common import geometric
+from gpubench.probes.gemm import _check
+from gpubench.runner import build_rows
+
+from .conftest import TINY_SETS
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    backend, _ = get_backend("cpu")
+    opts = dict(s.split("=", 1) for s in TINY_SETS)
+    return ProbeConfig(quick=True, num_reps=3, device=backend.device_info(), options=opts)
+
+
+def _rows(probe, spec):
+    return build_rows(probe, "cpu", spec, probe.measure(spec), {})
+
+
+def test_stream_rows_valid_and_weights(cfg):
+    probe = cpu_probes()["stream"]
+    specs = probe.plan(cfg)
+    assert specs and all(len(s.keys) == 4 for s in specs)
+    rows = _rows(probe, specs[0])
+    n = specs[0].params["n_elements"]
+    assert [r["kernel"] for r in rows] == ["copy", "scale", "add", "triad"]
+    assert [r["bytes"] for r in rows] == [2 * 8 * n, 2 * 8 * n, 3 * 8 * n, 3 * 8 * n]
+    for r in rows:
+        assert r["valid"] and len(r["times_s"]) >= 10 and r["n_reps"] == len(r["times_s"]) - 1
+        assert r["gbps_best"] >= r["gbps_median"] > 0
+
+
+@pytest.mark.parametrize("target", [1, 2, 3])
+def test_stream_validation_catches_corrupted_array(target):
+    out = _cpu.stream(1 << 16, 10, target)
+    assert not out["valid"]
+    assert "validation failed" in out["reason"] and out["num_bad_elements"] >= 1
+    assert _cpu.stream(1 << 16, 10, 0)["valid"]
+
+
+def test_stream_full_plan_spans_llc(cfg):
+    probe = cpu_probes()["stream"]
+    full = ProbeConfig(device=cfg.device)
+    specs = probe.plan(full)
+    llc = cfg.device["properties"]["llc_bytes"]
+    sizes = [s.params["n_elements"] * 8 for s in specs]
+    assert sizes[0] <= llc // 8 + 512 and (sizes[-1] >= 4 * llc or specs[-1].params["top_bounded_by_memory"])
+
+
+def test_l2_warm_and_cold(cfg):
+    probe = cpu_probes()["l2"]
+    specs = probe.plan(cfg)
+    assert {s.params["mode"] for s in specs} == {"warm", "cold"}
+    for spec in (specs[0], specs[-1]):
+        (row,) = _rows(probe, spec)
+        assert row["valid"] and row["checksum"] == row["checksum_expected"] > 0
+        assert row["bytes"] == row["working_set_bytes"] * row["passes"]
+
+
+def test_l2_full_sweep_steps():
+    sizes = geometric(16 * 1024, 4 * 32 * 2**20, 1.25, align=4096)
+    assert sizes[0] == 16384 and sizes[-1] == 128 * 2**20
+    ratios = np.array(sizes[1:]) / np.array(sizes[:-1])
+    assert np.all(ratios > 1.05) and np.all(ratios < 1.4)
+
+
+def test_launch_kinds(cfg):
+    probe = cpu_probes()["launch"]
+    specs = probe.plan(cfg)
+    kinds = {s.params["kind"] for s in specs}
+    assert {"omp_fork_join", "py_ext_call"} <= kinds
+    for spec in specs:
+        (row,) = _rows(probe, spec)
+        assert row["valid"] and row["per_launch_s_min"] <= row["per_launch_s_median"]
+        assert row["per_launch_s_median"] < 0.05
+
+
+def test_peak_checksum_and_spec(cfg):
+    probe = cpu_probes()["peak"]
+    for spec in probe.plan(cfg):
+        (row,) = _rows(probe, spec)
+        assert row["valid"], row.get("invalid_reason")
+        if row["unit"] == "vector_fma":
+            assert row["flops"] == pytest.approx(2 * row["iters"] * row["accumulators"] * row["lanes"] * row["threads"])
+            assert row["spec_tflops"] > 0 and row["pct_of_spec"] > 0
+        else:
+            assert row["clock_mhz_measured"] > 100
+
+
+def test_gemm_valid_and_flops(cfg):
+    probe = cpu_probes()["gemm"]
+    specs = probe.plan(cfg)
+    assert {s.params["dtype"] for s in specs} == {"fp32", "fp64"}
+    (row,) = _rows(probe, specs[0])
+    assert row["valid"] and row["flops"] == 2 * row["m"] * row["n"] * row["k"]
+    assert row["library"].startswith("numpy-blas:") and row["max_abs_err"] <= row["tol"]
+
+
+def test_gemm_check_catches_a_wrong_product():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (8, 64)).astype(np.float32)
+    w = rng.uniform(-1, 1, (32, 64)).astype(np.float32)
+    c = a @ w.T
+    assert _check(a, w, c, np.random.default_rng(1))[2]
+    c[:, :] += 0.01
+    assert not _check(a, w, c, np.random.default_rng(1))[2]
+
+
+def test_dependent_add_clock_is_plausible():
+    times = _cpu.dependent_add_seconds(20000, 10)
+    mhz = 32 * 20000 / min(times) / 1e6
+    assert 200 < mhz < 7000
