@@ -281,8 +281,10 @@ def fit_eta_mem(x, eta) -> tuple[float, float, float, float, float]:
     x, eta = x[ok], eta[ok]
     if np.unique(x).size < 3:
         raise ValueError(f"need >= 3 distinct transfer sizes to fit eta_mem (have {np.unique(x).size})")
-    p0 = (float(eta.max()), float(np.median(x)))
-    popt, pcov = curve_fit(lambda xx, a, b: eff.eta_mem(xx, a, b), x, eta, p0=p0,
+    p0 = (float(np.clip(eta.max(), 1e-3, 2.0)), float(np.clip(np.median(x), 1e-6, 1e4)))
+    # relative residuals (sigma = eta): the sweep spans orders of magnitude in eta, and an absolute
+    # fit would ignore the small transfers that set x_half
+    popt, pcov = curve_fit(lambda xx, a, b: eff.eta_mem(xx, a, b), x, eta, p0=p0, sigma=eta,
                            bounds=([1e-6, 0.0], [2.0, 1e4]), maxfev=20000)
     perr = np.sqrt(np.clip(np.diag(pcov), 0, None))
     pred = eff.eta_mem(x, *popt)
@@ -302,11 +304,13 @@ def _memory_points(run, bw: float, l2_bytes: float):
             used.append(f"{len(cold)} l2 cold rows")
     st = _valid(run.frames.get("stream"))
     if st is not None and len(st) and "kernel" in st.columns:
-        tri = st[st["kernel"] == "triad"]  # triad only: copy/scale move uncounted write-allocate bytes
+        # triad only (copy/scale move uncounted write-allocate bytes), and only arrays past the cache:
+        # STREAM repeats its kernel over the same arrays, so a cache-resident triad is not a cold transfer
+        tri = st[(st["kernel"] == "triad") & (st["bytes"] >= l2_bytes)]
         if len(tri):
             xs.append(tri["bytes"].to_numpy(float) / l2_bytes)
             etas.append(tri["gbps_median"].to_numpy(float) * 1e9 / bw)
-            used.append(f"{len(tri)} stream triad rows")
+            used.append(f"{len(tri)} stream triad rows past the L2/LLC")
     if not xs:
         return np.array([]), np.array([]), []
     return np.concatenate(xs), np.concatenate(etas), used
@@ -468,9 +472,36 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Cali
                                                 params["eta_max"].value, params["x_half"].value, params["eta_duty"])
     report.update(duty_report)
     _fit_launch(run, hw, params)
+    report["warnings"] = sanity_warnings(params, hw, report, run)
     meta = {"created_utc": _now(), "from": "run", "run_dir": str(run.run_dir),
             "run_git_commit": run.manifest.get("git_commit"), "run_created_utc": run.manifest.get("created_utc"),
             "device": (run.manifest.get("device") or {}).get("name"),
             "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}
     return Calibration(sku=hw0.sku_id, backend=hw0.backend, dtype=dtype, params=params, hardware=hw_over,
                        host_residual=cal.host_residual, meta=meta)
+
+
+def sanity_warnings(params: dict, hw: HardwareSpec, report: dict, run=None) -> list[str]:
+    """Plain-language flags for fitted values that a quiet, healthy device would not produce.
+
+    The fit never hides them: the values stay as measured, the warnings travel in meta.fit.
+    """
+    out = []
+    fixed_s = params["x_half"].value * hw.l2_bytes / (hw.mem_bytes_per_s * params["eta_max"].value)
+    if fixed_s > 100e-6:
+        out.append(f"eta_mem charges every op {fixed_s * 1e6:.0f} us (x_half {params['x_half'].value:.3g} x L2 / "
+                   f"B eta_max): the cold sweep's small transfers are slow; is the host busy?")
+    if params["eta_active"].tier == "measured" and params["eta_active"].value < 0.3:
+        out.append(f"eta_active {params['eta_active'].value:.3f}: the peak loop reached under 30 % of spec")
+    if params["eta_duty"].tier == "measured" and not 0.1 <= params["eta_duty"].value <= 1.5:
+        out.append(f"eta_duty {params['eta_duty'].value:.3f} is outside 0.1-1.5")
+    if report.get("gemm_identity_mape", 0) > 0.25:
+        out.append(f"eta_c * P misses the compute-bound GEMM rows by {report['gemm_identity_mape']:.0%} on average")
+    if run is not None:
+        cvs = [df["cv"].median() for df in run.frames.values() if "cv" in df.columns and len(df)]
+        if cvs and max(cvs) > 0.2:
+            out.append(f"noisy run: a probe's median coefficient of variation is {max(cvs):.0%} (> 20 %)")
+        load = (run.manifest.get("host_load") or run.manifest.get("loadavg"))
+        if load:
+            out.append(f"host load during the run: {load}")
+    return out

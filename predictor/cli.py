@@ -130,5 +130,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         for name, p in block.items():
             table.add_row(name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source)
     Console(width=max(Console().width, 160)).print(table)
+    for w in cal.meta.get("fit", {}).get("warnings", []):
+        print(f"warning: {w}")
     print(f"wrote {args.output}")
     return 0
