@@ -29,7 +29,8 @@ def register(sub) -> None:
                     "cached tokens, one new token each. Prefill: BATCH sequences of NEW_TOKENS (default: CONTEXT) "
                     "new tokens, nothing cached. Mixed: BATCH-1 decodes at CONTEXT plus one chunked prefill of "
                     "NEW_TOKENS (default 512) over CONTEXT cached tokens.")
-    p.add_argument("--sku", default="h100-sxm", help="SKU id or alias, or `cpu` for this host (default: %(default)s)")
+    p.add_argument("--sku", default=None,
+                   help="SKU id or alias, or `cpu` for this host (default: the calibration's SKU, else h100-sxm)")
     p.add_argument("--model", default="llama-3.1-8b", help="shipped model name or path to a config.json (default: %(default)s)")
     p.add_argument("--batch", type=int, default=1, help="number of sequences (default: %(default)s)")
     p.add_argument("--context", type=int, default=2048, help="cached tokens per sequence (default: %(default)s)")
@@ -65,7 +66,13 @@ def build_batch(phase: str, batch: int, context: int, new_tokens: int | None) ->
 def cmd_predict(args: argparse.Namespace) -> int:
     from predictor.step import StepModel
 
-    model = StepModel.for_names(sku=args.sku, model=args.model, calibration=args.calibration, form=args.form,
+    calibration, sku = args.calibration, args.sku
+    if calibration is not None:
+        from predictor.calibrate import Calibration
+
+        calibration = Calibration.load(calibration)
+        sku = sku or calibration.sku
+    model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
     batch = build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
@@ -80,7 +87,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     hw = model.hardware
     launch_name = "dispatch" if hw.backend == "cpu" else ("graph floor" if model.cuda_graphs else "launch floor")
     print(f"{hw.sku_id} {model.model.name} {model.dtype} {args.phase} batch {args.batch} context {args.context}"
-          f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}: {pred.total_s * 1e3:.3f} ms [{pred.form}]")
+          f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}: {pred.total_s * 1e3:.3f} ms [{pred.form}]"
+          f" = {pred.num_new_tokens / pred.total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
           f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
           f"kernels (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms | sampling {pred.sample_s * 1e3:.3f} ms")

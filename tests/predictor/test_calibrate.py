@@ -272,6 +272,8 @@ def test_cli_fit_then_predict(tmp_path):
     m = StepModel.for_names(sku="h100", model="llama-3.1-8b", calibration=out)
     assert pred["total_s"] == pytest.approx(m.predict([(1, 2048)] * 32).total_s)
     assert pred["tiers"]["eta_duty"] == "measured"
+    r = _gpubench("predict", "--calibration", str(out), "--model", "llama-3.1-8b", "--batch", "32", "--json")
+    assert json.loads(r.stdout)["request"]["sku"] == "h100-sxm"  # the SKU comes from the calibration
     r = _gpubench("predict", "--sku", "h100", "--phase", "mixed", "--batch", "8", "--breakdown")
     assert r.returncode == 0 and "gate_up" in r.stdout and "host residual" in r.stdout
 
