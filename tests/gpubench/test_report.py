@@ -1,0 +1,64 @@
+"""`gpubench show` and `gpubench compare` on a real tiny run (and a copy of it with slower rows)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from gpubench.report import compare_runs, summarize_run
+from gpubench.results import load
+
+from .conftest import run_cli
+
+
+def test_tiny_run_is_complete(tiny_run):
+    run = load(tiny_run)
+    assert set(run.manifest["probes"]) == {"stream", "l2", "launch", "peak", "gemm"}
+    assert all(p["status"] == "done" for p in run.manifest["probes"].values())
+    for probe, df in run.frames.items():
+        assert df["valid"].all(), probe
+        assert {"key", "probe", "backend", "timer", "times_s", "n_reps", "t_min_s", "t_median_s", "cv",
+                "telemetry_samples", "clock_mhz_mean", "energy_j", "telemetry_null_reason"} <= set(df.columns)
+        assert (df["telemetry_samples"] >= 2).all()
+    dev = run.manifest["device"]
+    assert dev["backend"] == "cpu" and dev["properties"]["llc_bytes"] > 0
+    assert run.manifest["telemetry"]["source"] == "CpuTelemetry"
+
+
+def test_show_headlines(tiny_run):
+    s = summarize_run(load(tiny_run))
+    probes = {h.probe for h in s.headlines}
+    assert probes == {"stream", "l2", "launch", "peak", "gemm"}
+    triad = [h for h in s.headlines if h.probe == "stream" and h.label.startswith("triad")][0]
+    assert triad.unit == "GB/s" and triad.lo <= triad.median <= triad.hi == triad.value
+    fp64 = [h for h in s.headlines if h.probe == "peak" and "fp64" in h.label][0]
+    assert fp64.pct is not None and "lanes" in fp64.pct_of
+    res = run_cli("show", str(tiny_run))
+    assert res.returncode == 0
+    for text in ("triad", "fork_join", "fma fp64", "telemetry", "% of spec"):
+        assert text in res.stdout, text
+    js = json.loads(run_cli("show", str(tiny_run), "--json").stdout)
+    assert js["sku"] == "cpu" and js["probes"]["stream"]["status"] == "done"
+
+
+def test_compare_flags_real_changes_only(tiny_run, tmp_path):
+    same = compare_runs(load(tiny_run), load(tiny_run))
+    for p in same["probes"].values():
+        assert p["num_flagged"] == 0 and abs(p["geomean_speed_ratio"] - 1) < 1e-12
+    # B = A with every stream repetition 10x slower: ratio 0.1, flagged wherever the spread is < 90 %.
+    slow = tmp_path / "slow"
+    shutil.copytree(tiny_run, slow)
+    rows = [json.loads(ln) for ln in (slow / "stream.jsonl").read_text().splitlines()]
+    with open(slow / "stream.jsonl", "w") as f:
+        for r in rows:
+            for k in ("t_min_s", "t_p20_s", "t_median_s", "t_p80_s", "t_max_s", "t_mean_s"):
+                r[k] *= 10
+            r["times_s"] = [10 * t for t in r["times_s"]]
+            f.write(json.dumps(r) + "\n")
+    out = compare_runs(load(tiny_run), load(slow))
+    st = out["probes"]["stream"]
+    assert abs(st["geomean_speed_ratio"] - 0.1) < 1e-9 and st["num_common"] == len(rows)
+    expected = sum((r["t_p80_s"] - r["t_p20_s"]) / r["t_median_s"] < 0.9 for r in rows)
+    assert st["num_flagged"] == expected > 0
+    assert out["probes"]["l2"]["num_flagged"] == 0
+    res = run_cli("compare", str(tiny_run), str(slow))
+    assert res.returncode == 0 and "flagged changes" in res.stdout and "stream_triad" in res.stdout
