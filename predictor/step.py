@@ -304,6 +304,8 @@ class StepModel:
 
     def predict_many(self, batches) -> np.ndarray:
         """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""
+        if len(batches) == 0:
+            return np.zeros(0)
         return self.predict_features(np.stack([batch_features(b) for b in batches]))
 
     # ---------------------------------------------------------------- one step with breakdown

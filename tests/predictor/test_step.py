@@ -71,6 +71,7 @@ def test_breakdown_sums_to_total_and_paths_agree():
             assert m.predict_time(b) == pytest.approx(p.total_s, rel=1e-12)
             assert m.predict_many([b])[0] == pytest.approx(p.total_s, rel=1e-12)
         assert m.predict_decode([5], [5 * 333])[0] == pytest.approx(m.predict([(1, 333)] * 5).total_s, rel=1e-12)
+        assert m.predict_many([]).shape == (0,)
 
 
 def test_gpu_launch_floor_overlaps_cpu_dispatch_adds():
