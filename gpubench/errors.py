@@ -49,3 +49,7 @@ def suggest(name: str, choices) -> str:
 
 class KVCommError(GpubenchError):
     """A KV-cache operation the toolkit cannot do exactly (unsupported rope type, mismatched caches...)."""
+
+
+class DeviceMemoryError(GpubenchError):
+    """Too little free device memory for a probe's buffers (the message names bytes needed and free)."""

@@ -1,0 +1,305 @@
+"""CUDA backend without a GPU: the real no-device path, and rows + manifest of a CUDA run assembled
+from recorded kernel outputs (the extension and NVML are stand-ins; everything else is real)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gpubench import errors, results
+from gpubench.backends.base import ProbeConfig
+from gpubench.telemetry import Sampler
+from gpubench.telemetry_nvml import clock_droop
+
+_spec = importlib.util.spec_from_file_location("test_cuda_fakes", pathlib.Path(__file__).with_name("test_cuda_fakes.py"))
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _has_real_gpu() -> bool:
+    try:
+        from gpubench import _cuda
+
+        return _cuda.device_count() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+no_gpu = pytest.mark.skipif(_has_real_gpu(), reason="this machine has a GPU: the no-device path cannot be shown")
+
+
+# ------------------------------------------------------------------ the real no-device path
+
+@no_gpu
+def test_import_works_and_first_call_raises_no_device_error():
+    from gpubench.backends import cuda  # importing needs no GPU
+
+    with pytest.raises(errors.NoDeviceError) as ei:
+        cuda.CudaBackend(0)
+    msg = str(ei.value)
+    assert "cuda:0" in msg and "no usable CUDA device" in msg
+    assert "\n" not in msg
+
+
+@no_gpu
+def test_extension_functions_raise_the_extension_no_device_error():
+    from gpubench import _cuda
+
+    for call in (lambda: _cuda.stream(0, 1024), lambda: _cuda.l2(0, 65536, "warm", 4),
+                 lambda: _cuda.launch(0, "device_interval", 16), lambda: _cuda.peak(0, "bf16")):
+        with pytest.raises(_cuda.NoDeviceError, match="no usable CUDA device"):
+            call()
+
+
+@no_gpu
+def test_get_backend_cuda_raises_and_auto_falls_back():
+    from gpubench.backends import get_backend
+
+    with pytest.raises(errors.NoDeviceError):
+        get_backend("cuda:0")
+    try:
+        backend, line = get_backend("auto")
+    except ImportError:
+        pytest.skip("the CPU backend is not importable yet")
+    assert backend.name == "cpu" and "no usable GPU" in line
+
+
+@no_gpu
+def test_cli_run_on_cuda_exits_2_with_one_line(tmp_path):
+    from gpubench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    if "run" not in sub.choices:
+        pytest.skip("`gpubench run` is not registered yet")
+    p = subprocess.run([sys.executable, "-m", "gpubench", "run", "--device", "cuda:0", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no usable CUDA device" in lines[0] and "Traceback" not in p.stderr
+    assert not any(tmp_path.iterdir())  # nothing written for a run that could not start
+
+
+# ------------------------------------------------------------------ errors and properties (stand-in)
+
+def test_device_memory_error_is_mapped_to_a_user_error():
+    from gpubench.backends.cuda import CudaBackend
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(free_bytes=2**20), nvml=fakes.fake_pynvml())
+    spec = next(s for s in b.probes()["stream"].plan(ProbeConfig(device={"properties": {"l2_bytes": 2**22}})))
+    with pytest.raises(errors.DeviceMemoryError, match=r"cuda:0: stream needs \d+ bytes .* only 1048576"):
+        b.probes()["stream"].measure(spec)
+
+
+def test_missing_device_index_is_a_clear_error():
+    from gpubench.backends.cuda import CudaBackend
+
+    with pytest.raises(errors.NoDeviceError, match=r"cuda:3 does not exist \(this machine has 1 CUDA device"):
+        CudaBackend(3, ext=fakes.FakeCudaExt())
+
+
+def test_device_info_is_read_from_the_device_and_the_sku_detected():
+    from gpubench.backends.cuda import CudaBackend
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    info = b.device_info()
+    assert info["backend"] == "cuda" and info["name"] == "NVIDIA H100 80GB HBM3" and info["index"] == 0
+    assert info["driver"] == "580.65.06" and info["cuda_runtime"] == "13.0"
+    props = info["properties"]
+    assert props["sm_count"] == 132 and isinstance(props["sm_count"], int)
+    assert props["l2_bytes"] == fakes.FakeCudaExt.L2_BYTES
+    assert b.default_sku() == "h100-sxm" and info["sku_detected"] == "h100-sxm"
+    unknown = CudaBackend(0, ext=fakes.FakeCudaExt(name="NVIDIA Imaginary X9"), nvml=fakes.fake_pynvml())
+    assert unknown.sku is None and unknown.default_sku() == "cuda-nvidia-imaginary-x9"
+    # Without NVML the manifest still says which CUDA version the driver supports.
+    no_nvml = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml(fail_init="no driver"))
+    assert "CUDA 13.0" in no_nvml.device_info()["driver"]
+
+
+# ------------------------------------------------------------------ plans
+
+def _cfg(backend, quick=True, **options):
+    return ProbeConfig(quick=quick, num_reps=10, device=backend.device_info(), options=options)
+
+
+def test_plans_follow_the_device_l2_and_free_memory():
+    from gpubench.backends.cuda import CudaBackend
+
+    ext = fakes.FakeCudaExt()
+    b = CudaBackend(0, ext=ext, nvml=fakes.fake_pynvml())
+    l2 = ext.L2_BYTES
+    stream = b.probes()["stream"].plan(_cfg(b, quick=False))
+    sizes = [s.params["n_elements"] * 8 for s in stream]
+    assert sizes[0] == pytest.approx(l2 / 8, rel=0.01) and sizes[-1] >= 4 * l2 * 0.99
+    assert all(len(s.row_keys) == 4 for s in stream)
+    l2specs = b.probes()["l2"].plan(_cfg(b, quick=False))
+    ws = sorted({s.params["bytes"] for s in l2specs})
+    assert ws[0] == 64 * 1024 and ws[-1] == 8 * l2
+    assert all(1.2 < hi / lo < 1.3 for lo, hi in zip(ws[:-2], ws[1:-1]))
+    assert {s.params["mode"] for s in l2specs} == {"cold", "warm"}
+    assert all(s.params["passes"] == 1 for s in l2specs if s.params["mode"] == "cold")
+    # Little free memory bounds the largest stream array and says so.
+    small = CudaBackend(0, ext=fakes.FakeCudaExt(free_bytes=300 * 2**20), nvml=fakes.fake_pynvml())
+    probe = small.probes()["stream"]
+    top = probe.plan(_cfg(small))[-1].params["n_elements"] * 8
+    assert 3 * top <= 150 * 2**20 and probe.notes(_cfg(small))
+
+
+def test_peak_plan_leaves_out_fp8_before_sm89_with_a_note():
+    from gpubench.backends.cuda import CudaBackend
+
+    a100 = CudaBackend(0, ext=fakes.FakeCudaExt(name="NVIDIA A100-SXM4-80GB", cc=(8, 0)), nvml=fakes.fake_pynvml())
+    probe = a100.probes()["peak"]
+    assert [s.params["dtype"] for s in probe.plan(_cfg(a100))] == ["bf16", "fp16", "tf32", "fp32"]
+    assert any("fp8" in n and "8.9" in n for n in probe.notes(_cfg(a100)))
+    h100 = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    assert "fp8" in [s.params["dtype"] for s in h100.probes()["peak"].plan(_cfg(h100))]
+
+
+def test_gemm_is_skipped_with_its_reason_without_cuda_torch():
+    from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm_library
+
+    lib, reason = gemm_library()
+    if lib is not None:
+        pytest.skip("torch has CUDA here")
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    ok, why = GemmProbe(b).supported(b)
+    assert not ok and why.startswith("no CUDA torch") and "cuBLAS" in why
+    specs = GemmProbe(b).plan(_cfg(b))
+    droop = [s for s in specs if s.params["dtype"] == "bf16" and s.params["m"] == 16384]
+    assert len(droop) == 5 and all(s.params["budget_s"] >= 1.0 for s in droop)
+    assert len({s.key for s in specs}) == len(specs)
+
+
+# ------------------------------------------------------------------ rows + manifest of a CUDA run
+
+def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
+    runner = pytest.importorskip("gpubench.runner")
+    from gpubench.backends.cuda import CudaBackend, LaunchProbe
+
+    ext, nv = fakes.FakeCudaExt(), fakes.fake_pynvml()
+    b = CudaBackend(0, ext=ext, nvml=nv)
+    probes = ["stream", "l2", "launch", "peak"]
+    w = results.RunWriter.create(tmp_path, sku=b.default_sku(), host="testhost", device=b.device_info(), probes=probes,
+                                 argv=["gpubench", "run", "--device", "cuda:0", "--quick"],
+                                 extra={"telemetry": b.telemetry_source().describe()})
+    cfg = _cfg(b)
+    for name in probes:
+        probe = b.probes()[name]
+        specs = probe.plan(cfg)
+        source = b.telemetry_source()
+        for spec in specs:
+            with Sampler(source, hz=0) as s:
+                fields = probe.measure(spec)
+            for row in runner.build_rows(probe, b.name, spec, fields, s.aggregate()):
+                w.append(name, row)
+        source.close()
+        w.set_probe_status(name, "done")
+
+    run = results.load(w.run_dir)
+    assert run.backend == "cuda" and run.sku == "h100-sxm"
+    assert run.manifest["device"]["properties"]["l2_bytes"] == ext.L2_BYTES
+    assert "POWER_INSTANT" in run.manifest["telemetry"]["power_source"]
+
+    st = run["stream"]
+    assert set(st["kernel"]) == {"copy", "scale", "add", "triad"}
+    assert (st["timer"] == "cuda_events").all() and st["valid"].all()
+    triad = st[st.kernel == "triad"].sort_values("n_elements").iloc[-1]
+    assert triad["bytes"] == 3 * triad["n_elements"] * 8
+    assert triad["gbps_best"] == pytest.approx(ext.DRAM_BYTES_PER_S / 1e9, rel=1e-6)  # min time of the fake
+    assert triad["spec_gbps"] == 3350
+    assert triad["times_s"][0] > triad["t_median_s"]  # the first rep is kept raw, dropped from the stats
+    assert triad["clock_mhz_mean"] is not None and triad["throttle_bits"] is not None
+
+    l2 = run["l2"]
+    assert set(l2["mode"]) == {"cold", "warm"}
+    warm = l2[l2["mode"] == "warm"].iloc[0]
+    assert warm["bytes"] == warm["passes"] * warm["working_set_bytes"] and warm["passes"] > 1
+
+    la = run["launch"]
+    assert set(la["timer"]) == {"host_clock", "cuda_events"}
+    row = la[(la.kind == "graph_node") & (la["count"] == 4096)].iloc[0]
+    assert row["per_launch_s_median"] == pytest.approx(0.6e-6, rel=0.02)
+    assert row["per_launch_us_median"] == pytest.approx(row["per_launch_s_median"] * 1e6)
+
+    pk = run["peak"]
+    bf16 = pk[pk.dtype == "bf16"].iloc[0]
+    assert bf16["unit"] == "tensor_core" and bf16["tflops_median"] == pytest.approx(660.0, rel=0.02)
+    assert bf16["spec_tflops"] == pytest.approx(989.4, rel=1e-3)
+    assert bf16["pct_of_spec"] == pytest.approx(100 * bf16["tflops_best"] / bf16["spec_tflops"])
+    assert bf16["spec_formula"] == "132 SM x 4 TC x 512 FMA/clk x 2 x 1830 MHz"
+    assert pk[pk.dtype == "fp32"].iloc[0]["unit"] == "cuda_core"
+
+    # Every row carries the common fields of docs/results-schema.md.
+    for frame in run.frames.values():
+        for col in ("key", "probe", "backend", "times_s", "n_reps", "t_min_s", "t_median_s", "cv", "valid", "timer",
+                    "clock_mhz_mean", "clock_max_ref_mhz", "low_clock_frac", "power_w_mean", "telemetry_samples"):
+            assert col in frame.columns, col
+        assert frame["key"].is_unique
+    json.loads((w.run_dir / "manifest.json").read_text())
+
+    # `gpubench show`'s summary reads the bandwidth and launch rows of a CUDA run.
+    from gpubench import report
+
+    for probe in ("peak",):  # the CPU-specific peak headline is not part of this check
+        (w.run_dir / f"{probe}.jsonl").unlink()
+    heads = report.summarize_run(results.load(w.run_dir)).headlines
+    triad_head = next(h for h in heads if h.probe == "stream" and h.label.startswith("triad"))
+    assert triad_head.value == pytest.approx(ext.DRAM_BYTES_PER_S / 1e9, rel=1e-6)
+    assert {h.label.split(" ")[0] for h in heads if h.probe == "launch"} == set(LaunchProbe.COUNTS)
+
+
+def test_failed_golden_check_makes_all_four_stream_rows_invalid():
+    from gpubench.backends.cuda import CudaBackend
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(corrupt=True), nvml=fakes.fake_pynvml())
+    probe = b.probes()["stream"]
+    rows = probe.measure(probe.plan(_cfg(b))[0])
+    assert len(rows) == 4 and not any(r["valid"] for r in rows)
+    assert all("17 of N off" in r["invalid_reason"] for r in rows)
+
+
+def test_droop_from_gemm_rows_with_nvml_clocks():
+    """clock_droop over rows shaped like the gemm probe's (the gemm itself needs a CUDA torch)."""
+    rows = [{"probe": "gemm", "dtype": "bf16", "m": 16384, "n": n, "k": k, "valid": True,
+             "clock_mhz_mean": c, "clock_max_ref_mhz": 1980.0}
+            for (n, k), c in zip([(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192)],
+                                 (1400.0, 1450.0, 1380.0, 1420.0, 1400.0))]
+    d = clock_droop(rows)
+    assert d.num_rows == 5 and d.droop == pytest.approx(1 - 1410.0 / 1980.0)
+
+
+# ------------------------------------------------------------------ on a GPU
+
+@pytest.mark.gpu
+def test_gpu_selfchecks():
+    """Real kernels on a real device: every probe's own check passes on small sizes."""
+    if not _has_real_gpu():
+        pytest.skip("no CUDA device")
+    from gpubench import _cuda
+
+    assert _cuda.selfcheck_fill(0)
+    props = _cuda.device_properties(0)
+    s = _cuda.stream(0, 1 << 22, 5, 1)
+    assert all(s[k]["valid"] and len(s[k]["times_s"]) == 5 for k in ("copy", "scale", "add", "triad")), s
+    assert min(s["triad"]["times_s"]) > 0
+    for mode, passes in (("cold", 1), ("warm", 8)):
+        r = _cuda.l2(0, 1 << 20, mode, passes, 5, 1)
+        assert r["valid"], r["check"]
+    for kind in ("host_enqueue", "device_interval", "launch_sync", "graph_node"):
+        r = _cuda.launch(0, kind, 16, 5, 1)
+        assert r["valid"] and min(r["times_s"]) > 0, (kind, r)
+    cc = int(props["cc_major"]) * 10 + int(props["cc_minor"])
+    for dtype in ("bf16", "fp16", "tf32", "fp8", "fp32"):
+        r = _cuda.peak(0, dtype, 3, 1, 0.005)
+        if dtype == "fp8" and cc < 89:
+            assert r["supported"] == 0
+            continue
+        assert r["valid"], (dtype, r["check"])
+    with pytest.raises(_cuda.DeviceMemoryError, match="bytes"):
+        _cuda.stream(0, int(props["total_mem_bytes"]), 2, 0)
