@@ -118,3 +118,30 @@ def test_vectorized_totals_shape():
     f = decode_features(np.arange(1, 65), np.arange(1, 65) * 300)
     assert g.totals(f, "bytes").shape == (64,)
     assert np.all(np.diff(g.totals(f, "bytes")) > 0)
+
+
+VIEW_OPS = {"aten::slice", "aten::view", "aten::unsqueeze", "aten::squeeze", "aten::transpose", "aten::select",
+            "aten::detach_", "aten::lift_fresh", "aten::empty", "aten::empty_like", "aten::item", "aten::expand",
+            "aten::reshape", "aten::as_strided", "aten::alias", "aten::t", "aten::permute", "aten::contiguous"}
+
+
+def test_cpu_dispatch_count_tracks_the_engine_step_model():
+    """CPU_DISPATCHES against the aten ops (views excluded) torch.profiler sees in one real engine
+    step of the project's torch model (tiny-llama, decode batch 4)."""
+    torch = pytest.importorskip("torch")
+    tm = pytest.importorskip("predictor.torch_model")
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = load_model_config("tiny-llama")
+    model = tm.TorchCausalLM(cfg)
+    cache = tm.KVCache(cfg, capacity_tokens=4 * 128, dtype=torch.float32)
+    cache.layout(4, 128)
+    model.reserve(129)
+    batch, cached = [[1], [2], [3], [4]], [100] * 4
+    model.step_logits(batch, cached, cache)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model.step_logits(batch, cached, cache)
+    ops = [e.name for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+    real = sum(1 for name in ops if name not in VIEW_OPS)
+    mine = OpGraph(cfg, 4).total_cpu_dispatches()
+    assert mine == pytest.approx(real, rel=0.35), (mine, real)
