@@ -39,6 +39,8 @@ def register(sub) -> None:
     e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
     e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
     e.add_argument("--seed", type=int, default=0, help="random forest seed")
+    e.add_argument("--target", default="wall_s", choices=("wall_s", "thread_cpu_s"),
+                   help="measured time to score against: engine-step wall time, or the step thread CPU time")
     e.set_defaults(func=_evaluate)
 
 
@@ -80,7 +82,7 @@ def _evaluate(args) -> int:
     from predictor.evaluate import EvalConfig, run_evaluation
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
-                    sku=args.sku, out=str(args.out), seed=args.seed)
+                    sku=args.sku, out=str(args.out), seed=args.seed, target=args.target)
     summary = run_evaluation(ec)
     print(summary)
     return 0

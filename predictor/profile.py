@@ -347,16 +347,24 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     cached = [c for _, c in point.batch]
     acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if sess.device.type == "cuda" else [])
     per_rep: list[dict[str, float]] = []
+    cpu_over_wall = []
     for _ in range(num_repeats):
         with _quiet_stderr(), tp.profile(activities=acts) as prof:
+            c0, t0 = time.thread_time(), time.perf_counter()
             inp = sess.model.prepare(ids, cached)
             sess.model.sample(sess.model.forward(inp, sess.cache), inp.order)
             synchronize(sess.device)
+            cpu_over_wall.append((time.thread_time() - c0) / (time.perf_counter() - t0))
         per_rep.append(op_times_by_kind(prof.events(), device_type=sess.device.type))
     kinds = sorted({k for r in per_rep for k in r})
     med = {k: float(np.median([r.get(k, 0.0) for r in per_rep])) for k in kinds}
-    return {"ops_profiled": True, "ops_json": json.dumps(med), "op_sum_s": float(sum(med.values())),
-            "num_op_repeats": num_repeats}
+    op_sum_s = float(sum(med.values()))
+    # NOTE: profiler op times are host-clock intervals, so on a shared CPU they include time the OS
+    # gave other processes. Scaling by the profiled steps' CPU/wall ratio puts them on the same
+    # footing as ``thread_cpu_s`` (preemption lands on ops and gaps in proportion to their time).
+    ratio = float(np.median(cpu_over_wall)) if sess.device.type == "cpu" else float("nan")
+    return {"ops_profiled": True, "ops_json": json.dumps(med), "op_sum_s": op_sum_s,
+            "op_sum_cpu_s": op_sum_s * ratio, "op_profile_cpu_over_wall": ratio, "num_op_repeats": num_repeats}
 
 
 def point_features(cfg: ModelConfig, point: GridPoint, dtype_bytes: int) -> dict:
@@ -429,7 +437,8 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
             row |= time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
                              min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
             row |= (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if i in ops_idx
-                    else {"ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "num_op_repeats": 0})
+                    else {"ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "op_sum_cpu_s": float("nan"),
+                          "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0})
             row |= {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
                     "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             _append_jsonl(side, row)

@@ -1,0 +1,512 @@
+"""Score step-time predictors on step rows, with held-out splits (``gpubench evaluate``).
+
+Methods (each fitted on a split's training rows only, then scored on its test rows):
+
+- ``additive``  ``predictor.StepModel(form="additive")`` for the rows' hardware and calibration, plus
+                the host residual S(N) = s_floor + s_slope * max(0, N - 1) (N = sequences in the
+                batch) fitted to the training rows' residuals (non-negative least squares, weighted
+                by 1 / measured so the fit minimizes relative error).
+- ``max``       the monolithic form ``max(sum T_c, sum T_m) + T_0``, with its own S(N) fitted the same way.
+- ``vidur``     Vidur-style: the sum of per-op profiled medians of that step (torch.profiler, see
+                ``predictor.profile``), no host term. It needs no fit; it exists only on op-profiled rows.
+- ``rf``        a scikit-learn random forest on batch and model descriptors, log-time target.
+
+Splits: ``in_sample`` (train = test = all rows, for reference), ``by_batch`` and ``by_context``
+(every other distinct value of num_seqs / context_max held out: interpolation), ``by_model``
+(leave one model out: fit on the others, score on it). ``transfer`` pairs (train on one model,
+score on another) are scored separately for ``rf`` and ``additive``.
+Metrics: R^2, MAPE, median and p90 absolute percentage error; a paired Wilcoxon signed-rank test
+of the two forms' absolute errors on the same test rows.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from gpubench.errors import ConfigError, ResultsFormatError
+
+REQUIRED_COLUMNS = ("key", "model", "dtype", "device_type", "phase", "num_seqs", "num_new_tokens",
+                    "context_sum", "context_max", "batch_json", "wall_s", "ops_profiled", "op_sum_s")
+METHODS = ("additive", "max", "vidur", "rf")
+PHASES = ("all", "decode", "prefill", "mixed")
+RF_FEATURES = ("num_seqs", "num_new_tokens", "context_sum", "context_max", "kv_len_sum", "step_flops",
+               "weight_bytes", "kv_read_bytes", "num_layers", "hidden_size")
+
+
+# ----------------------------------------------------------------------------- metrics
+def ape_pct(measured, predicted) -> np.ndarray:
+    """Absolute percentage error per row, in percent."""
+    m, p = np.asarray(measured, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    return 100.0 * np.abs(p - m) / m
+
+
+def metrics(measured, predicted) -> dict:
+    """n, R^2 (1 - SS_res/SS_tot on seconds), MAPE, median and p90 APE (percent); NaN rows dropped."""
+    m, p = np.asarray(measured, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    ok = np.isfinite(m) & np.isfinite(p)
+    m, p = m[ok], p[ok]
+    if m.size == 0:
+        return {"n": 0, "r2": np.nan, "mape_pct": np.nan, "median_ape_pct": np.nan, "p90_ape_pct": np.nan}
+    ss_tot = float(np.sum((m - m.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((m - p) ** 2)) / ss_tot if ss_tot > 0 else np.nan
+    e = ape_pct(m, p)
+    return {"n": int(m.size), "r2": r2, "mape_pct": float(e.mean()), "median_ape_pct": float(np.median(e)),
+            "p90_ape_pct": float(np.percentile(e, 90))}
+
+
+def fit_host_residual(num_seqs, residual_s, measured_s) -> tuple[float, float]:
+    """(s_floor_s, s_slope_s) >= 0 minimizing sum(((residual - S(N)) / measured)^2).
+
+    S(N) = s_floor + s_slope * max(0, N - 1). Weighting by 1/measured makes the fit minimize the
+    relative error of the total prediction, which is what the evaluation scores.
+    """
+    from scipy.optimize import nnls
+
+    n = np.asarray(num_seqs, dtype=np.float64)
+    r, w = np.asarray(residual_s, dtype=np.float64), 1.0 / np.asarray(measured_s, dtype=np.float64)
+    a = np.column_stack([np.ones_like(n), np.maximum(0.0, n - 1.0)]) * w[:, None]
+    coef, _ = nnls(a, r * w)
+    return float(coef[0]), float(coef[1])
+
+
+# ----------------------------------------------------------------------------- rows
+def load_rows(paths) -> pd.DataFrame:
+    """Concatenate step-row files (parquet from ``gpubench profile``); checks the columns it needs."""
+    from predictor.profile import read_rows
+
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise ResultsFormatError(f"{p}: no such rows file (make one with `gpubench profile ... --out {p}`)")
+        rows = read_rows(p)
+        if not rows:
+            raise ResultsFormatError(f"{p}: no rows")
+        df = pd.DataFrame(rows)
+        missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+        if missing:
+            raise ResultsFormatError(f"{p}: not step rows (missing columns: {', '.join(missing)})")
+        df["source_file"] = str(p)
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    dup = df.key[df.key.duplicated()]
+    if len(dup):
+        raise ResultsFormatError(f"step row '{dup.iloc[0]}' appears in more than one input")
+    return df.sort_values("key", kind="stable").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- methods
+class Method(Protocol):
+    name: str
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None: ...
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray: ...
+
+
+class StepForm:
+    """A StepModel form without its host term (``base_s``) plus S(N) fitted on training rows."""
+
+    def __init__(self, form: str, base_s: pd.Series):
+        self.name, self.base_s = form, base_s
+        self.s_floor_s = self.s_slope_s = 0.0
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
+        base = self.base_s.loc[train.index].to_numpy()
+        self.s_floor_s, self.s_slope_s = fit_host_residual(train.num_seqs, target - base, target)
+
+    def host_s(self, num_seqs) -> np.ndarray:
+        return self.s_floor_s + self.s_slope_s * np.maximum(0.0, np.asarray(num_seqs, dtype=np.float64) - 1.0)
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray:
+        return self.base_s.loc[test.index].to_numpy() + self.host_s(test.num_seqs)
+
+
+class VidurStyle:
+    """Sum of the step's per-op profiled medians; no host term, nothing to fit."""
+    name = "vidur"
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
+        pass
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray:
+        return np.where(test.ops_profiled.astype(bool), test.op_sum_s.astype(float), np.nan)
+
+
+class ForestModel:
+    """Random forest on batch and model descriptors, fitted to log(time) (relative errors)."""
+    name = "rf"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.model = None
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
+        from sklearn.ensemble import RandomForestRegressor
+
+        self.model = RandomForestRegressor(n_estimators=100, random_state=self.seed, n_jobs=1)
+        self.model.fit(train[list(RF_FEATURES)].to_numpy(np.float64), np.log(target))
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray:
+        return np.exp(self.model.predict(test[list(RF_FEATURES)].to_numpy(np.float64)))
+
+
+def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd.Series:
+    """StepModel predictions of each row *without* the host term (S(N) is fitted per split)."""
+    from predictor.calibrate import Calibration, Param
+    from predictor.config import load_model_config
+    from predictor.hardware import HardwareSpec
+    from predictor.step import StepModel
+
+    hw = HardwareSpec.from_sku(sku)
+    out = pd.Series(np.nan, index=df.index, dtype=np.float64)
+    for (model, dtype), g in df.groupby(["model", "dtype"], sort=True):
+        cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+        if cal is not None:
+            cal = Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
+                              hardware=dict(cal.hardware), meta=dict(cal.meta))
+        else:
+            from predictor.calibrate import defaults
+            cal = defaults(hw, dtype)
+        zero = {k: Param(0.0, None, "measured", "evaluate: fitted per split") for k in ("s_floor_ms", "s_slope_ms")}
+        cal.host_residual = zero
+        sm = StepModel(hw, load_model_config(model), calibration=cal, form=form, dtype=dtype)
+        batches = [[tuple(s) for s in json.loads(b)] for b in g.batch_json]
+        out.loc[g.index] = sm.predict_many(batches)
+    return out
+
+
+# ----------------------------------------------------------------------------- splits
+@dataclass(frozen=True)
+class Fold:
+    split: str
+    name: str
+    train: np.ndarray  # bool masks over the rows
+    test: np.ndarray
+
+
+def interleaved_folds(df: pd.DataFrame, column: str, split: str) -> list[Fold]:
+    """Hold out every other distinct value of ``column`` (interpolation, not extrapolation)."""
+    values = np.sort(df[column].unique())
+    held = set(values[1::2].tolist())
+    test = df[column].isin(held).to_numpy()
+    return [Fold(split, f"{column} in {sorted(held)}", ~test, test)]
+
+
+def model_folds(df: pd.DataFrame) -> list[Fold]:
+    """Leave one model out (needs >= 2 models)."""
+    models = sorted(df.model.unique())
+    if len(models) < 2:
+        return []
+    return [Fold("by_model", f"test={m}", (df.model != m).to_numpy(), (df.model == m).to_numpy()) for m in models]
+
+
+def all_folds(df: pd.DataFrame) -> list[Fold]:
+    every = np.ones(len(df), dtype=bool)
+    return ([Fold("in_sample", "all rows", every, every)] + interleaved_folds(df, "num_seqs", "by_batch")
+            + interleaved_folds(df, "context_max", "by_context") + model_folds(df))
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass
+class EvalConfig:
+    """What ``gpubench evaluate`` scores and where it writes."""
+    rows: list[str]
+    out: str
+    calibration: str | None = None
+    sku: str = "cpu"
+    seed: int = 0
+    target: str = "wall_s"
+    command: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalResult:
+    predictions: pd.DataFrame
+    metrics: pd.DataFrame
+    wilcoxon: pd.DataFrame
+    transfer: pd.DataFrame
+    host_fits: pd.DataFrame
+    headline: str
+
+
+def _make_methods(base: dict[str, pd.Series], seed: int) -> list:
+    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]), VidurStyle(), ForestModel(seed)]
+
+
+def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series], *, target: str,
+                  seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Long table of test predictions (one row per fold x test row x method) and the S(N) fits."""
+    recs, fits = [], []
+    for fold in folds:
+        train, test = df[fold.train], df[fold.test]
+        for m in _make_methods(base, seed):
+            m.fit(train, train[target].to_numpy(np.float64))
+            pred = m.predict(test)
+            if isinstance(m, StepForm):
+                fits.append({"split": fold.split, "fold": fold.name, "method": m.name, "num_train_rows": len(train),
+                             "s_floor_ms": m.s_floor_s * 1e3, "s_slope_ms": m.s_slope_s * 1e3})
+            recs.append(pd.DataFrame({
+                "split": fold.split, "fold": fold.name, "method": m.name, "key": test.key.to_numpy(),
+                "model": test.model.to_numpy(), "phase": test.phase.to_numpy(), "num_seqs": test.num_seqs.to_numpy(),
+                "context_max": test.context_max.to_numpy(), "ops_profiled": test.ops_profiled.astype(bool).to_numpy(),
+                "measured_s": test[target].to_numpy(np.float64), "predicted_s": pred}))
+    return pd.concat(recs, ignore_index=True), pd.DataFrame(fits)
+
+
+def score(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Metrics per group and phase, on all test rows and on the op-profiled subset (where vidur exists)."""
+    out = []
+    for keys, g in pred.groupby(by, sort=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        for phase in PHASES:
+            gp = g if phase == "all" else g[g.phase == phase]
+            for subset, gs in (("all", gp), ("op_profiled", gp[gp.ops_profiled])):
+                if len(gs) == 0:
+                    continue
+                out.append({**dict(zip(by, keys)), "phase": phase, "rows": subset,
+                            **metrics(gs.measured_s, gs.predicted_s)})
+    return pd.DataFrame(out)
+
+
+def wilcoxon_forms(pred: pd.DataFrame) -> pd.DataFrame:
+    """Paired Wilcoxon signed-rank test of |error| of additive vs max on the same test rows."""
+    from scipy.stats import wilcoxon
+
+    out = []
+    for split, g in pred.groupby("split", sort=False):
+        wide = g.pivot_table(index=["fold", "key"], columns="method", values="predicted_s", aggfunc="first")
+        meas = g.drop_duplicates(["fold", "key"]).set_index(["fold", "key"]).measured_s
+        phase = g.drop_duplicates(["fold", "key"]).set_index(["fold", "key"]).phase
+        for ph in PHASES:
+            idx = wide.index if ph == "all" else wide.index[phase.loc[wide.index].to_numpy() == ph]
+            if len(idx) == 0:
+                continue
+            ea = np.abs(wide.loc[idx, "additive"] - meas.loc[idx]).to_numpy()
+            em = np.abs(wide.loc[idx, "max"] - meas.loc[idx]).to_numpy()
+            stat = p = np.nan
+            if np.any(ea != em) and len(idx) >= 2:
+                d = np.abs(ea - em)
+                # Exact null distribution when it exists cheaply; scipy's default falls back to a
+                # permutation test on ties, which takes minutes here.
+                exact = len(idx) <= 25 and np.all(d > 0) and len(np.unique(d)) == len(d)
+                res = wilcoxon(ea, em, method="exact" if exact else "asymptotic")
+                stat, p = float(res.statistic), float(res.pvalue)
+            out.append({"split": split, "phase": ph, "n": len(idx), "median_abs_err_additive_ms": 1e3 * np.median(ea),
+                        "median_abs_err_max_ms": 1e3 * np.median(em), "wilcoxon_statistic": stat, "p_value": p,
+                        "lower_error": "additive" if np.median(ea) < np.median(em) else "max"})
+    return pd.DataFrame(out)
+
+
+def transfer_pairs(df: pd.DataFrame, base: dict[str, pd.Series], *, target: str, seed: int) -> pd.DataFrame:
+    """Train on exactly one model, score on each other model (rf and the additive form)."""
+    models = sorted(df.model.unique())
+    recs = []
+    for a in models:
+        for b in models:
+            if a == b:
+                continue
+            train, test = df[df.model == a], df[df.model == b]
+            for m in (StepForm("additive", base["additive"]), StepForm("max", base["max"]), ForestModel(seed)):
+                m.fit(train, train[target].to_numpy(np.float64))
+                pred = m.predict(test)
+                for ph in ("all", "decode"):
+                    sel = np.ones(len(test), bool) if ph == "all" else (test.phase == ph).to_numpy()
+                    recs.append({"train_model": a, "test_model": b, "method": m.name, "phase": ph,
+                                 **metrics(test[target].to_numpy()[sel], pred[sel])})
+    return pd.DataFrame(recs)
+
+
+# ----------------------------------------------------------------------------- reporting
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
+    """A GitHub Markdown table (no tabulate dependency)."""
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return "" if np.isnan(v) else format(v, floatfmt)
+        return str(v)
+
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _pooled(metrics_df: pd.DataFrame, split: str, phase: str, rows: str) -> pd.DataFrame:
+    m = metrics_df[(metrics_df.split == split) & (metrics_df.fold == "pooled") & (metrics_df.phase == phase)
+                   & (metrics_df.rows == rows)]
+    return m.set_index("method")
+
+
+def headline_text(metrics_df: pd.DataFrame, wil: pd.DataFrame, *, goal_pct: float = 10.0,
+                  stretch_pct: float = 5.0) -> str:
+    """The held-out-by-model decode table and the verdicts the issue asks for, as Markdown."""
+    split = "by_model" if (metrics_df.split == "by_model").any() else "by_batch"
+    cols = ["method", "rows", "n", "mape_pct", "median_ape_pct", "p90_ape_pct", "r2"]
+    sel = metrics_df[(metrics_df.split == split) & (metrics_df.fold == "pooled") & (metrics_df.phase == "decode")]
+    order = {m: i for i, m in enumerate(METHODS)}
+    sel = sel.sort_values(["rows", "method"], key=lambda s: s.map(order) if s.name == "method" else s)
+    lines = [f"Held out {split.replace('_', ' ')} ({'leave one model out' if split == 'by_model' else 'interleaved'}), "
+             "decode steps:", "", markdown_table(sel[cols]), ""]
+    all_rows, prof = _pooled(metrics_df, split, "decode", "all"), _pooled(metrics_df, split, "decode", "op_profiled")
+    if "additive" in all_rows.index:
+        a = all_rows.loc["additive", "mape_pct"]
+        verdict = "met" if a <= goal_pct else "NOT met"
+        stretch = "met" if a <= stretch_pct else "not met"
+        lines.append(f"- additive form, decode, {split}: MAPE {a:.2f} % (goal <= {goal_pct:g} %: {verdict}; "
+                     f"stretch <= {stretch_pct:g} %: {stretch})")
+        mx = all_rows.loc["max", "mape_pct"] if "max" in all_rows.index else np.nan
+        lines.append(f"- beats the max-form on the same rows: {'yes' if a < mx else 'NO'} ({a:.2f} % vs {mx:.2f} %)")
+        if "vidur" in prof.index and "additive" in prof.index:
+            av, vv = prof.loc["additive", "mape_pct"], prof.loc["vidur", "mape_pct"]
+            lines.append(f"- beats the Vidur-style baseline on the op-profiled rows: {'yes' if av < vv else 'NO'} "
+                         f"({av:.2f} % vs {vv:.2f} %, n = {int(prof.loc['vidur', 'n'])})")
+    w = wil[(wil.split == split) & (wil.phase == "decode")]
+    if len(w):
+        r = w.iloc[0]
+        lines.append(f"- paired Wilcoxon, |error| additive vs max, decode: n = {int(r.n)}, p = {r.p_value:.3g} "
+                     f"(median |err| {r.median_abs_err_additive_ms:.3f} ms vs {r.median_abs_err_max_ms:.3f} ms)")
+    return "\n".join(lines) + "\n"
+
+
+def plot_predictions(pred: pd.DataFrame, out: Path, split: str) -> list[Path]:
+    """Predicted vs measured (log-log, one panel per method) and median APE vs batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    g = pred[pred.split == split]
+    models = sorted(g.model.unique())
+    colors = {m: plt.cm.tab10(i) for i, m in enumerate(models)}
+    fig, axes = plt.subplots(1, len(METHODS), figsize=(4 * len(METHODS), 4), squeeze=False)
+    for ax, method in zip(axes[0], METHODS):
+        gm = g[(g.method == method) & np.isfinite(g.predicted_s)]
+        for m in models:
+            s = gm[gm.model == m]
+            ax.scatter(s.measured_s * 1e3, s.predicted_s * 1e3, s=10, color=colors[m], label=m, alpha=0.8)
+        if len(gm):
+            lo = 0.8 * min(gm.measured_s.min(), gm.predicted_s.min()) * 1e3
+            hi = 1.25 * max(gm.measured_s.max(), gm.predicted_s.max()) * 1e3
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set(xscale="log", yscale="log", title=f"{method} ({split})", xlabel="measured step (ms)",
+               ylabel="predicted step (ms)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    p1 = out / "pred_vs_measured.png"
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, phase in zip(axes, ("decode", "all")):
+        gp = g if phase == "all" else g[g.phase == phase]
+        for method in METHODS:
+            gm = gp[(gp.method == method) & np.isfinite(gp.predicted_s)]
+            if not len(gm):
+                continue
+            e = gm.assign(ape=ape_pct(gm.measured_s, gm.predicted_s)).groupby("num_seqs").ape.median()
+            ax.plot(e.index, e.to_numpy(), marker="o", label=method)
+        ax.set(xscale="log", yscale="log", xlabel="sequences in the batch", ylabel="median APE (%)",
+               title=f"error vs batch, {phase} steps ({split})")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = out / "error_vs_batch.png"
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    return [p1, p2]
+
+
+def output_calibration(df: pd.DataFrame, base: pd.Series, *, sku: str, calibration, target: str,
+                       rows: list[str]) -> dict:
+    """The input calibration (or defaults) with a measured ``host_residual`` fitted on all given rows."""
+    from predictor.calibrate import Calibration, defaults
+    from predictor.hardware import HardwareSpec
+
+    cal = Calibration.load(calibration) if calibration else defaults(HardwareSpec.from_sku(sku), df.dtype.iloc[0])
+    y = df[target].to_numpy(np.float64)
+    floor_s, slope_s = fit_host_residual(df.num_seqs, y - base.to_numpy(), y)
+    pred = base.to_numpy() + floor_s + slope_s * np.maximum(0.0, df.num_seqs.to_numpy(np.float64) - 1)
+    fit = metrics(y, pred)
+    src = (f"gpubench evaluate: S(N) fitted to {len(df)} engine-step rows ({target}; "
+           f"{', '.join(sorted(df.model.unique()))}) from {', '.join(rows)}")
+    d = cal.to_dict()
+    d["host_residual"] = {
+        "s_floor_ms": {"value": floor_s * 1e3, "error": fit["mape_pct"], "tier": "measured", "source": src},
+        "s_slope_ms": {"value": slope_s * 1e3, "error": fit["mape_pct"], "tier": "measured", "source": src},
+        "fit_error": fit["mape_pct"], "n": len(df), "tier": "measured", "source": src,
+    }
+    return d
+
+
+def command_line(ec: EvalConfig) -> str:
+    """The exact command that regenerates ``ec.out``."""
+    parts = ["gpubench", "evaluate", *ec.rows]
+    if ec.calibration:
+        parts += ["--calibration", ec.calibration]
+    parts += ["--sku", ec.sku, "--target", ec.target, "--seed", str(ec.seed), "--out", ec.out]
+    return shlex.join(parts)
+
+
+def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wall_s", seed: int = 0) -> EvalResult:
+    """Score every method on every split of ``df`` (no files written)."""
+    if target not in df.columns:
+        raise ConfigError(f"--target '{target}': rows have no such column")
+    if (df[target] <= 0).any() or df[target].isna().any():
+        raise ResultsFormatError(f"rows with non-positive or missing {target}: {df.key[df[target] <= 0].tolist()[:3]}")
+    base = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
+    pred, fits = predict_folds(df, all_folds(df), base, target=target, seed=seed)
+    per_fold = score(pred, ["split", "fold", "method"])
+    pooled = score(pred, ["split", "method"]).assign(fold="pooled")
+    met = pd.concat([pooled, per_fold], ignore_index=True)
+    met = met[["split", "fold", "method", "phase", "rows", "n", "r2", "mape_pct", "median_ape_pct", "p90_ape_pct"]]
+    wil = wilcoxon_forms(pred)
+    transfer = transfer_pairs(df, base, target=target, seed=seed) if df.model.nunique() > 1 else pd.DataFrame()
+    return EvalResult(pred, met, wil, transfer, fits, headline_text(met, wil))
+
+
+def run_evaluation(ec: EvalConfig) -> str:
+    """Load rows, score, write tables, plots, the calibration and COMMAND into ``ec.out``; return the headline."""
+    df = load_rows(ec.rows)
+    res = evaluate_rows(df, sku=ec.sku, calibration=ec.calibration, target=ec.target, seed=ec.seed)
+    out = Path(ec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res.metrics.to_csv(out / "metrics.csv", index=False)
+    res.predictions.to_csv(out / "predictions.csv", index=False)
+    res.wilcoxon.to_csv(out / "wilcoxon.csv", index=False)
+    res.host_fits.to_csv(out / "host_residual_fits.csv", index=False)
+    if len(res.transfer):
+        res.transfer.to_csv(out / "transfer.csv", index=False)
+    cmd = command_line(ec)
+    split = "by_model" if (res.predictions.split == "by_model").any() else "by_batch"
+    plot_predictions(res.predictions, out, split)
+    base_add = step_model_base(df, sku=ec.sku, calibration=ec.calibration, form="additive")
+    cal = output_calibration(df, base_add, sku=ec.sku, calibration=ec.calibration, target=ec.target, rows=ec.rows)
+    (out / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
+    (out / "COMMAND").write_text(cmd + "\n")
+    (out / "headline.md").write_text(f"<!-- {cmd} -->\n" + res.headline)
+    (out / "tables.md").write_text(report_markdown(res, df, cmd, target=ec.target))
+    return res.headline
+
+
+def report_markdown(res: EvalResult, df: pd.DataFrame, cmd: str, *, target: str) -> str:
+    """Every pooled table, the S(N) fits, Wilcoxon and transfer pairs, stamped with the command."""
+    cols = ["method", "phase", "rows", "n", "mape_pct", "median_ape_pct", "p90_ape_pct", "r2"]
+    parts = [f"# Step-time evaluation\n\nRegenerate: `{cmd}`\n",
+             f"Rows: {len(df)} steps of {', '.join(sorted(df.model.unique()))} "
+             f"(target `{target}`; device {', '.join(sorted(df.device_type.unique()))}; "
+             f"host load average during profiling {df.get('loadavg_1m_before', pd.Series([np.nan])).median():.1f}).\n",
+             "## Headline\n", res.headline]
+    for split in res.metrics.split.unique():
+        m = res.metrics[(res.metrics.split == split) & (res.metrics.fold == "pooled")]
+        folds = ", ".join(res.metrics[(res.metrics.split == split) & (res.metrics.fold != "pooled")].fold.unique())
+        parts += [f"\n## {split} (test folds: {folds})\n", markdown_table(m[cols]), ""]
+    parts += ["\n## Host residual S(N) per training split (ms)\n", markdown_table(res.host_fits, ".4f"),
+              "\n## Paired Wilcoxon: |error| additive vs max\n", markdown_table(res.wilcoxon, ".4g")]
+    if len(res.transfer):
+        parts += ["\n## Train on one model, score on another\n", markdown_table(res.transfer)]
+    return "\n".join(parts) + "\n"
