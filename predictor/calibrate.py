@@ -20,11 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from gpubench.errors import ConfigError, suggest
 from predictor import efficiency as eff
 from predictor.hardware import HardwareSpec
 
 SCHEMA = "gpubench.calibration/1"
+KNOWN = {
+    "params": ("eta_max", "x_half", "eta_active", "eta_duty", "f_clk", "t_launch_s", "t_graph_node_s", "t_dispatch_s"),
+    "hardware": ("num_sms", "l2_bytes", "mem_bytes_per_s"),
+    "host_residual": ("s_floor_ms", "s_slope_ms"),
+}
 TIERS = ("measured", "published", "spec", "assumed")
 RESEARCH = "published: shared/DESIGN.md §5 (research this project descends from)"
 
@@ -123,6 +128,10 @@ class Calibration:
             # the host-residual block may carry block-level fit info next to its parameters
             skip = {"fit_error", "error", "tier", "source", "n", "num_rows", "split", "mape", "r2"}
             keys = [k for k in raw if not (name == "host_residual" and k in skip)]
+            for k in keys:
+                if k not in KNOWN[name]:
+                    raise ConfigError(f"{where}: unknown {name} entry '{k}'{suggest(k, KNOWN[name])} "
+                                      f"(known: {', '.join(KNOWN[name])})")
             out = {k: Param.from_obj(raw[k], f"{where}: {name}.{k}") for k in keys}
             if name == "host_residual" and (raw.get("tier") or raw.get("source")):
                 out = {k: Param(p.value, p.error if p.error is not None else _num(raw.get("fit_error")),

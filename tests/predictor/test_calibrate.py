@@ -246,6 +246,9 @@ def test_roundtrip_and_errors(tmp_path):
     bad.write_text('{"sku": "cpu",\n "params": {"eta_max": {"valu": 1}}}')
     with pytest.raises(ConfigError, match="eta_max: expected a number or an object with 'value'"):
         Calibration.load(bad)
+    bad.write_text('{"sku": "cpu", "params": {"eta_maxx": 0.9}}')
+    with pytest.raises(ConfigError, match="unknown params entry 'eta_maxx' \\(did you mean: eta_max"):
+        Calibration.load(bad)
     with pytest.raises(ConfigError, match="no such calibration file"):
         Calibration.load(tmp_path / "missing.json")
     with pytest.raises(ResultsFormatError):
