@@ -86,12 +86,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 0
     hw = model.hardware
     launch_name = "dispatch" if hw.backend == "cpu" else ("graph floor" if model.cuda_graphs else "launch floor")
+    unit = "op dispatches" if hw.backend == "cpu" else "kernels"
     print(f"{hw.sku_id} {model.model.name} {model.dtype} {args.phase} batch {args.batch} context {args.context}"
           f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}: {pred.total_s * 1e3:.3f} ms [{pred.form}]"
           f" = {pred.num_new_tokens / pred.total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
           f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
-          f"kernels (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms | sampling {pred.sample_s * 1e3:.3f} ms")
+          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms | sampling {pred.sample_s * 1e3:.3f} ms")
     t = pred.tiers
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
           f"eta_duty {t['eta_duty']}, launch {t['t_dispatch_s' if hw.backend == 'cpu' else 't_launch_s']}, host {t['s_floor_ms']}")

@@ -62,6 +62,21 @@ class HardwareSpec:
     def replace(self, **changes) -> "HardwareSpec":
         return dataclasses.replace(self, **changes)
 
+    def with_cores(self, num_cores: int) -> "HardwareSpec":
+        """The same CPU limited to ``num_cores`` threads (a step profiled with torch.set_num_threads(n)).
+
+        Peaks scale with the core count (the FMA identity is per core); the bandwidth is left as is,
+        since a few cores can already draw most of a socket's bandwidth -- calibrate it with a
+        stream run at that thread count when it matters.
+        """
+        if self.backend != "cpu":
+            raise ConfigError(f"with_cores is for the CPU backend ({self.sku_id} is {self.backend})")
+        if not 1 <= num_cores:
+            raise ConfigError(f"num_cores must be >= 1 (got {num_cores})")
+        scale = num_cores / self.num_sms
+        return self.replace(num_sms=int(num_cores),
+                            peak_flops_per_s={k: v * scale for k, v in self.peak_flops_per_s.items()})
+
     @classmethod
     def from_sku(cls, sku: "str | _skus.SKU") -> "HardwareSpec":
         """From the SKU table (``cpu``/``host``: the detected host, with an assumed bandwidth)."""

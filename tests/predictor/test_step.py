@@ -135,3 +135,16 @@ def test_prediction_json_roundtrip():
     d = json.loads(json.dumps(p.to_dict()))
     assert d["total_s"] == p.total_s and set(d["ops"]) == set(p.ops)
     assert d["ops"]["qkv_proj"]["gemm_mnk"] == [129, 4096 + 2 * 1024, 4096]
+
+
+def test_cpu_with_cores_scales_compute_only():
+    hw = HardwareSpec.from_sku("cpu")
+    one = hw.with_cores(1)
+    assert one.num_sms == 1 and one.peak("fp32") == pytest.approx(hw.peak("fp32") / hw.num_sms)
+    assert one.mem_bytes_per_s == hw.mem_bytes_per_s
+    prefill = [(512, 0)]
+    t_all = StepModel(hw, "llama-60m").predict(prefill)
+    t_one = StepModel(one, "llama-60m").predict(prefill)
+    assert t_one.compute_s == pytest.approx(t_all.compute_s * hw.num_sms, rel=0.05)
+    with pytest.raises(ConfigError, match="CPU backend"):
+        HardwareSpec.from_sku("h100").with_cores(1)
