@@ -3,6 +3,8 @@
 //         pass first), so the slice stays in whatever cache level holds it;
 //   cold: before every timed pass each thread writes its slice of a flush buffer (>= 2x LLC, the
 //         caller's choice) so the working set has been evicted; then one timed pass.
+// Both time the team window (first thread start after a barrier .. last thread end, TeamWindow),
+// so OpenMP fork/join and thread wake-up are not counted as memory time.
 // The read kernel keeps 8 independent vector accumulators (so it is bandwidth-bound, not add-latency
 // bound) and returns the sum, which is checked exactly: the data are small integers, whose sums
 // are exact in fp64, so any skipped or repeated element shows.
@@ -81,14 +83,18 @@ CacheSweepResult cache_read_warm(size_t working_set_bytes, int passes, int num_r
     }
     for (int k = 0; k < num_reps; k++) {
         s = 0;
-        auto t0 = Clock::now();
+        TeamWindow w(r.threads);
 #pragma omp parallel reduction(+ : s)
         {
+            int t = omp_get_thread_num();
             size_t b, e;
-            slice(n, omp_get_thread_num(), omp_get_num_threads(), &b, &e);
+            slice(n, t, omp_get_num_threads(), &b, &e);
+#pragma omp barrier
+            w.start[t] = Clock::now();
             s += read_slice(x, b, e, passes);
+            w.end[t] = Clock::now();
         }
-        r.times_s.push_back(seconds_since(t0));
+        r.times_s.push_back(w.seconds());
         r.checksum = s;
         if (s != r.expected) r.valid = false;
     }
@@ -109,7 +115,7 @@ CacheSweepResult cache_read_cold(size_t working_set_bytes, size_t flush_bytes, i
     r.valid = true;
     for (int k = 0; k < num_reps; k++) {
         double s = 0;
-        Clock::time_point t0, t1;
+        TeamWindow w(r.threads);
 #pragma omp parallel reduction(+ : s)
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -118,15 +124,11 @@ CacheSweepResult cache_read_cold(size_t working_set_bytes, size_t flush_bytes, i
             for (size_t i = fb; i < fe; i++) f[i] += 1.0;  // evict: dirty every line of the flush buffer
             slice(n, t, nt, &b, &e);
 #pragma omp barrier
-#pragma omp master
-            t0 = Clock::now();
-#pragma omp barrier
+            w.start[t] = Clock::now();
             s += read_slice(x, b, e, 1);
-#pragma omp barrier
-#pragma omp master
-            t1 = Clock::now();
+            w.end[t] = Clock::now();
         }
-        r.times_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+        r.times_s.push_back(w.seconds());
         r.checksum = s;
         if (s != r.expected) r.valid = false;
     }

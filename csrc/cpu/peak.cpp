@@ -1,4 +1,5 @@
-// Peak FMA throughput with data in registers, all threads, native vector width.
+// Peak FMA throughput with data in registers, all threads, native vector width. Each repetition
+// is timed as the team window (first thread start .. last thread end, see TeamWindow).
 // Each thread runs kAcc independent FMA chains acc = acc * m + a (one vector register each). With
 // FMA latency 4-5 cycles and 2 FMA pipes a core needs >= 8-10 chains in flight; 12 (16 with
 // AVX-512's 32 registers) keeps both pipes busy while leaving registers for m and a.
@@ -55,10 +56,16 @@ PeakResult peak(int64_t iters, int num_reps, double rel_tol) {
     const double md = (double)m, L = (double)a / (1.0 - md), decay = std::pow(md, (double)iters);
     for (int k = 0; k < num_reps; k++) {
         double s = 0, expected = 0;
-        auto t0 = Clock::now();
+        TeamWindow w(r.threads);
 #pragma omp parallel reduction(+ : s)
-        s += chains<V, T, LANES>(iters, m, a, (T)(2.0 + 0.5 * omp_get_thread_num()));
-        r.times_s.push_back(seconds_since(t0));
+        {
+            int t = omp_get_thread_num();
+#pragma omp barrier
+            w.start[t] = Clock::now();
+            s += chains<V, T, LANES>(iters, m, a, (T)(2.0 + 0.5 * t));
+            w.end[t] = Clock::now();
+        }
+        r.times_s.push_back(w.seconds());
         for (int t = 0; t < r.threads; t++)
             for (int i = 0; i < kAcc * LANES; i++) {
                 double x0 = (double)(T)((T)(2.0 + 0.5 * t) + (T)i * (T)0.001);

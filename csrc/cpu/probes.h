@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <omp.h>
 
 namespace gpubench {
 
@@ -14,6 +15,23 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Team window of one parallel region: every thread stamps its own start (after a barrier, so
+// the team is awake) and end; the window is first start .. last end. It excludes the fork/join
+// and wake-up latency (the launch probe's subject, and on a shared machine a scheduler delay of
+// milliseconds) but includes any descheduling while the threads work.
+struct TeamWindow {
+    std::vector<Clock::time_point> start, end;
+    explicit TeamWindow(int num_threads) : start(num_threads), end(num_threads) {}
+    double seconds() const {
+        auto s = start[0], e = end[0];
+        for (size_t i = 1; i < start.size(); i++) {
+            if (start[i] < s) s = start[i];
+            if (end[i] > e) e = end[i];
+        }
+        return std::chrono::duration<double>(e - s).count();
+    }
+};
 
 // 64-byte aligned, uninitialized array of doubles (first touch is the caller's, in parallel).
 struct AlignedBuffer {

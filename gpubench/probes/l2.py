@@ -4,8 +4,10 @@ Working sets from 16 KiB to 4x the last-level cache in ~x1.25 steps (x2 with --q
 - warm: one untimed pass, then each repetition makes `passes` passes over the same buffer, so it
   is served by the smallest cache level that holds it; `passes` keeps a repetition near 256 MiB read.
 - cold: before every timed pass each thread writes its share of a flush buffer of 2x LLC (the
-  writes evict the working set from every level), then one timed pass; the timed region is
-  between two barriers inside one parallel region, so fork/join is excluded but a barrier is not.
+  writes evict the working set from every level), then one timed pass.
+Both time the team window inside one parallel region: from the first thread's start (after a
+barrier, so every thread is awake) to the last thread's end, so OpenMP fork/join and thread
+wake-up (milliseconds on a shared machine) are not counted as memory time.
 Bytes = working set x passes. The read kernel accumulates in 8 vector registers and the sum of the
 integer-valued data is checked exactly, so the reads cannot be optimized away or skipped.
 """
