@@ -119,6 +119,10 @@ class StepModel:
             raise ConfigError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPE_BYTES)})")
         self.calibration: Calibration = resolve(calibration, hw, self.dtype)
         overrides = {k: p.value for k, p in self.calibration.hardware.items()}
+        if hw.backend == "cpu":
+            # NOTE(predictor): the host's core count is read at run time already, and a spec limited
+            # with HardwareSpec.with_cores(n) must keep its n (its peaks were scaled to it).
+            overrides.pop("num_sms", None)
         if "num_sms" in overrides:
             overrides["num_sms"] = int(overrides["num_sms"])
         if "mem_bytes_per_s" in overrides:

@@ -208,6 +208,8 @@ def test_fit_cpu_run(tmp_path):
     m = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=cal)
     assert m.hardware.mem_bytes_per_s == pytest.approx(plateau, rel=0.001) and m.hardware.mem_bw_tier == "measured"
     assert HardwareSpec.from_run(run).mem_bytes_per_s == m.hardware.mem_bytes_per_s
+    one = StepModel(HardwareSpec.from_sku("cpu").with_cores(1), "smollm2-135m", calibration=cal)
+    assert one.hardware.num_sms == 1 and one.hardware.mem_bytes_per_s == m.hardware.mem_bytes_per_s
     # without torch_dispatch rows the per-call extension cost is the dispatch estimate
     cal2 = fit_run(write_cpu_run(tmp_path / "b", np.random.default_rng(6), dispatch_kind=None))
     assert cal2.params["t_dispatch_s"].value == pytest.approx(0.3e-6)
