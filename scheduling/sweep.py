@@ -150,6 +150,9 @@ def replay_config(spec: SweepSpec, cell: SweepCell):
         kw[k] = v
     if "jps" in names:
         kw["jps"] = cell.jps
+    if "record_steps" in names:
+        # A sweep keeps summaries only; the per-step log is what `gpubench replay` is for.
+        kw.setdefault("record_steps", False)
     return ReplayConfig(**{k: v for k, v in kw.items() if k in names})
 
 

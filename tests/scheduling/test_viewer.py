@@ -6,6 +6,7 @@ only when chromium/chromedriver are missing. Screenshots land in pytest's tmp di
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import os
@@ -216,3 +217,26 @@ def test_browser_exported_file(browser, run_dir, tmp_path):
     page = export_html(run_dir, tmp_path / "export.html")
     browser.get(page.as_uri())  # file:// with no server: the data must be embedded
     _check_page(browser, run_dir, _shot_dir(tmp_path) / "viewer_export.png")
+
+
+@needs_browser
+@pytest.mark.skipif(importlib.util.find_spec("scheduling.replay") is None, reason="scheduling.replay not present yet")
+def test_browser_on_real_replay_output(browser, tmp_path):
+    """The viewer on what the real engine writes (not the fixture)."""
+    from scheduling.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+
+    params = SyntheticParams(turns_mean=6, turns_max=10, obs_tokens_median=300)
+    jobs = with_poisson_arrivals(synthetic_jobs(12, 0, params), jps=1.0, seed=0)
+    out = tmp_path / "real"
+    write_outputs(run_replay(jobs, ReplayConfig(sku="l40s", model="llama-3.1-8b", policy="continuum", seed=0)), out)
+    data = load_run(out)
+    assert data["totals"]["num_steps"] > 0
+    with ViewerServer(out) as server:
+        browser.get(server.url)
+        _wait_ready(browser)
+        assert browser.execute_script("return window.gpubenchViewer.mismatches;") == []
+        marks = browser.execute_script("return window.gpubenchViewer.charts;")
+        assert all(marks[c]["marks"] > 0 for c in CHARTS if c != "chart-pool")
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+        browser.save_screenshot(str(_shot_dir(tmp_path) / "viewer_real.png"))
