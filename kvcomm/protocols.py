@@ -1,0 +1,307 @@
+"""How receiver agent B gets sender agents' messages: as text, or as their KV caches.
+
+Sender side (``encode_sender``): agent A runs its own chat -- its own system prompt, its instruction,
+then the message as its assistant turn -- and keeps the KV of the **message span only**::
+
+    A's sequence:  <|im_start|>system\\n{A's system}<|im_end|>\\n<|im_start|>user\\n{instr}<|im_end|>\\n
+                   <|im_start|>assistant\\n [ message tokens ] <|im_end|>\\n
+                                            ^ span exported: K, V, positions as A encoded them
+
+A's system prompt and template tokens are never imported (B has its own); the message KV still
+*attended to* A's context when A computed it, which is one of the mismatches the protocols differ on.
+
+Receiver side: B's prompt is rendered with B's chat template around placeholders, and cut into
+segments that B computes itself ("own") and segments that come from a sender ("import")::
+
+    own:    <|im_start|>system\\n{B's system}<|im_end|>\\n<|im_start|>user\\nNotes from agent A:\\n
+    import: [ A's message tokens ]
+    own:    \\n\\nNotes from agent C:\\n                       (only with several senders)
+    import: [ C's message tokens ]
+    own:    \\n\\nQuestion: {q}<|im_end|>\\n<|im_start|>assistant\\n
+
+Tokenization seam: the message is tokenized **on its own** with the same tokenizer, in A's sequence
+and in B's, and both sequences are built by concatenating token ids, so the imported tokens are the
+same ids in both. Whether tokenizing B's whole rendered prompt at once would have merged tokens
+across a seam is recorded per example (``Layout.seam_aligned``); the ``text`` protocol uses the same
+concatenated ids so that every protocol answers the very same token sequence.
+
+B's first own segment (its system prompt and the header) is the same for every request: B keeps it
+cached (``receiver_prefix``) and every protocol starts from that cache, so receiver TTFT is the time
+to take in the messages and the question.
+
+Protocols (how an import segment enters B's cache; B's own segments are always computed):
+
+- ``text``: B re-encodes the message tokens (full prefill; the reference).
+- ``kv-verbatim``: A's K/V imported as they are, at the positions A encoded them (B's own tokens keep
+  their index in B's sequence): isolates the position error.
+- ``kv-rerotated``: A's keys re-rotated to their positions in B's sequence (``kvcomm.rope``).
+- ``kv-rerotated+boundary``: as kv-rerotated, but the first ``boundary_k`` tokens of each imported
+  chunk are recomputed by B (the seam with B's prompt and the chunk's attention-sink tokens); with
+  ``boundary_k`` >= the chunk length this is exactly ``text``.
+- ``kv-blend``: CacheBlend (``kvcomm.blend``) over [B's prefix, imports..., B's own separators] with
+  the question as the query and ratio ``ratio`` of context tokens recomputed from the check layer on.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gpubench.errors import KVCommError, suggest
+from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
+from kvcomm.rope import reposition
+from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
+
+PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-blend")
+DEFAULT_BOUNDARY_K = 8
+DEFAULT_RATIO = 0.15
+_PLACEHOLDER = "\x00IMPORT{}\x00"
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A protocol and its parameter (``boundary_k`` for +boundary, ``ratio`` for kv-blend)."""
+
+    name: str
+    boundary_k: int = DEFAULT_BOUNDARY_K
+    ratio: float = DEFAULT_RATIO
+
+    def __post_init__(self) -> None:
+        if self.name not in PROTOCOLS:
+            raise KVCommError(f"unknown protocol '{self.name}'{suggest(self.name, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}")
+        if self.boundary_k < 0:
+            raise KVCommError(f"boundary k must be >= 0 (got {self.boundary_k})")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise KVCommError(f"blend ratio must be in [0, 1] (got {self.ratio})")
+
+    @property
+    def label(self) -> str:
+        """Name with its parameter, e.g. ``kv-blend r=0.15``: the key of result rows."""
+        if self.name == "kv-rerotated+boundary":
+            return f"{self.name} k={self.boundary_k}"
+        if self.name == "kv-blend":
+            return f"{self.name} r={self.ratio:g}"
+        return self.name
+
+
+@dataclass(frozen=True)
+class SenderState:
+    """A sender's exported message: its token ids and the KV of exactly that span."""
+
+    agent: str
+    message_ids: list[int]
+    cache: KVCache
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of B's prompt: B's own token ids, or the message of sender ``sender``."""
+
+    kind: str  # "own" | "import"
+    ids: list[int]
+    sender: int = -1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """B's prompt as segments; ``seam_aligned`` says one-shot tokenization gives the same ids."""
+
+    segments: list[Segment]
+    seam_aligned: bool
+
+    @property
+    def ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.ids]
+
+    @property
+    def num_imported(self) -> int:
+        return sum(len(s.ids) for s in self.segments if s.kind == "import")
+
+
+@dataclass
+class Reception:
+    """B's state after taking in the messages and the question (before the first answer token)."""
+
+    cache: KVCache
+    last_logits: torch.Tensor  # [vocab], the distribution of B's first answer token
+    num_imported: int  # tokens in the imported spans
+    num_recomputed: int  # imported tokens whose KV B computed itself (all layers past the check layer)
+    prefill_s: float  # receiver TTFT: wall time of taking in the messages + question, B's prefix cached
+    extra: dict = field(default_factory=dict)
+
+
+# ---- sender -------------------------------------------------------------------------------------
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def sender_layout(tokenizer, message: AgentMessage) -> tuple[list[int], list[int], list[int]]:
+    """A's (prefix ids, message ids, suffix ids): its chat up to the assistant turn, the message, the end."""
+    chat = [{"role": "system", "content": message.system_prompt},
+            {"role": "user", "content": message.instruction},
+            {"role": "assistant", "content": _PLACEHOLDER.format(0)}]
+    rendered = tokenizer.apply_chat_template(chat, tokenize=False)
+    before, after = rendered.split(_PLACEHOLDER.format(0))
+    return _ids(tokenizer, before), _ids(tokenizer, message.text), _ids(tokenizer, after)
+
+
+@torch.no_grad()
+def encode_sender(model, tokenizer, message: AgentMessage) -> SenderState:
+    """Run A's whole chat once and export the KV of the message span (positions as A encoded them)."""
+    prefix, msg, suffix = sender_layout(tokenizer, message)
+    return encode_sender_ids(model, message.agent, prefix, msg, suffix)
+
+
+@torch.no_grad()
+def encode_sender_ids(model, agent: str, prefix: list[int], msg: list[int], suffix: list[int]) -> SenderState:
+    """``encode_sender`` on token ids: prefill prefix + msg + suffix, export the msg span."""
+    cache, _ = prefill(model, prefix + msg + suffix)
+    return SenderState(agent=agent, message_ids=list(msg), cache=cache.slice(len(prefix), len(prefix) + len(msg)))
+
+
+# ---- receiver layout ----------------------------------------------------------------------------
+def receiver_layout(tokenizer, example: Example, senders: list[SenderState]) -> Layout:
+    """B's prompt (B's system prompt and chat template) cut into own and import segments."""
+    body = "".join(f"{'' if i == 0 else chr(10) * 2}Notes from agent {m.agent}:\n{_PLACEHOLDER.format(i)}"
+                   for i, m in enumerate(example.messages))
+    chat = [{"role": "system", "content": RECEIVER_SYSTEM},
+            {"role": "user", "content": f"{body}\n\nQuestion: {example.question}"}]
+    rendered = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    rendered += example.answer_prefix
+    segments: list[Segment] = []
+    rest = rendered
+    for i, sender in enumerate(senders):
+        before, rest = rest.split(_PLACEHOLDER.format(i))
+        segments += [Segment("own", _ids(tokenizer, before)), Segment("import", list(sender.message_ids), i)]
+    segments.append(Segment("own", _ids(tokenizer, rest)))
+    texts = [m.text for m in example.messages]
+    one_shot = _ids(tokenizer, _fill(rendered, texts))
+    return Layout(segments=segments, seam_aligned=one_shot == [t for s in segments for t in s.ids])
+
+
+def _fill(rendered: str, texts: list[str]) -> str:
+    for i, t in enumerate(texts):
+        rendered = rendered.replace(_PLACEHOLDER.format(i), t)
+    return rendered
+
+
+@torch.no_grad()
+def receiver_prefix(model, layout: Layout) -> KVCache:
+    """B's own cached prefix: the first own segment (system prompt and header), positions 0..n-1."""
+    cache, _ = prefill(model, layout.segments[0].ids)
+    return cache
+
+
+# ---- protocols ----------------------------------------------------------------------------------
+@dataclass
+class _Span:
+    """A step of the plan: compute ``ids`` at ``positions``, or append an imported ``cache``."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    cache: KVCache | None = None
+
+
+def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) -> tuple[list[_Span], int]:
+    """Turn the layout into compute/import steps (adjacent computes merged); returns (steps, recomputed)."""
+    steps: list[_Span] = []
+    recomputed = 0
+
+    def compute(ids: list[int], start: int) -> None:
+        if not ids:
+            return
+        if not steps or steps[-1].cache is not None:
+            steps.append(_Span())
+        steps[-1].ids += ids
+        steps[-1].positions += list(range(start, start + len(ids)))
+
+    pos = len(layout.segments[0].ids)
+    for seg in layout.segments[1:]:
+        n = len(seg.ids)
+        if seg.kind == "own" or spec.name == "text":
+            compute(seg.ids, pos)
+            recomputed += n if seg.kind == "import" else 0
+        else:
+            span = senders[seg.sender].cache
+            k = min(spec.boundary_k, n) if spec.name == "kv-rerotated+boundary" else 0
+            compute(seg.ids[:k], pos)
+            recomputed += k
+            if k < n:
+                rest = span.slice(k)
+                if spec.name != "kv-verbatim":
+                    rest = reposition(rest, pos + k, rope)
+                steps.append(_Span(cache=rest))
+        pos += n
+    return steps, recomputed
+
+
+@torch.no_grad()
+def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
+            rope=None) -> Reception:
+    """B takes in the senders' messages and the question under protocol ``spec``; timed.
+
+    Args:
+        rope: ``kvcomm.models.rope_info(model)`` (computed from ``model`` when None; pass it to keep
+            that lookup out of the timing).
+    """
+    if rope is None:
+        from kvcomm.models import rope_info
+
+        rope = rope_info(model)
+    t0 = time.perf_counter()
+    if spec.name == "kv-blend":
+        reception = _receive_blend(model, spec, layout, senders, prefix, rope)
+    else:
+        steps, recomputed = _plan(spec, layout, senders, rope)
+        cache, logits = prefix, None
+        for step in steps:
+            if step.cache is not None:
+                cache = KVCache.concat([cache, step.cache])
+            else:
+                cache, logits = continue_from(model, cache, step.ids, positions=step.positions)
+        if logits is None:
+            raise KVCommError("B's prompt must end with its own tokens (the question)")
+        reception = Reception(cache=cache, last_logits=logits[0, -1], num_imported=layout.num_imported,
+                              num_recomputed=recomputed, prefill_s=0.0)
+    reception.prefill_s = time.perf_counter() - t0
+    return reception
+
+
+def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
+                   rope) -> Reception:
+    """CacheBlend: every context chunk comes as a cache (B's prefix and separators encoded on their own)."""
+    from kvcomm.blend import blend_prefill
+
+    chunks: list[KVCache] = [prefix]
+    import_ranges: list[tuple[int, int]] = []
+    start = prefix.num_tokens
+    for seg in layout.segments[1:-1]:
+        if seg.kind == "import":
+            chunks.append(senders[seg.sender].cache)
+            import_ranges.append((start, start + len(seg.ids)))
+        else:
+            # NOTE(H): a separator is B's own text, but CacheBlend's model is "every chunk precomputed
+            # alone"; B encodes it alone (a few tokens) and lets the check layer decide.
+            chunks.append(prefill(model, seg.ids)[0])
+        start += len(seg.ids)
+    result = blend_prefill(model, chunks, layout.segments[-1].ids, ratio=spec.ratio)
+    selected = torch.as_tensor(result.selected_indices).reshape(-1).tolist()
+    recomputed = sum(1 for i in selected if any(a <= i < b for a, b in import_ranges))
+    return Reception(cache=result.cache, last_logits=result.logits[0, -1], num_imported=layout.num_imported,
+                     num_recomputed=recomputed, prefill_s=0.0,
+                     extra={"recomputed_per_layer": list(map(int, result.recomputed_per_layer))})
+
+
+@torch.no_grad()
+def answer(model, tokenizer, reception: Reception, max_new_tokens: int = 12) -> str:
+    """B's greedy answer after ``reception``, decoded until end of turn or ``max_new_tokens``."""
+    end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    first = int(reception.last_logits.argmax())
+    tokens = [first]
+    if first not in end_ids and max_new_tokens > 1:
+        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        more, _, _ = greedy_generate(model, reception.cache, [first], max_new_tokens - 1, eos_token_id=eos)
+        tokens += more
+    tokens = [t for t in tokens if t not in end_ids]
+    return tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,0 +1,177 @@
+"""Seeded multi-agent tasks with known answers, and their scoring.
+
+An ``Example`` is one exchange: one or more sender agents (A, C, ...) each wrote a ``message`` in their
+own chat (their own system prompt and instruction); receiver B gets those messages and must answer a
+``question`` whose ``answer`` is a fact from them. How B receives the messages (text or KV) is the
+protocol's business (``kvcomm.protocols``); this module only makes the content and scores answers.
+
+Tasks (chosen so that SmolLM2-135M-Instruct answers well above chance when B reads the text; see
+docs/kvcomm-eval.md for the measured text accuracy):
+
+- ``keycode``: agent A's notes list ``NUM_FACTS`` facts "The code for the red box is 4821."; B is asked
+  the code of one item. Chance (guessing one of the listed codes) is 1/NUM_FACTS; an exact 4-digit
+  string by luck is ~1e-4.
+- ``twoagent``: two senders A and C each send notes of the same kind (disjoint items); the asked item
+  is in one of them, so B must read across two imported chunks (what CacheBlend is built for).
+
+Every example is generated from ``random.Random(f"{task}:{seed}:{index}")``: example i does not depend
+on how many examples are drawn, so a run with a larger ``n`` extends a smaller one and resume is exact.
+"""
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpubench.errors import KVCommError, suggest
+
+# Sender agents have their own system prompt (different from B's, on purpose: the imported message's
+# positions and context differ between A's sequence and B's, which is what the protocols must handle).
+SENDER_SYSTEM = "You are agent {agent}, a note-taking assistant. You read records and write short notes for other agents."
+SENDER_INSTRUCTION = "Write the notes for the other agents."
+RECEIVER_SYSTEM = "You are agent B. Answer the question using the notes from the other agents. Reply with the answer only."
+
+COLORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "pink", "gray", "silver")
+OBJECTS = ("box", "door", "key", "car", "bag", "cup", "lamp", "book", "chair", "desk", "phone", "clock")
+NUM_FACTS = 8
+
+
+@dataclass(frozen=True)
+class AgentMessage:
+    """What one sender agent wrote, and the chat it wrote it in.
+
+    Attributes:
+        agent: the sender's name ("A", "C", ...).
+        system_prompt: the sender's own system prompt.
+        instruction: the user turn the sender answered (its context before the message).
+        text: the message itself (the sender's assistant turn): the span a receiver imports.
+    """
+
+    agent: str
+    system_prompt: str
+    instruction: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: sender messages, B's question, and the known answer.
+
+    ``answer_prefix`` starts B's reply (it is part of B's prompt, after the assistant header), so that
+    the answer is the continuation ("The code for the red box is" -> " 4821."): a short, checkable
+    completion instead of free text, and few decode steps.
+    """
+
+    task: str
+    index: int
+    messages: tuple[AgentMessage, ...]
+    question: str
+    answer: str
+    answer_prefix: str = ""
+
+
+    @property
+    def example_id(self) -> str:
+        return f"{self.task}:{self.index}"
+
+
+def _code(rng: random.Random) -> str:
+    return str(rng.randint(1000, 9999))
+
+
+def _facts(rng: random.Random, num_facts: int) -> list[tuple[str, str]]:
+    """``num_facts`` distinct (item, code) pairs with distinct codes."""
+    items = rng.sample([f"{c} {o}" for c in COLORS for o in OBJECTS], num_facts)
+    codes: list[str] = []
+    while len(codes) < num_facts:
+        code = _code(rng)
+        if code not in codes:
+            codes.append(code)
+    return list(zip(items, codes))
+
+
+def _notes(facts: list[tuple[str, str]]) -> str:
+    return "\n".join(f"The code for the {item} is {code}." for item, code in facts)
+
+
+def _sender(agent: str, text: str) -> AgentMessage:
+    return AgentMessage(agent=agent, system_prompt=SENDER_SYSTEM.format(agent=agent),
+                        instruction=SENDER_INSTRUCTION, text=text)
+
+
+def keycode(rng: random.Random, index: int) -> Example:
+    """A's notes hold NUM_FACTS item codes; B is asked one of them."""
+    facts = _facts(rng, NUM_FACTS)
+    item, code = facts[rng.randrange(len(facts))]
+    return Example(task="keycode", index=index, messages=(_sender("A", _notes(facts)),),
+                   question=f"What is the code for the {item}?", answer=code,
+                   answer_prefix=f"The code for the {item} is")
+
+
+def twoagent(rng: random.Random, index: int) -> Example:
+    """A and C each send NUM_FACTS // 2 codes (disjoint items); B is asked one, from either sender."""
+    facts = _facts(rng, NUM_FACTS)
+    half = NUM_FACTS // 2
+    item, code = facts[rng.randrange(len(facts))]
+    messages = (_sender("A", _notes(facts[:half])), _sender("C", _notes(facts[half:])))
+    return Example(task="twoagent", index=index, messages=messages,
+                   question=f"What is the code for the {item}?", answer=code,
+                   answer_prefix=f"The code for the {item} is")
+
+
+TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent}
+
+
+def check_task(name: str) -> str:
+    """The task name, or ``KVCommError`` naming the known ones."""
+    if name not in TASKS:
+        raise KVCommError(f"unknown task '{name}'{suggest(name, TASKS)}; known: {', '.join(TASKS)}")
+    return name
+
+
+def generate(task: str, n: int, seed: int = 0) -> list[Example]:
+    """Examples 0..n-1 of ``task``; example i depends only on (task, seed, i)."""
+    make = TASKS[check_task(task)]
+    if n < 1:
+        raise KVCommError(f"need n >= 1 examples (got {n})")
+    return [make(random.Random(f"{task}:{seed}:{i}"), i) for i in range(n)]
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize(text: str) -> str:
+    """SQuAD-style normalization: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def extract_answer(generated: str) -> str:
+    """B's answer: the first non-empty line of what it generated (it is told to reply with the answer only)."""
+    for line in generated.strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def exact_match(prediction: str, answer: str) -> float:
+    """1.0 when the normalized prediction equals the normalized answer."""
+    return float(normalize(prediction) == normalize(answer))
+
+
+def token_f1(prediction: str, answer: str) -> float:
+    """Token-level F1 between normalized prediction and answer (SQuAD definition)."""
+    pred, gold = normalize(prediction).split(), normalize(answer).split()
+    if not pred or not gold:
+        return float(pred == gold)
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)

@@ -1,0 +1,57 @@
+"""Task generators are seeded, prefix-stable, and their answers are checkable from the messages."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpubench.errors import KVCommError
+from kvcomm.tasks import NUM_FACTS, TASKS, exact_match, extract_answer, generate, normalize, token_f1
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_seeded_and_prefix_stable(task):
+    a, b = generate(task, 20, seed=3), generate(task, 20, seed=3)
+    assert a == b
+    assert generate(task, 5, seed=3) == a[:5]  # example i does not depend on n: resume extends a run
+    assert generate(task, 20, seed=4) != a
+    assert [e.index for e in a] == list(range(20)) and len({e.example_id for e in a}) == 20
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_answer_is_stated_once_in_the_messages(task):
+    for ex in generate(task, 50, seed=0):
+        notes = "\n".join(m.text for m in ex.messages)
+        item = re.match(r"What is the code for the (.+)\?", ex.question).group(1)
+        stated = re.findall(rf"The code for the {item} is (\d{{4}})\.", notes)
+        assert stated == [ex.answer]
+        codes = re.findall(r"is (\d{4})\.", notes)
+        assert len(codes) == NUM_FACTS and len(set(codes)) == NUM_FACTS  # distractors, distinct codes
+        assert ex.answer_prefix == f"The code for the {item} is"
+        assert all(m.system_prompt.startswith(f"You are agent {m.agent}") for m in ex.messages)
+
+
+def test_twoagent_splits_facts_between_two_senders():
+    where = {0: 0, 1: 0}
+    for ex in generate("twoagent", 60, seed=0):
+        assert [m.agent for m in ex.messages] == ["A", "C"]
+        holder = [i for i, m in enumerate(ex.messages) if f"is {ex.answer}." in m.text]
+        assert len(holder) == 1
+        where[holder[0]] += 1
+    assert min(where.values()) >= 15  # the asked fact is in either sender's notes
+
+
+def test_scoring():
+    assert normalize(" The Code: 4821.") == "code 4821"
+    assert exact_match(extract_answer(" 4821.\nsomething else"), "4821") == 1.0
+    assert exact_match(" 4812.", "4821") == 0.0
+    assert extract_answer("\n\n  \n") == ""
+    assert token_f1("4821", "4821") == 1.0 and token_f1("", "4821") == 0.0
+    assert token_f1("code is 4821", "4821") == pytest.approx(2 * (1 / 3) / (1 / 3 + 1))
+
+
+def test_unknown_task_and_bad_n():
+    with pytest.raises(KVCommError, match="keycode"):
+        generate("keycod", 3)
+    with pytest.raises(KVCommError, match="n >= 1"):
+        generate("keycode", 0)
