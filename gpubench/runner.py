@@ -339,6 +339,30 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
         on_start(writer, line, todo)
     outcome = RunOutcome(writer.run_dir, line)
     budget_override = req.probe_budget_s or manifest["config"].get("probe_budget_s")
+    with _sigterm_as_interrupt():
+        _run_all(writer, backend, names, todo, manifest, budget_override, outcome, on_event)
+    return outcome
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (kill, a batch scheduler's stop) ends the run like Ctrl-C: worker killed, manifest updated."""
+
+    def __enter__(self):
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _run_all(writer, backend, names, todo, manifest, budget_override, outcome, on_event) -> None:
     for n in names:
         entry = manifest["probes"][n]
         if n not in todo:
@@ -347,7 +371,6 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
             continue
         budget = budget_override or find_probe(backend, n).time_budget_s
         outcome.probes.append(run_probe(writer, backend, n, float(budget), on_event))
-    return outcome
 
 
 def main(argv=None) -> int:

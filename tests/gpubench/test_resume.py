@@ -52,3 +52,18 @@ def test_resume_after_sigkill(tmp_path):
     assert run.manifest["probes"]["l2"]["status"] == "done" and run.manifest["probes"]["stream"]["status"] == "done"
     assert len(run["stream"]) == 8
     assert "resuming" in res.stderr
+
+
+def test_sigterm_records_the_interruption(tmp_path):
+    cmd = [*gpubench_exe(), "run", "--device", "cpu", "--probes", "debug_hang", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(tmp_path.glob("*/*/debug_hang.jsonl")):
+        time.sleep(0.05)
+    assert list(tmp_path.glob("*/*/debug_hang.jsonl")), "no row was written"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "--resume" in err
+    run_dir = next(tmp_path.glob("*/*/manifest.json")).parent
+    entry = json.loads((run_dir / "manifest.json").read_text())["probes"]["debug_hang"]
+    assert entry["status"] == "failed" and "interrupted" in entry["reason"]
