@@ -106,27 +106,45 @@ def _peak(df) -> list[Headline]:
                                 n=int(r["n_reps"]), pct=100 * r["clock_mhz_measured"] / r["clock_mhz_reported"],
                                 pct_of=f"reported {r['clock_mhz_reported']:.0f} MHz"))
             continue
-        h = _rate(r, "flops", 1e9, "GFLOP/s", "peak", f"fma {r['dtype']} (best)", pct=r["pct_of_spec"],
-                  pct_of=f"spec {r['spec_tflops'] * 1e3:.1f} GFLOP/s = {r['spec_formula']}")
-        h.note = (f"{r['pct_of_measured_clock_peak']:.1f} % of the peak at the measured clock "
-                  f"{r['clock_mhz_measured']:.0f} MHz")
+        spec = _num(r.get("spec_tflops"))
+        formula = r.get("spec_formula") if isinstance(r.get("spec_formula"), str) else None
+        pct_of = None
+        if spec:
+            pct_of = f"spec {spec * 1e3:,.1f} GFLOP/s" + (f" = {formula}" if formula else "")
+        h = _rate(r, "flops", 1e9, "GFLOP/s", "peak", f"{r.get('unit', 'peak')} {r['dtype']} (best)",
+                  pct=100 * r["tflops_best"] / spec if spec else None, pct_of=pct_of)
+        if _num(r.get("pct_of_measured_clock_peak")) is not None:
+            h.note = (f"{r['pct_of_measured_clock_peak']:.1f} % of the peak at the measured clock "
+                      f"{r['clock_mhz_measured']:.0f} MHz")
         out.append(h)
     return out
 
 
+def _num(v) -> float | None:
+    """A finite float, or None for missing/NaN (pandas fills absent fields with NaN)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _gemm(df, peaks: dict) -> list[Headline]:
     out = []
+    shape = df["shape"] if "shape" in df else df.get("shape_source", "")
     for dtype in df["dtype"].drop_duplicates():
         sel = df[df["dtype"] == dtype]
         best = sel.loc[sel["tflops_best"].idxmax()]
         pk = peaks.get(dtype)
-        out.append(_rate(best, "flops", 1e9, "GFLOP/s", "gemm", f"{dtype} best ({best['shape']} M={best['m']})",
+        out.append(_rate(best, "flops", 1e9, "GFLOP/s", "gemm",
+                         f"{dtype} best ({best.get('shape', best.get('shape_source', '?'))} M={best['m']})",
                          pct=100 * best["tflops_best"] * 1e3 / pk if pk else None,
                          pct_of="measured fma peak" if pk else None))
-        dec = sel[(sel["shape"] != "square") & (sel["m"] == sel["m"].min())]
-        if len(dec):
+        dec = sel[(shape[sel.index] != "square") & (sel["m"] == sel["m"].min())]
+        if len(dec) and "bytes" in dec:
             r = dec.loc[dec["bytes"].idxmax()]
-            out.append(_rate(r, "bytes", 1e9, "GB/s", "gemm", f"{dtype} decode {r['shape']} M={r['m']} (weights streamed)"))
+            out.append(_rate(r, "bytes", 1e9, "GB/s", "gemm",
+                             f"{dtype} decode {r.get('shape', '')} M={r['m']} (weights streamed)"))
     return out
 
 

@@ -62,3 +62,26 @@ def test_compare_flags_real_changes_only(tiny_run, tmp_path):
     assert out["probes"]["l2"]["num_flagged"] == 0
     res = run_cli("compare", str(tiny_run), str(slow))
     assert res.returncode == 0 and "flagged changes" in res.stdout and "stream_triad" in res.stdout
+
+
+def test_show_handles_rows_with_only_schema_fields(tmp_path):
+    """A run written by another backend (e.g. CUDA peak rows without the CPU's clock fields)."""
+    from gpubench.results import RunWriter
+
+    w = RunWriter.create(tmp_path, sku="h100-sxm", host="h", device={"backend": "cuda", "name": "H100"},
+                         probes=["peak", "gemm"])
+    common = {"valid": True, "times_s": [1e-3] * 4, "n_reps": 3, "t_min_s": 1e-3, "t_median_s": 1e-3,
+              "t_p20_s": 1e-3, "t_p80_s": 1e-3, "t_max_s": 1e-3, "cv": 0.0}
+    w.append("peak", {"key": "peak_mma_bf16", "dtype": "bf16", "unit": "tensor_core", "flops": 8e11,
+                      "tflops_best": 800.0, "tflops_median": 800.0, "spec_tflops": 989.4, **common})
+    w.append("peak", {"key": "peak_mma_fp8", "dtype": "fp8", "unit": "tensor_core", "flops": 1e12,
+                      "tflops_best": 1000.0, "tflops_median": 1000.0, **common})
+    w.append("gemm", {"key": "gemm_qkv_bf16_1x6144x4096", "dtype": "bf16", "m": 1, "n": 6144, "k": 4096,
+                      "flops": 2 * 6144 * 4096, "bytes": 2 * (4096 + 6144 * 4096 + 6144), "tflops_best": 0.05,
+                      "shape_source": "llama-3.1-8b:qkv", **common})
+    s = summarize_run(load(w.run_dir))
+    bf16 = [h for h in s.headlines if "bf16" in h.label and h.probe == "peak"][0]
+    assert bf16.value == 800e3 and abs(bf16.pct - 100 * 800 / 989.4) < 1e-9
+    fp8 = [h for h in s.headlines if "fp8" in h.label][0]
+    assert fp8.pct is None
+    assert [h for h in s.headlines if h.probe == "gemm"]
