@@ -326,31 +326,45 @@ def _memory_points(run, bw: float, l2_bytes: float):
 
 
 def _fit_clock(run, hw: HardwareSpec, base: Param) -> Param:
-    """f_clk = 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs.
+    """f_clk, the achieved clock under compute load over the clock the spec peak assumes.
 
-    CPU runs without clock telemetry: the clock the `peak` probe measured with a dependent-add
-    chain, over the clock the spec peak assumes (so f_clk > 1 means the cores turbo above it).
+    GPU: 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs
+    (telemetry). CPU: the clock the `peak` probe measured with a dependent-add chain over the
+    spec clock (f_clk > 1: the cores turbo above it), since CPU telemetry is often the constant
+    nominal clock a hypervisor reports; gemm telemetry only when the probe has no clock row.
     """
+    if hw.backend == "cpu":
+        return _cpu_measured_clock(run, hw) or _telemetry_clock(run) or base
+    return _telemetry_clock(run) or base
+
+
+def _telemetry_clock(run) -> Param | None:
     g = _valid(run.frames.get("gemm"))
-    if g is not None and len(g) and {"clock_mhz_mean", "clock_max_ref_mhz"} <= set(g.columns):
-        g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
-        g = g[(g["clock_max_ref_mhz"] > 0) & (g["clock_mhz_mean"] > 0)]
-        if len(g):
-            big = g[g["m"] == g["m"].max()]
-            f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
-            return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
-                         f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+    if g is None or len(g) == 0 or not {"clock_mhz_mean", "clock_max_ref_mhz"} <= set(g.columns):
+        return None
+    g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
+    g = g[(g["clock_max_ref_mhz"] > 0) & (g["clock_mhz_mean"] > 0)]
+    if len(g) == 0:
+        return None
+    big = g[g["m"] == g["m"].max()]
+    f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
+    return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
+                 f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+
+
+def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:
     pk = _valid(run.frames.get("peak"))
-    if hw.backend == "cpu" and pk is not None and len(pk) and "unit" in pk.columns and hw.spec_clock_mhz > 0:
-        clk = pk[pk["unit"] == "dependent_add"]
-        col = "clock_mhz_median" if "clock_mhz_median" in clk.columns else "clock_mhz_measured"
-        if len(clk) and col in clk.columns and clk[col].notna().any():
-            mhz = float(clk[col].dropna().median())
-            cv = clk["cv"].dropna() if "cv" in clk.columns else []
-            return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
-                         "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
-                         f"{hw.spec_clock_mhz:.0f} MHz (no clock telemetry on the gemm rows)")
-    return base
+    if pk is None or len(pk) == 0 or "unit" not in pk.columns or hw.spec_clock_mhz <= 0:
+        return None
+    clk = pk[pk["unit"] == "dependent_add"]
+    col = "clock_mhz_median" if "clock_mhz_median" in clk.columns else "clock_mhz_measured"
+    if len(clk) == 0 or col not in clk.columns or not clk[col].notna().any():
+        return None
+    mhz = float(clk[col].dropna().median())
+    cv = clk["cv"].dropna() if "cv" in clk.columns else []
+    return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
+                 "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
+                 f"{hw.spec_clock_mhz:.0f} MHz")
 
 
 def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Param:
@@ -365,10 +379,11 @@ def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Par
     f_row, how = f, "the step clock factor"
     ref, mean = row.get("clock_max_ref_mhz"), row.get("clock_mhz_mean")
     meas, spec_clk = row.get("clock_mhz_measured"), row.get("spec_clock_mhz")
-    if ref is not None and mean is not None and _finite(ref) and _finite(mean) and ref > 0 and mean > 0:
-        f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
-    elif meas is not None and spec_clk is not None and _finite(meas) and _finite(spec_clk) and spec_clk > 0:
+    # a clock the probe measured itself beats telemetry (a VM's /proc/cpuinfo reports a constant)
+    if meas is not None and spec_clk is not None and _finite(meas) and _finite(spec_clk) and spec_clk > 0:
         f_row, how = float(meas) / float(spec_clk), "that row's measured clock / spec clock"
+    elif ref is not None and mean is not None and _finite(ref) and _finite(mean) and ref > 0 and mean > 0:
+        f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
     measured = float(row["tflops_median"]) * 1e12
     value = eff.eta_active(measured, hw.peak(dtype), f_row)
     cv = row.get("cv")
@@ -504,6 +519,9 @@ def sanity_warnings(params: dict, hw: HardwareSpec, report: dict, run=None) -> l
         out.append(f"eta_active {params['eta_active'].value:.3f}: the peak loop reached under 30 % of spec")
     if params["eta_duty"].tier == "measured" and not 0.1 <= params["eta_duty"].value <= 1.5:
         out.append(f"eta_duty {params['eta_duty'].value:.3f} is outside 0.1-1.5")
+    if report.get("eta_mem_mape", 0) > 0.25:
+        out.append(f"the eta_mem law misses the cold sweep by {report['eta_mem_mape']:.0%} on average: it does not "
+                   f"describe this device (on a CPU, transfers under the LLC are served faster than DRAM)")
     if report.get("gemm_identity_mape", 0) > 0.25:
         out.append(f"eta_c * P misses the compute-bound GEMM rows by {report['gemm_identity_mape']:.0%} on average")
     if run is not None:
