@@ -43,6 +43,23 @@ std::map<std::string, double> device_properties(int device) {
     return p;
 }
 
+static std::string cuda_version(int v) {
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+std::map<std::string, std::string> device_identity(int device) {
+    device_count();
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    char bus_id[64] = {0};
+    CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device));
+    int driver = 0, runtime = 0;
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    return {{"name", prop.name}, {"pci_bus_id", bus_id}, {"driver_cuda_version", cuda_version(driver)},
+            {"cuda_runtime", cuda_version(runtime)}};
+}
+
 __global__ void fill_kernel(unsigned* out, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = static_cast<unsigned>(i * 2654435761ull);
