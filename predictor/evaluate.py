@@ -130,14 +130,20 @@ class StepForm:
 
 
 class VidurStyle:
-    """Sum of the step's per-op profiled medians; no host term, nothing to fit."""
+    """Sum of the step's per-op profiled medians; no host term, nothing to fit.
+
+    ``column``: ``op_sum_s`` for wall-time targets, ``op_sum_cpu_s`` for ``thread_cpu_s``.
+    """
     name = "vidur"
+
+    def __init__(self, column: str = "op_sum_s"):
+        self.column = column
 
     def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
         pass
 
     def predict(self, test: pd.DataFrame) -> np.ndarray:
-        return np.where(test.ops_profiled.astype(bool), test.op_sum_s.astype(float), np.nan)
+        return np.where(test.ops_profiled.astype(bool), test[self.column].astype(float), np.nan)
 
 
 class ForestModel:
@@ -237,8 +243,14 @@ class EvalResult:
     headline: str
 
 
-def _make_methods(base: dict[str, pd.Series], seed: int) -> list:
-    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]), VidurStyle(), ForestModel(seed)]
+def vidur_column(target: str) -> str:
+    """The per-op sum on the same clock as the target."""
+    return "op_sum_cpu_s" if target == "thread_cpu_s" else "op_sum_s"
+
+
+def _make_methods(base: dict[str, pd.Series], seed: int, target: str) -> list:
+    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]), VidurStyle(vidur_column(target)),
+            ForestModel(seed)]
 
 
 def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series], *, target: str,
@@ -247,7 +259,7 @@ def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series
     recs, fits = [], []
     for fold in folds:
         train, test = df[fold.train], df[fold.test]
-        for m in _make_methods(base, seed):
+        for m in _make_methods(base, seed, target):
             m.fit(train, train[target].to_numpy(np.float64))
             pred = m.predict(test)
             if isinstance(m, StepForm):
@@ -454,8 +466,9 @@ def command_line(ec: EvalConfig) -> str:
 
 def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wall_s", seed: int = 0) -> EvalResult:
     """Score every method on every split of ``df`` (no files written)."""
-    if target not in df.columns:
-        raise ConfigError(f"--target '{target}': rows have no such column")
+    for col in (target, vidur_column(target)):
+        if col not in df.columns:
+            raise ConfigError(f"--target '{target}': rows have no column '{col}' (profiled by an older version?)")
     if (df[target] <= 0).any() or df[target].isna().any():
         raise ResultsFormatError(f"rows with non-positive or missing {target}: {df.key[df[target] <= 0].tolist()[:3]}")
     base = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
