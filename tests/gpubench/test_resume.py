@@ -11,8 +11,8 @@ from gpubench.results import load
 
 from .conftest import gpubench_exe, run_cli
 
-SETS = ["--set", "l2.min_bytes=16384", "--set", "l2.max_bytes=8388608", "--set", "l2.factor=1.25",
-        "--set", "l2.flush_bytes=8388608"]
+SETS = ["--set", "l2.min_bytes=16384", "--set", "l2.max_bytes=4194304", "--set", "l2.factor=1.25",
+        "--set", "l2.flush_bytes=4194304"]
 
 
 def test_resume_after_sigkill(tmp_path):
