@@ -45,22 +45,27 @@ def _delta_tensor(delta, num_tokens: int) -> torch.Tensor:
 
 
 def rotation_tables(delta: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of Δ·θ as fp32 [tokens, rotary_dim] (angles formed in float64)."""
+    """cos, sin of Δ·θ as fp32 [tokens, rotary_dim // 2] (angles formed in float64)."""
     angles = delta.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
 
 
 def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply precomputed rotation tables to keys [batch, kv_heads, tokens, head_dim] in fp32."""
-    rotary_dim = cos.shape[-1]
+    """Apply half-width rotation tables to keys [batch, kv_heads, tokens, head_dim], computing in fp32.
+
+    Per pair (x1, x2) = (k[i], k[i + rotary_dim/2]): (x1·cos − x2·sin, x2·cos + x1·sin), which is
+    ``k·cos + rotate_half(k)·sin`` written without materializing ``rotate_half(k)``.
+    """
+    half = cos.shape[-1]
     k = keys.to(torch.float32)
-    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
-    half = rotary_dim // 2
-    rotated_half = torch.cat([-k_rot[..., half:], k_rot[..., :half]], dim=-1)
-    out = k_rot * cos + rotated_half * sin
-    if k_pass.shape[-1]:
-        out = torch.cat([out, k_pass], dim=-1)
+    x1, x2 = k[..., :half], k[..., half: 2 * half]
+    out = torch.empty_like(k)
+    torch.mul(x1, cos, out=out[..., :half])
+    out[..., :half].addcmul_(x2, sin, value=-1.0)
+    torch.mul(x2, cos, out=out[..., half: 2 * half])
+    out[..., half: 2 * half].addcmul_(x1, sin)
+    if k.shape[-1] > 2 * half:
+        out[..., 2 * half:] = k[..., 2 * half:]  # partial rotary: the rest passes through
     return out.to(keys.dtype)
 
 
