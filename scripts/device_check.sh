@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot check of the CUDA half on a GPU machine with no network (issue 3), in under 8 minutes:
-#   1. build gpubench._cpu and gpubench._cuda in place, for this GPU's architecture only
+#   1. build gpubench._cuda in place, for this GPU's architecture only (the CPU extension is not needed)
 #   2. run the GPU self-checks (pytest -m gpu)
 #   3. gpubench run --device cuda:0 --quick into $OUT/results (or ./results when OUT is unset)
 #   4. print a short table: bandwidth and TFLOP/s as % of spec, launch us, clock droop
@@ -43,7 +43,7 @@ fi
 say "building for sm_$arch"
 
 # --- 1. build (no network: no pip install; in place)
-if ! step build 300 env GPUBENCH_CUDA=1 GPUBENCH_CUDA_ARCHS="$arch" "$PY" setup.py -q build_ext --inplace; then
+if ! step build 300 env GPUBENCH_ONLY=cuda GPUBENCH_CUDA=1 GPUBENCH_CUDA_ARCHS="$arch" "$PY" setup.py -q build_ext --inplace; then
   say "cannot go on without the extension"; exit 1
 fi
 

@@ -463,18 +463,28 @@ def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int,
             t_est = max(e0.elapsed_time(e1) * 1e-3 / 3, 1e-7)
             reps = int(min(2000, max(num_reps, math.ceil(budget_s / t_est))))
             times = _timed_matmuls(torch, a, bs, c, reps + NUM_WARMUP, stream, clock_khz)[NUM_WARMUP:]
-            last_b = bs[(reps + NUM_WARMUP - 1) % copies]
-            rows = torch.linspace(0, m - 1, steps=min(m, 64), device=dev).long().unique()
-            ref = a[rows].double() @ last_b.double()
-            err = float((c[rows].double() - ref).abs().max().item())
+            check = check_gemm(a, bs[(reps + NUM_WARMUP - 1) % copies], c, dtype)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
+    return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
+            "library": f"torch {torch.__version__} (cuBLAS)", **check}
+
+
+def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:
+    """Compare up to ``max_rows`` evenly spaced rows of ``c`` with a float64 ``a @ b`` (any torch device).
+
+    Returns ``valid``, ``max_abs_err``, ``tol`` (``gemm_tolerance``) and a one-line ``check``.
+    """
+    import torch
+
+    m, k = a.shape
+    rows = torch.linspace(0, m - 1, steps=min(m, max_rows), device=a.device).long().unique()
+    ref = a[rows].double() @ b.double()
+    err = float((c[rows].double() - ref).abs().max().item())
     tol = gemm_tolerance(dtype, k)
     ok = math.isfinite(err) and err <= tol
-    return {"times_s": times, "valid": ok, "max_abs_err": err, "tol": tol, "num_weight_copies": copies,
-            "bytes": (m * k + k * n + m * n) * elem, "library": f"torch {torch.__version__} (cuBLAS)",
-            "check": f"{len(rows)} rows of C vs a float64 product: max |err| {err:.3g} "
-                     f"{'<=' if ok else '>'} tol {tol:.3g}"}
+    return {"valid": ok, "max_abs_err": err, "tol": tol,
+            "check": f"{len(rows)} rows of C vs a float64 product: max |err| {err:.3g} {'<=' if ok else '>'} tol {tol:.3g}"}
 
 
 def _timed_matmuls(torch, a, bs, c, total: int, stream, clock_khz: float) -> list[float]:

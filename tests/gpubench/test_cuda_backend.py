@@ -303,3 +303,32 @@ def test_gpu_selfchecks():
         assert r["valid"], (dtype, r["check"])
     with pytest.raises(_cuda.DeviceMemoryError, match="bytes"):
         _cuda.stream(0, int(props["total_mem_bytes"]), 2, 0)
+
+
+# ------------------------------------------------------------------ GEMM validation (real torch, CPU)
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gemm_check_accepts_a_real_low_precision_product_and_rejects_wrong_ones(dtype):
+    """The tolerance passes what a real fp32-accumulating low-precision GEMM produces, and fails a
+    transposed operand or a single corrupted entry (torch on the CPU stands in for cuBLAS)."""
+    torch = pytest.importorskip("torch")
+    from gpubench.backends.cuda import check_gemm, gemm_tolerance
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    g = torch.Generator().manual_seed(0)
+    m, n, k = 128, 192, 4096
+    a = (torch.rand(m, k, generator=g) * 2 - 1).to(tdt)
+    b = (torch.rand(k, n, generator=g) * 2 - 1).to(tdt)
+    c = (a.float() @ b.float()).to(tdt)  # fp32 accumulate, rounded to the output dtype
+    good = check_gemm(a, b, c, dtype)
+    assert good["valid"], good["check"]
+    assert 0 < good["max_abs_err"] < good["tol"] == gemm_tolerance(dtype, k)
+    b2 = (torch.rand(n, k, generator=g) * 2 - 1).to(tdt).t()  # a different weight: a wrong GEMM
+    wrong = check_gemm(a, b, (a.float() @ b2.float()).to(tdt), dtype)
+    assert not wrong["valid"] and "> tol" in wrong["check"]
+    bad = c.clone()
+    bad[0, 5] += 4 * good["tol"]  # row 0 is always among the checked rows
+    assert not check_gemm(a, b, bad, dtype)["valid"]
+    nan = c.clone()
+    nan[m - 1, 0] = float("nan")
+    assert not check_gemm(a, b, nan, dtype)["valid"]
