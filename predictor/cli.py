@@ -36,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=2048, help="cached tokens per sequence (default: %(default)s)")
     p.add_argument("--phase", choices=PHASES, default="decode", help="step kind (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, default=None, help="prefill length (prefill: default CONTEXT; mixed: 512)")
+    p.add_argument("--batch-json", default=None, metavar="JSON",
+                   help="an explicit batch, e.g. '[[512, 1024], [1, 2048]]' (new, cached tokens per sequence); "
+                        "overrides --phase/--batch/--context")
     p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
     p.add_argument("--cuda-graphs", action="store_true", help="launch floor from CUDA-graph node intervals")
     p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
@@ -63,6 +66,19 @@ def build_batch(phase: str, batch: int, context: int, new_tokens: int | None) ->
     return [(new_tokens or 512, context)] + [(1, context)] * (batch - 1)
 
 
+def parse_batch_json(text: str) -> list[tuple[int, int]]:
+    """``[[num_new_tokens, num_cached_tokens], ...]`` from the command line; ConfigError if malformed."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--batch-json: malformed JSON ({e.msg} at column {e.colno})") from None
+    ok = isinstance(raw, list) and raw and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in s) for s in raw)
+    if not ok:
+        raise ConfigError(f"--batch-json: expected a non-empty list of [num_new_tokens, num_cached_tokens] integer pairs, got {text!r}")
+    return [(int(n), int(c)) for n, c in raw]
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from predictor.step import StepModel
 
@@ -74,21 +90,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
         sku = sku or calibration.sku
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
-    batch = build_batch(args.phase, args.batch, args.context, args.new_tokens)
+    batch = parse_batch_json(args.batch_json) if args.batch_json else \
+        build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
     if args.json:
         out = pred.to_dict()
         out["request"] = {"sku": model.hardware.sku_id, "model": model.model.name, "dtype": model.dtype,
-                          "phase": args.phase, "batch": args.batch, "context": args.context,
-                          "new_tokens": args.new_tokens, "cuda_graphs": model.cuda_graphs}
+                          "phase": None if args.batch_json else args.phase, "batch": [list(s) for s in batch],
+                          "cuda_graphs": model.cuda_graphs}
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
     hw = model.hardware
     launch_name = "dispatch" if hw.backend == "cpu" else ("graph floor" if model.cuda_graphs else "launch floor")
     unit = "op dispatches" if hw.backend == "cpu" else "kernels"
-    print(f"{hw.sku_id} {model.model.name} {model.dtype} {args.phase} batch {args.batch} context {args.context}"
-          f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}: {pred.total_s * 1e3:.3f} ms [{pred.form}]"
+    what = (f"batch of {pred.num_seqs} ({pred.num_new_tokens} new tokens)" if args.batch_json else
+            f"{args.phase} batch {args.batch} context {args.context}"
+            f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}")
+    print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {pred.total_s * 1e3:.3f} ms [{pred.form}]"
           f" = {pred.num_new_tokens / pred.total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
           f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "

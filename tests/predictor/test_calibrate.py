@@ -284,6 +284,10 @@ def test_cli_fit_then_predict(tmp_path, capsys):
     assert main(["predict", "--sku", "h100", "--phase", "mixed", "--batch", "8", "--breakdown"]) == 0
     text = capsys.readouterr().out
     assert "gate_up" in text and "host residual" in text
+    assert main(["predict", "--sku", "a100", "--batch-json", "[[512, 1024], [1, 2048]]", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["request"]["batch"] == [[512, 1024], [1, 2048]]
+    assert got["total_s"] == pytest.approx(StepModel.for_names(sku="a100").predict([(512, 1024), (1, 2048)]).total_s)
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -297,7 +301,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "fp32" in capsys.readouterr().out
     for args, msg in ((("predict", "--sku", "h1000"), "unknown SKU"), (("predict", "--model", "lama-3.1-8b"), "did you mean"),
                       (("predict", "--batch", "0"), "--batch must be >= 1"), (("fit", str(tmp_path)), "manifest.json"),
-                      (("predict", "--calibration", str(tmp_path / "none.json")), "no such calibration file")):
+                      (("predict", "--calibration", str(tmp_path / "none.json")), "no such calibration file"),
+                      (("predict", "--batch-json", "[[1, 2], [3]]"), "integer pairs"),
+                      (("predict", "--batch-json", "[[0, 2]]"), "num_new_tokens >= 1")):
         assert main(list(args)) == 2, args
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err
