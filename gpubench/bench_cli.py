@@ -130,6 +130,11 @@ def _print_summary(s, console) -> None:
                   f"{_fmt(tel.get('clock_mhz_mean'), 0)} MHz mean, {_fmt(tel.get('clock_mhz_min'), 0)}.."
                   f"{_fmt(tel.get('clock_mhz_max'), 0)} over rows, low-clock share {_fmt(tel.get('low_clock_frac_mean'), 3)}, "
                   f"energy {_fmt(tel.get('energy_j_total'), 1)} J", markup=False, highlight=False)
+    if tel.get("proc_cpu_util_median") is not None or tel.get("loadavg_at_start"):
+        la = tel.get("loadavg_at_start") or []
+        console.print(f"  contention: the measuring process used {_fmt(tel.get('proc_cpu_util_median'))} CPUs "
+                      f"(median over rows); load average at start {', '.join(f'{x:.1f}' for x in la) or '-'}",
+                      markup=False, highlight=False)
     if tel.get("note"):
         console.print(f"  clock: {tel['note']}", markup=False, highlight=False)
     for f, why in (tel.get("null_reasons") or {}).items():

@@ -184,9 +184,10 @@ def summarize_run(run: Run) -> RunSummary:
 
 def telemetry_summary(run: Run) -> dict:
     """Clock range, low-clock share, energy and null reasons over every row of the run."""
-    clocks, lows, energy, samples = [], [], [], 0
+    clocks, lows, energy, utils, samples = [], [], [], [], 0
     for df in run.frames.values():
-        for col, acc in (("clock_mhz_mean", clocks), ("low_clock_frac", lows), ("energy_j", energy)):
+        for col, acc in (("clock_mhz_mean", clocks), ("low_clock_frac", lows), ("energy_j", energy),
+                         ("proc_cpu_util", utils)):
             if col in df:
                 acc += [float(v) for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))]
         if "telemetry_samples" in df:
@@ -201,6 +202,8 @@ def telemetry_summary(run: Run) -> dict:
         "low_clock_frac_mean": float(np.mean(lows)) if lows else None,
         "energy_j_total": float(np.sum(energy)) if energy else None,
         "samples": samples,
+        "proc_cpu_util_median": float(np.median(utils)) if utils else None,
+        "loadavg_at_start": t.get("loadavg_at_start"),
         "null_reasons": t.get("null_reasons", {}),
         "note": t.get("clock_note"),
     }

@@ -210,6 +210,7 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
         telemetry = source.describe()
     finally:
         source.close()
+    telemetry["loadavg_at_start"] = list(os.getloadavg())
     config = {"device_spec": backend.spec, "quick": req.quick, "num_reps": req.num_reps,
               "options": dict(req.options), "probe_budget_s": req.probe_budget_s, "telemetry_hz": 50.0,
               "forced_sku": bool(req.force and req.sku)}
@@ -321,7 +322,8 @@ def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
     if reason is None and num_invalid:
         reason = f"{num_invalid} of {num_rows} rows failed validation (first: {first_bad})"
     status = "failed" if reason else "done"
-    info = {"wall_s": wall_s, "num_rows": num_rows, "num_invalid": num_invalid}
+    info = {"wall_s": wall_s, "num_rows": num_rows, "num_invalid": num_invalid,
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
     if notes:
         info["notes"] = notes
     writer.set_probe_status(name, status, reason=reason, **info)

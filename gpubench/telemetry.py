@@ -7,7 +7,9 @@ docs/results-schema.md. What cannot be read is None in every sample and carries 
 
 Sample keys (missing ones None): ``clock_mhz`` (mean over the cores/SMs the probe uses),
 ``mem_clock_mhz``, ``power_w``, ``temp_c``, ``throttle_bits`` (int bit mask), ``energy_j``
-(a monotonic counter; the row gets its delta).
+(a monotonic counter; the row gets its delta). Optional: ``proc_cpu_s`` (CPU seconds of the
+measuring process, CPU source), which gives the row's ``proc_cpu_util``: CPU seconds per wall
+second during the measurement, the contention indicator on a shared host.
 
 The CPU source (``CpuTelemetry``) reads per-core frequency from sysfs cpufreq
 ``scaling_cur_freq`` or, without cpufreq (most VMs), the per-core ``cpu MHz`` lines of
@@ -115,7 +117,7 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
     Returns clock mean/min/max, ``clock_max_ref_mhz``, ``low_clock_frac`` (share of clock samples
     under 75 % of ``max_ref_mhz``), mean memory clock, mean power, energy delta (last - first
     counter reading; None if the counter went backwards), max temperature, OR of throttle bits,
-    sample count and ``telemetry_null_reason`` (field -> reason, only for fields that are None).
+    ``proc_cpu_util`` (when samples carry ``proc_cpu_s``), sample count and ``telemetry_null_reason`` (field -> reason, only for fields that are None).
     """
     pairs = [(s if isinstance(s, tuple) else (None, s)) for s in samples]
     clocks = _values(pairs, "clock_mhz")
@@ -138,6 +140,11 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
         "throttle_bits": None,
         "telemetry_samples": len(pairs),
     }
+    # CPU seconds the measuring process used per wall second (CPU source only): ~ the number of
+    # threads on a machine to itself, less when other work took the cores.
+    cpu = [(t, s["proc_cpu_s"]) for t, s in pairs if t is not None and s.get("proc_cpu_s") is not None]
+    out["proc_cpu_util"] = ((cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0])
+                            if len(cpu) >= 2 and cpu[-1][0] > cpu[0][0] else None)
     if len(energy) >= 2 and energy[-1] >= energy[0]:
         out["energy_j"] = energy[-1] - energy[0]
     if bits:
@@ -247,7 +254,7 @@ class CpuTelemetry(TelemetrySource):
             if all(readings):
                 energy = sum(int(r) for r in readings) / 1e6
         return {"clock_mhz": sum(vals) / len(vals) if vals else None, "mem_clock_mhz": None, "power_w": None,
-                "temp_c": None, "throttle_bits": None, "energy_j": energy}
+                "temp_c": None, "throttle_bits": None, "energy_j": energy, "proc_cpu_s": time.process_time()}
 
     def null_reasons(self) -> dict[str, str]:
         return dict(self._reasons)

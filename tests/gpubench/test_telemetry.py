@@ -124,3 +124,21 @@ def test_cpu_source_on_this_machine():
     assert set(s) >= {"clock_mhz", "energy_j", "power_w", "temp_c", "throttle_bits", "mem_clock_mhz"}
     for field, value in s.items():
         assert value is not None or field in src.null_reasons(), field
+
+
+def test_proc_cpu_util_from_recorded_samples():
+    samples = [(10.0, {"clock_mhz": 2000.0, "proc_cpu_s": 5.0}), (10.5, {"clock_mhz": 2000.0, "proc_cpu_s": 5.6}),
+               (11.0, {"clock_mhz": 2000.0, "proc_cpu_s": 6.5})]
+    assert aggregate(samples, 2000.0)["proc_cpu_util"] == pytest.approx(1.5)
+    assert aggregate(RECORDED, 1980.0)["proc_cpu_util"] is None
+
+
+def test_proc_cpu_util_sees_a_busy_thread():
+    src = CpuTelemetry()
+    with Sampler(src, hz=50) as s:
+        t_end = time.monotonic() + 0.3
+        x = 0
+        while time.monotonic() < t_end:
+            x += 1
+    util = s.aggregate()["proc_cpu_util"]
+    assert util is not None and 0.05 < util < 2.5
