@@ -62,77 +62,17 @@ say "run directory: $run_dir"
 # --- 4. table
 "$PY" - "$run_dir" <<'PYEOF' 2>&1 | tee -a "$LOG" || status=1
 import sys
-from gpubench import results, skus
-from gpubench.telemetry_nvml import clock_droop, decode_throttle
+from gpubench import results
+from gpubench.backends.cuda import check_table, format_table
 
 run = results.load(sys.argv[1])
 m = run.manifest
-try:
-    sku = skus.get(m["sku"])
-except Exception:
-    sku = None
-print(f"\n{m['device']['name']}  sku={m['sku']}  driver={m['device'].get('driver')}  "
-      f"SMs={m['device']['properties'].get('sm_count')}  L2={m['device']['properties'].get('l2_bytes', 0) / 2**20:.0f} MiB")
-print(f"probes: " + ", ".join(f"{k}={v['status']}" + (f" ({v.get('reason')})" if v.get("reason") else "")
-                              for k, v in m["probes"].items()))
-lines = []
-def pct(x, ref):
-    return f"{100 * x / ref:5.1f} %" if (x is not None and ref) else "    -  "
-if "stream" in run:
-    st = run["stream"][run["stream"].valid]
-    top = st["n_elements"].max()
-    for k in ("copy", "triad"):
-        r = st[(st.kernel == k) & (st.n_elements == top)]
-        if len(r):
-            r = r.iloc[0]
-            lines.append((f"stream {k} {r.array_bytes / 2**20:.0f} MiB", f"{r.gbps_best:8.0f} GB/s",
-                          pct(r.gbps_best, sku.memory_bw_gbs if sku else None), f"median {r.gbps_median:.0f}, cv {r.cv:.3f}"))
-if "l2" in run:
-    l2 = run["l2"][run["l2"].valid]
-    for mode in ("warm", "cold"):
-        r = l2[l2["mode"] == mode]
-        if len(r):
-            best = r.loc[r.gbps_median.idxmax()]
-            big = r.loc[r.working_set_bytes.idxmax()]
-            lines.append((f"l2 {mode} max / at {big.working_set_bytes / 2**20:.0f} MiB",
-                          f"{best.gbps_median:8.0f} GB/s", pct(big.gbps_median, sku.memory_bw_gbs if sku else None),
-                          f"max at {best.working_set_bytes / 2**20:.2f} MiB; largest set {big.gbps_median:.0f} GB/s"))
-if "peak" in run:
-    for _, r in run["peak"].iterrows():
-        f_clk = (r.clock_mhz_mean / r.spec_clock_mhz) if (r.get("clock_mhz_mean") and r.get("spec_clock_mhz")) else None
-        note = f"{pct(r.tflops_median, r.spec_tflops * f_clk)} of spec x f_clk ({f_clk:.3f})" if (f_clk and r.spec_tflops) else ""
-        lines.append((f"peak {r['dtype']} ({r.unit})", f"{r.tflops_median:8.1f} TF/s", pct(r.tflops_median, r.spec_tflops),
-                      note + ("" if r.valid else " INVALID")))
-if "launch" in run:
-    la = run["launch"]
-    for kind in ("host_enqueue", "device_interval", "launch_sync", "graph_node"):
-        r = la[la.kind == kind]
-        if len(r):
-            r = r.loc[r["count"].idxmax()]
-            c = r["count"]
-            lines.append((f"launch {kind} (x{c})", f"{r.per_launch_s_median * 1e6:8.2f} us", "",
-                          f"p20-p80 {r.t_p20_s / c * 1e6:.2f}-{r.t_p80_s / c * 1e6:.2f} us"))
-if "gemm" in run:
-    g = run["gemm"][run["gemm"].valid]
-    for dt in ("bf16", "fp16", "tf32"):
-        r = g[g.dtype == dt]
-        if len(r):
-            b = r.loc[r.tflops_median.idxmax()]
-            lines.append((f"gemm {dt} best {b.m}x{b.n}x{b.k}", f"{b.tflops_median:8.1f} TF/s", pct(b.tflops_median, b.spec_tflops),
-                          f"{len(r)} valid of {int((run['gemm'].dtype == dt).sum())}"))
-    d = clock_droop(run["gemm"])
-    lines.append(("clock droop (bf16 GEMM M=16384)", f"{100 * d.droop:8.1f} %" if d.droop is not None else "       -",
-                  "", f"mean {d.mean_clock_mhz:.0f} / max {d.max_clock_mhz:.0f} MHz over {d.num_rows} rows"
-                  if d.droop is not None else d.reason))
-    bits = 0
-    for v in run["gemm"].get("throttle_bits", []):
-        if v == v and v is not None:
-            bits |= int(v)
-    lines.append(("clock-event reasons during gemm", "", "", ", ".join(decode_throttle(bits)) or "none"))
-w = max(len(a) for a, *_ in lines) if lines else 10
-print(f"\n{'figure':<{w}}  {'value':>13}  {'% spec':>7}  notes")
-for a, b, c, d in lines:
-    print(f"{a:<{w}}  {b:>13}  {c:>7}  {d}")
+p = m["device"]["properties"]
+print(f"\n{m['device']['name']}  sku={m['sku']}  driver={m['device'].get('driver')}  SMs={p.get('sm_count')}  "
+      f"L2={p.get('l2_bytes', 0) / 2**20:.0f} MiB  power from: {m.get('telemetry', {}).get('power_source')}")
+print("probes: " + ", ".join(f"{k}={v['status']}" + (f" ({v['reason']})" if v.get("reason") else "")
+                            for k, v in m["probes"].items()))
+print(format_table(check_table(run)))
 PYEOF
 
 # --- 5. copy the run directory (flat: manifest.json + <probe>.jsonl) next to the log

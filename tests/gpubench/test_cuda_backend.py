@@ -243,10 +243,28 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
         assert frame["key"].is_unique
     json.loads((w.run_dir / "manifest.json").read_text())
 
+    # The device-check table (scripts/device_check.sh), with gemm rows shaped like the gemm probe's.
+    from gpubench.backends.cuda import check_table, format_table
+
+    for i, (n, k) in enumerate([(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]):
+        w.append("gemm", {"key": f"gemm_{i}", "probe": "gemm", "dtype": "bf16", "m": 16384, "n": n, "k": k,
+                          "valid": True, "tflops_median": 600.0 + i, "spec_tflops": 989.4, "clock_mhz_mean": 1400.0 + 10 * i,
+                          "clock_max_ref_mhz": 1980.0, "throttle_bits": 0x4 if i else 0x0})
+    table = {a: (b, c, d) for a, b, c, d in check_table(results.load(w.run_dir))}
+    top_mib = ext.L2_BYTES * 4 / 2**20
+    assert table[f"stream triad {top_mib:.0f} MiB"][:2] == ("3000 GB/s", " 89.6 %")  # 3000 of 3350
+    assert table["peak bf16 (tensor_core)"][1] == f"{100 * 660 / 1.01 / 989.4:5.1f} %"  # median rep is 1.01x
+    assert "of spec x f_clk" in table["peak bf16 (tensor_core)"][2]
+    assert table["launch graph_node (x4096)"][0] == "0.61 us" and "p20-p80" in table["launch graph_node (x4096)"][2]
+    assert table["gemm bf16 best 16384x8192x8192"][0] == "604.0 TF/s"
+    assert table["clock droop (bf16 GEMM, M=16384)"][0] == f"{100 * (1 - 1420 / 1980):.1f} %"
+    assert table["clock-event reasons during gemm"][2] == "sw_power_cap"
+    assert "figure" in format_table(check_table(results.load(w.run_dir))).splitlines()[0]
+
     # `gpubench show`'s summary reads the bandwidth and launch rows of a CUDA run.
     from gpubench import report
 
-    for probe in ("peak",):  # the CPU-specific peak headline is not part of this check
+    for probe in ("peak", "gemm"):  # the CPU-specific peak and gemm headlines are not part of this check
         (w.run_dir / f"{probe}.jsonl").unlink()
     heads = report.summarize_run(results.load(w.run_dir)).headlines
     triad_head = next(h for h in heads if h.probe == "stream" and h.label.startswith("triad"))
