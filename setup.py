@@ -158,13 +158,17 @@ def _find_cublas(cuda_home):
                 return {"include": inc, "lib": d, "static": False}
     try:
         import nvidia.cublas as nvcublas  # the nvidia-cublas wheel
-        base = os.path.dirname(nvcublas.__file__)
+    except ImportError:
+        return None
+    # A namespace package (no __init__.py) has no __file__: look in every folder of its __path__.
+    bases = list(getattr(nvcublas, "__path__", None) or [])
+    if getattr(nvcublas, "__file__", None):
+        bases.append(os.path.dirname(nvcublas.__file__))
+    for base in bases:
         if os.path.exists(os.path.join(base, "include", "cublas_v2.h")):
             libs = glob.glob(os.path.join(base, "lib", "libcublas.so*"))
             if libs:
                 return {"include": os.path.join(base, "include"), "lib": os.path.join(base, "lib"), "static": False}
-    except ImportError:
-        pass
     return None
 
 

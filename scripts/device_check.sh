@@ -43,7 +43,7 @@ fi
 say "building for sm_$arch"
 
 # --- 1. build (no network: no pip install; in place)
-if ! step build 300 env GPUBENCH_ONLY=cuda GPUBENCH_CUDA=1 GPUBENCH_CUDA_ARCHS="$arch" "$PY" setup.py -q build_ext --inplace; then
+if ! step build 300 env GPUBENCH_ONLY=cuda GPUBENCH_CUDA=1 GPUBENCH_CUBLAS=0 GPUBENCH_CUDA_ARCHS="$arch" "$PY" setup.py -q build_ext --inplace; then
   say "cannot go on without the extension"; exit 1
 fi
 
