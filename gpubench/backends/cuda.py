@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Any
 
 from gpubench import errors, skus
@@ -310,11 +311,14 @@ class PeakProbe(_CudaProbe):
         return [f"{d} left out: needs compute capability {m // 10}.{m % 10}+ (device is {cc // 10}.{cc % 10})"
                 for d, m in self.MIN_CC.items() if cc < m]
 
-    def measure(self, spec: MeasurementSpec) -> dict:
+    def measure(self, spec: MeasurementSpec) -> dict | list:
         p = spec.params
         r = self.ext.peak(self.backend.index, p["dtype"], p["num_reps"], NUM_WARMUP, p["target_s"])
         if not r.get("supported", 1):
-            raise errors.ConfigError(f"peak {p['dtype']}: {r['check']}")
+            # The device has the dtype but this build has no code for it (e.g. built for sm_80 only and
+            # run on an sm_90 part): skip the row, say why on stderr (the worker's log), keep going.
+            print(f"gpubench: peak {p['dtype']} skipped: {r['check']}", file=sys.stderr)
+            return []
         sku = self.backend.sku
         return _row(spec.key, r, "cuda_events", dtype=p["dtype"],
                     unit="cuda_core" if p["dtype"] == "fp32" else "tensor_core", flops=float(r["flops"]),

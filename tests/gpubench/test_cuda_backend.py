@@ -161,6 +161,26 @@ def test_peak_plan_leaves_out_fp8_before_sm89_with_a_note():
     assert "fp8" in [s.params["dtype"] for s in h100.probes()["peak"].plan(_cfg(h100))]
 
 
+def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
+    """An sm_90 device running a build without sm_89+ code: the extension reports fp8 unsupported."""
+    runner = pytest.importorskip("gpubench.runner")
+    from gpubench.backends.cuda import CudaBackend
+
+    class OldBuild(fakes.FakeCudaExt):
+        def peak(self, device, dtype, num_reps=10, num_warmup=2, target_s=0.02):
+            if dtype == "fp8":
+                return {"times_s": [], "valid": False, "supported": 0.0,
+                        "check": "skipped: fp8 mma is not in this build's code for this device"}
+            return super().peak(device, dtype, num_reps, num_warmup, target_s)
+
+    b = CudaBackend(0, ext=OldBuild(), nvml=fakes.fake_pynvml())
+    probe = b.probes()["peak"]
+    spec = next(s for s in probe.plan(_cfg(b)) if s.params["dtype"] == "fp8")
+    fields = probe.measure(spec)
+    assert fields == [] and runner.build_rows(probe, "cuda", spec, fields, {}) == []
+    assert "fp8 skipped" in capsys.readouterr().err
+
+
 def test_gemm_is_skipped_with_its_reason_without_cuda_torch():
     from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm_library
 
