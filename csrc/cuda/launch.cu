@@ -57,12 +57,13 @@ ProbeResult launch_run(int device, const std::string& kind, int count, int num_r
     cudaStream_t s = ctx.stream();
     SpinGate gate;
     EventPair ev;
-    cudaGraphExec_t graph = kind == "graph_node" ? capture_graph(ctx, count) : nullptr;
-    ProbeResult r;
-    // Warm the module and the launch path before anything is timed.
+    // Warm the module and the launch path before anything is captured or timed (with lazy module
+    // loading the first launch loads the kernel; that must not happen inside a stream capture).
     empty_k<<<1, 1, 0, s>>>();
     CUDA_CHECK(cudaGetLastError());
     ctx.sync();
+    cudaGraphExec_t graph = kind == "graph_node" ? capture_graph(ctx, count) : nullptr;
+    ProbeResult r;
     try {
         for (int rep = 0; rep < num_warmup + num_reps; ++rep) {
             double t_s = 0.0;
