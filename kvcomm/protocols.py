@@ -38,8 +38,10 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
 - ``kv-rerotated+boundary``: as kv-rerotated, but the first ``boundary_k`` tokens of each imported
   chunk are recomputed by B (the seam with B's prompt and the chunk's attention-sink tokens); with
   ``boundary_k`` >= the chunk length this is exactly ``text``.
-- ``kv-blend``: CacheBlend (``kvcomm.blend``) over [B's prefix, imports..., B's own separators] with
-  the question as the query and ratio ``ratio`` of context tokens recomputed from the check layer on.
+- ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
+  re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
+  treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
+  of the chunk tokens, chosen by value deviation at the check layer, is recomputed at every layer.
 """
 from __future__ import annotations
 
@@ -273,7 +275,7 @@ def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[Send
     """CacheBlend: every context chunk comes as a cache (B's prefix and separators encoded on their own)."""
     from kvcomm.blend import blend_prefill
 
-    chunks: list[KVCache] = [prefix]
+    chunks: list[KVCache] = []
     import_ranges: list[tuple[int, int]] = []
     start = prefix.num_tokens
     for seg in layout.segments[1:-1]:
@@ -285,7 +287,7 @@ def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[Send
             # alone"; B encodes it alone (a few tokens) and lets the check layer decide.
             chunks.append(prefill(model, seg.ids)[0])
         start += len(seg.ids)
-    result = blend_prefill(model, chunks, layout.segments[-1].ids, ratio=spec.ratio)
+    result = blend_prefill(model, chunks, layout.segments[-1].ids, ratio=spec.ratio, prefix=prefix)
     selected = torch.as_tensor(result.selected_indices).reshape(-1).tolist()
     recomputed = sum(1 for i in selected if any(a <= i < b for a, b in import_ranges))
     return Reception(cache=result.cache, last_logits=result.logits[0, -1], num_imported=layout.num_imported,

@@ -8,11 +8,15 @@ protocol's business (``kvcomm.protocols``); this module only makes the content a
 Tasks (chosen so that SmolLM2-135M-Instruct answers well above chance when B reads the text; see
 docs/kvcomm-eval.md for the measured text accuracy):
 
-- ``keycode``: agent A's notes list ``NUM_FACTS`` facts "The code for the red box is 4821."; B is asked
-  the code of one item. Chance (guessing one of the listed codes) is 1/NUM_FACTS; an exact 4-digit
+- ``keycode``: agent A's notes list ``NUM_FACTS`` (4) facts "The code for the red box is 4821."; B is
+  asked the code of one item. Chance (picking one of the listed codes) is 1/4; an exact 4-digit
   string by luck is ~1e-4.
-- ``twoagent``: two senders A and C each send notes of the same kind (disjoint items); the asked item
-  is in one of them, so B must read across two imported chunks (what CacheBlend is built for).
+- ``twoagent``: two senders A and C each send ``NUM_ROOMS_PER_SENDER`` (3) facts "Alice's room number
+  is 412."; B is asked one person's number, which is in either sender's notes, so B must read across
+  two imported chunks (what CacheBlend is built for). Chance: 1/6.
+
+The sizes come from a first measurement of text accuracy on small samples (docs/kvcomm-eval.md has
+the numbers): harder versions left the 135M model too little headroom above chance.
 
 Every example is generated from ``random.Random(f"{task}:{seed}:{index}")``: example i does not depend
 on how many examples are drawn, so a run with a larger ``n`` extends a smaller one and resume is exact.
@@ -36,7 +40,10 @@ RECEIVER_SYSTEM = "You are agent B. Answer the question using the notes from the
 
 COLORS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "pink", "gray", "silver")
 OBJECTS = ("box", "door", "key", "car", "bag", "cup", "lamp", "book", "chair", "desk", "phone", "clock")
-NUM_FACTS = 8
+NUM_FACTS = 4
+NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Kate", "Leo",
+         "Mia", "Noah", "Olga", "Paul")
+NUM_ROOMS_PER_SENDER = 3
 
 
 @dataclass(frozen=True)
@@ -112,14 +119,19 @@ def keycode(rng: random.Random, index: int) -> Example:
 
 
 def twoagent(rng: random.Random, index: int) -> Example:
-    """A and C each send NUM_FACTS // 2 codes (disjoint items); B is asked one, from either sender."""
-    facts = _facts(rng, NUM_FACTS)
-    half = NUM_FACTS // 2
-    item, code = facts[rng.randrange(len(facts))]
-    messages = (_sender("A", _notes(facts[:half])), _sender("C", _notes(facts[half:])))
-    return Example(task="twoagent", index=index, messages=messages,
-                   question=f"What is the code for the {item}?", answer=code,
-                   answer_prefix=f"The code for the {item} is")
+    """A and C each send NUM_ROOMS_PER_SENDER people's room numbers; B is asked one, from either sender."""
+    num_facts = 2 * NUM_ROOMS_PER_SENDER
+    names = rng.sample(NAMES, num_facts)
+    rooms = [str(r) for r in rng.sample(range(100, 1000), num_facts)]
+    facts = list(zip(names, rooms))
+    who, room = facts[rng.randrange(num_facts)]
+
+    def notes(part: list[tuple[str, str]]) -> str:
+        return "\n".join(f"{name}'s room number is {number}." for name, number in part)
+
+    messages = (_sender("A", notes(facts[:NUM_ROOMS_PER_SENDER])), _sender("C", notes(facts[NUM_ROOMS_PER_SENDER:])))
+    return Example(task="twoagent", index=index, messages=messages, question=f"What is {who}'s room number?",
+                   answer=room, answer_prefix=f"{who}'s room number is")
 
 
 TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent}

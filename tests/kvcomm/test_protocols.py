@@ -114,8 +114,25 @@ def test_real_template_seams(smollm2):
     assert tok.decode(a_msg) == ex.messages[0].text
     assert "agent A, a note-taking" in tok.decode(a_prefix) and tok.decode(a_suffix).startswith("<|im_end|>")
     b_text = tok.decode(layout.ids)
-    assert b_text.startswith("<|im_start|>system\nYou are agent B") and b_text.endswith("<|im_start|>assistant\n")
+    assert b_text.startswith("<|im_start|>system\nYou are agent B") and b_text.endswith("<|im_start|>assistant\n" + ex.answer_prefix)
     assert [s.kind for s in layout.segments] == ["own", "import", "own", "import", "own"]
     assert layout.segments[1].ids == a_msg and senders[0].cache.num_tokens == len(a_msg)
     # A encoded its message after its own (longer) prefix: positions differ from B's
     assert int(senders[0].cache.positions[0]) == len(a_prefix) != len(layout.segments[0].ids)
+
+
+def test_blend_endpoints(tiny_llama):
+    """r = 1 recomputes every imported token (== text); r = 0 with one sender == kv-rerotated."""
+    layout, senders, prefix = _two_sender_setup(tiny_llama)
+    text = receive(tiny_llama, ProtocolSpec("text"), layout, senders, prefix)
+    full = receive(tiny_llama, ProtocolSpec("kv-blend", ratio=1.0), layout, senders, prefix)
+    torch.testing.assert_close(full.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
+    assert full.num_recomputed == 34 and full.cache.num_tokens == len(layout.ids)
+    part = receive(tiny_llama, ProtocolSpec("kv-blend", ratio=0.25), layout, senders, prefix)
+    # 25 % of the 38 chunk tokens (34 imported + 4 of B's separator) are chosen; imported ones counted
+    assert 5 <= part.num_recomputed <= 10
+    one = Layout([layout.segments[0], layout.segments[1], layout.segments[4]], True)
+    zero = receive(tiny_llama, ProtocolSpec("kv-blend", ratio=0.0), one, senders, prefix)
+    rer = receive(tiny_llama, ProtocolSpec("kv-rerotated"), one, senders, prefix)
+    torch.testing.assert_close(zero.last_logits, rer.last_logits, atol=1e-4, rtol=1e-4)
+    assert zero.num_recomputed == 0

@@ -1,0 +1,308 @@
+"""Evaluate protocols on tasks: accuracy with bootstrap intervals, receiver TTFT, recomputed tokens.
+
+One run directory holds::
+
+    results.jsonl   one row per (task, example, protocol), appended and flushed as measured
+    config.json     model, seed, tasks, protocols of the run (a rerun must match it to resume)
+    summary.csv     one row per (task, protocol): EM/F1 with 95 % bootstrap CIs, accuracy relative to
+    summary.md      text (paired bootstrap), median receiver TTFT, paired speedup vs text, recompute
+    summary.png     accuracy relative to text vs receiver prefill speedup, per protocol and task
+    COMMAND         the command line that regenerates the directory
+
+Timing: for one example every protocol runs back to back on the same senders and B prefix, so the
+paired ratio text_TTFT / protocol_TTFT of that example sees the same machine state; the speedup we
+report is the median of those per-example ratios (robust on a shared, noisy machine). TTFT is the
+wall time of ``kvcomm.protocols.receive`` (B's fixed prefix cached, see there); decoding is not timed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpubench.errors import KVCommError
+from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix
+from kvcomm.tasks import check_task, exact_match, extract_answer, generate, token_f1
+
+RESULTS_FILE = "results.jsonl"
+CONFIG_FILE = "config.json"
+NUM_BOOTSTRAP = 2000
+GOAL_RELATIVE_ACCURACY = 0.95
+GOAL_RECOMPUTE_FRACTION = 0.30
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate (the CLI's arguments)."""
+
+    model: str
+    tasks: tuple[str, ...]
+    protocols: tuple[ProtocolSpec, ...]
+    n: int
+    out_dir: Path
+    seed: int = 0
+    max_new_tokens: int = 5
+    num_threads: int = 1
+
+    def identity(self) -> dict:
+        """What must match for a rerun to resume into the same directory."""
+        return {"model": self.model, "seed": self.seed, "max_new_tokens": self.max_new_tokens}
+
+
+@dataclass
+class Row:
+    """One (task, example, protocol) measurement."""
+
+    task: str
+    index: int
+    protocol: str
+    name: str
+    boundary_k: int
+    ratio: float
+    answer: str
+    generated: str
+    prediction: str
+    em: float
+    f1: float
+    prefill_s: float
+    num_imported: int
+    num_recomputed: int
+    num_prompt_tokens: int
+    seam_aligned: bool
+    sender_s: float
+    extra: dict = field(default_factory=dict)
+
+
+# ---- run ----------------------------------------------------------------------------------------
+def _read_done(path: Path) -> set[tuple[str, int, str]]:
+    done: set[tuple[str, int, str]] = set()
+    if not path.exists():
+        return done
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            done.add((row["task"], int(row["index"]), row["protocol"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            # NOTE(H): a run killed mid-write leaves at most a torn last line; anything else is corruption.
+            if line_no != len(path.read_text().splitlines()):
+                raise KVCommError(f"{path}:{line_no}: malformed result row") from None
+    return done
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a partial last line (a run killed mid-write) so that appended rows start on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _check_config(cfg: EvalConfig) -> None:
+    path = cfg.out_dir / CONFIG_FILE
+    identity = cfg.identity()
+    if path.exists():
+        old = json.loads(path.read_text())
+        mismatch = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
+        if mismatch:
+            raise KVCommError(f"{cfg.out_dir} holds a run with other settings {mismatch} (old, new): use another --out")
+    path.write_text(json.dumps({**identity, "tasks": list(cfg.tasks), "protocols": [p.label for p in cfg.protocols],
+                                "n": cfg.n}, indent=2) + "\n")
+
+
+def run_eval(cfg: EvalConfig, model=None, tokenizer=None, *, progress: bool = True) -> pd.DataFrame:
+    """Run every (task, example, protocol) not yet in ``results.jsonl``; returns all rows.
+
+    Args:
+        model, tokenizer: an already loaded model (tests); loaded from ``cfg.model`` when None.
+    """
+    import torch
+
+    from kvcomm.models import load_model, rope_info
+
+    for task in cfg.tasks:
+        check_task(task)
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    _check_config(cfg)
+    results = cfg.out_dir / RESULTS_FILE
+    _drop_torn_tail(results)
+    done = _read_done(results)
+    todo = [(task, ex) for task in cfg.tasks for ex in generate(task, cfg.n, cfg.seed)
+            if any((task, ex.index, p.label) not in done for p in cfg.protocols)]
+    if todo:
+        torch.set_num_threads(cfg.num_threads)
+        if model is None:
+            model, tokenizer = load_model(cfg.model)
+        if tokenizer is None:
+            raise KVCommError(f"model '{cfg.model}' has no tokenizer: the tasks are text")
+        rope = rope_info(model)
+        with _progress(progress, len(todo) * len(cfg.protocols)) as advance, results.open("a") as fh:
+            for task, ex in todo:
+                for row in _run_example(model, tokenizer, rope, cfg, ex, done):
+                    fh.write(json.dumps(asdict(row)) + "\n")
+                    fh.flush()
+                    advance(f"{task} {ex.index} {row.protocol}")
+    return load_rows(cfg.out_dir)
+
+
+def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[Row]:
+    t0 = time.perf_counter()
+    senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
+    sender_s = time.perf_counter() - t0
+    layout = receiver_layout(tokenizer, ex, senders)
+    prefix = receiver_prefix(model, layout)
+    for spec in cfg.protocols:
+        if (ex.task, ex.index, spec.label) in done:
+            continue
+        rec = receive(model, spec, layout, senders, prefix, rope)
+        generated = answer(model, tokenizer, rec, cfg.max_new_tokens)
+        prediction = extract_answer(generated)
+        yield Row(task=ex.task, index=ex.index, protocol=spec.label, name=spec.name, boundary_k=spec.boundary_k,
+                  ratio=spec.ratio, answer=ex.answer, generated=generated, prediction=prediction,
+                  em=exact_match(prediction, ex.answer), f1=token_f1(prediction, ex.answer),
+                  prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
+                  num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
+                  extra=rec.extra)
+
+
+class _progress:
+    """A rich progress bar (or nothing); ``advance(description)`` per finished measurement."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda _desc: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("kvcomm eval {task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                             TimeRemainingColumn())
+        self._bar.start()
+        task_id = self._bar.add_task("", total=self.total)
+        return lambda desc: self._bar.update(task_id, advance=1, description=desc)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.stop()
+
+
+def load_rows(out_dir: Path) -> pd.DataFrame:
+    """All result rows of a run directory (a torn last line is ignored)."""
+    path = Path(out_dir) / RESULTS_FILE
+    if not path.exists():
+        raise KVCommError(f"no {RESULTS_FILE} in {out_dir}")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return pd.DataFrame(rows)
+
+
+# ---- summary ------------------------------------------------------------------------------------
+def bootstrap_ci(values, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95 % percentile-bootstrap interval."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(num_resamples, x.size))].mean(axis=1)
+    return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def relative_ci(num, den, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
+    """mean(num) / mean(den) with a paired bootstrap interval (examples resampled jointly)."""
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    if a.size == 0 or b.sum() == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(num_resamples, a.size))
+    sa, sb = a[idx].sum(axis=1), b[idx].sum(axis=1)
+    ratios = np.divide(sa, sb, out=np.full_like(sa, np.nan), where=sb > 0)
+    return float(a.sum() / b.sum()), float(np.nanpercentile(ratios, 2.5)), float(np.nanpercentile(ratios, 97.5))
+
+
+def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd.DataFrame:
+    """One row per (task, protocol); relative accuracy and speedup are paired with ``text``."""
+    out = []
+    order = protocol_order or list(dict.fromkeys(rows["protocol"]))
+    for task, trows in rows.groupby("task", sort=False):
+        text = trows[trows["protocol"] == "text"].set_index("index")
+        for proto in [p for p in order if p in set(trows["protocol"])]:
+            prow = trows[trows["protocol"] == proto].set_index("index")
+            em, em_lo, em_hi = bootstrap_ci(prow["em"])
+            f1, f1_lo, f1_hi = bootstrap_ci(prow["f1"])
+            common = prow.index.intersection(text.index)
+            rel, rel_lo, rel_hi = relative_ci(prow.loc[common, "em"], text.loc[common, "em"]) if len(common) else (np.nan,) * 3
+            speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if len(common) else pd.Series(dtype=float)
+            frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
+            out.append({
+                "task": task, "protocol": proto, "n": len(prow),
+                "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
+                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi,
+                "ttft_median_s": float(prow["prefill_s"].median()),
+                "ttft_p20_s": float(prow["prefill_s"].quantile(0.2)), "ttft_p80_s": float(prow["prefill_s"].quantile(0.8)),
+                "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
+                "recompute_fraction": float(frac),
+                "num_imported_mean": float(prow["num_imported"].mean()),
+                "meets_goal": bool(proto != "text" and rel >= GOAL_RELATIVE_ACCURACY and frac <= GOAL_RECOMPUTE_FRACTION),
+            })
+    return pd.DataFrame(out)
+
+
+def markdown_table(summary: pd.DataFrame) -> str:
+    """The summary as a Markdown table (the README pastes this file, never retypes it)."""
+    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | receiver TTFT median ms | speedup vs text "
+            "| recomputed / imported | goal |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in summary.itertuples():
+        lines.append(
+            f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
+            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {1e3 * r.ttft_median_s:.1f} | "
+            f"{r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | {'yes' if r.meets_goal else '-'} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot_summary(summary: pd.DataFrame, path: Path) -> None:
+    """Accuracy relative to text (with CI) vs receiver prefill speedup, one marker per protocol and task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    markers = dict(zip(summary["task"].unique(), "osD^v"))
+    for r in summary.itertuples():
+        err = [[r.rel_em - r.rel_em_lo], [r.rel_em_hi - r.rel_em]]
+        ax.errorbar(r.speedup_median, r.rel_em, yerr=err, marker=markers[r.task], capsize=3, linestyle="none")
+        ax.annotate(f"{r.protocol}\n({r.task}, {100 * r.recompute_fraction:.0f}% recomp.)", (r.speedup_median, r.rel_em),
+                    fontsize=6, xytext=(4, 2), textcoords="offset points")
+    ax.axhline(GOAL_RELATIVE_ACCURACY, color="gray", linestyle="--", linewidth=0.8, label="goal: 95 % of text")
+    ax.set_xlabel("receiver prefill speedup vs text (median of per-example ratios)")
+    ax.set_ylabel("exact-match accuracy relative to text")
+    ax.set_title("kvcomm: importing a sender's KV instead of its text")
+    ax.legend(loc="lower left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def write_reports(out_dir: Path, rows: pd.DataFrame, command: str, protocol_order: list[str] | None = None) -> pd.DataFrame:
+    """summary.csv/.md/.png and COMMAND from the rows; returns the summary."""
+    out_dir = Path(out_dir)
+    summary = summarize(rows, protocol_order)
+    summary.to_csv(out_dir / "summary.csv", index=False, float_format="%.5g")
+    (out_dir / "summary.md").write_text(f"<!-- generated by: {command} -->\n" + markdown_table(summary))
+    plot_summary(summary, out_dir / "summary.png")
+    (out_dir / "COMMAND").write_text(command + "\n")
+    return summary
