@@ -7,6 +7,11 @@ Methods (each fitted on a split's training rows only, then scored on its test ro
                 batch) fitted to the training rows' residuals (non-negative least squares, weighted
                 by 1 / measured so the fit minimizes relative error).
 - ``max``       the monolithic form ``max(sum T_c, sum T_m) + T_0``, with its own S(N) fitted the same way.
+- ``additive_rowcal``, ``max_rowcal``: the same op graph and forms, but the hardware's compute time
+                scale, memory time scale and per-op dispatch cost are fitted to the *training*
+                rows together with S(N) (scipy least squares on relative error). This asks whether
+                the forms transfer to an unseen model once the hardware constants are right, when
+                the probe calibration of a busy shared host is not.
 - ``vidur``     Vidur-style: the sum of per-op profiled medians of that step (torch.profiler, see
                 ``predictor.profile``), no host term. It needs no fit; it exists only on op-profiled rows.
 - ``rf``        a scikit-learn random forest on batch and model descriptors, log-time target.
@@ -34,7 +39,8 @@ from gpubench.errors import ConfigError, ResultsFormatError
 
 REQUIRED_COLUMNS = ("key", "model", "dtype", "device_type", "phase", "num_seqs", "num_new_tokens",
                     "context_sum", "context_max", "batch_json", "wall_s", "ops_profiled", "op_sum_s")
-METHODS = ("additive", "max", "vidur", "rf")
+METHODS = ("additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf")
+FORM_PAIRS = (("additive", "max"), ("additive_rowcal", "max_rowcal"))
 PHASES = ("all", "decode", "prefill", "mixed")
 RF_FEATURES = ("num_seqs", "num_new_tokens", "context_sum", "context_max", "kv_len_sum", "step_flops",
                "weight_bytes", "kv_read_bytes", "num_layers", "hidden_size")
@@ -129,6 +135,80 @@ class StepForm:
         return self.base_s.loc[test.index].to_numpy() + self.host_s(test.num_seqs)
 
 
+@dataclass(frozen=True)
+class OpParts:
+    """Per row: the StepModel's per-op compute and memory times (s, summed over layers), the
+    sampling op's, and the dispatch term; forms are recombined from these with fitted scales."""
+    t_c: np.ndarray      # [rows, ops] without sampling
+    t_m: np.ndarray
+    sample_c: np.ndarray  # [rows]
+    sample_m: np.ndarray
+    launch_s: np.ndarray  # [rows]
+    index: pd.Index
+
+
+def step_model_parts(df: pd.DataFrame, *, sku: str, calibration) -> OpParts:
+    """Per-op (t_c, t_m) of every row from ``StepModel.predict`` (the op graph of the row's model)."""
+    from predictor.step import StepModel
+
+    rows_c, rows_m, sc, sm_, la = [], [], [], [], []
+    models = {}
+    width = 0
+    for (model, dtype), g in df.groupby(["model", "dtype"], sort=True):
+        models[(model, dtype)] = StepModel(*_hw_and_model(sku, model), calibration=_no_host(calibration, sku, dtype),
+                                           form="additive", dtype=dtype)
+    for r in df.itertuples():
+        m = models[(r.model, r.dtype)]
+        pred = m.predict([tuple(x) for x in json.loads(r.batch_json)])
+        sample = m.graph.ops[m.graph.sample_index].name
+        ops = [o for k, o in pred.ops.items() if k != sample]
+        rows_c.append([o.t_c_s for o in ops]), rows_m.append([o.t_m_s for o in ops])
+        sc.append(pred.ops[sample].t_c_s), sm_.append(pred.ops[sample].t_m_s), la.append(pred.launch_added_s)
+        width = max(width, len(ops))
+    pad = lambda rows: np.array([x + [0.0] * (width - len(x)) for x in rows])  # noqa: E731
+    return OpParts(pad(rows_c), pad(rows_m), np.array(sc), np.array(sm_), np.array(la), df.index)
+
+
+class RowCalibrated:
+    """A form whose compute scale a, memory scale b and dispatch scale d are fitted with S(N).
+
+    additive: sum_op max(a t_c, b t_m) + d launch + S(N) + max(a t_c, b t_m)_sample;
+    max:      max(a sum t_c, b sum t_m) + the same other terms.
+    """
+
+    def __init__(self, form: str, parts: OpParts):
+        self.form, self.name, self.parts = form, f"{form}_rowcal", parts
+        self.theta = np.array([0.0, 0.0, 0.0, 0.0, 0.0])  # log a, log b, log d, s_floor_ms, s_slope_ms
+
+    def _rows(self, frame: pd.DataFrame) -> np.ndarray:
+        return self.parts.index.get_indexer(frame.index)
+
+    def _predict(self, theta, idx, num_seqs) -> np.ndarray:
+        a, b, d = np.exp(theta[:3])
+        p = self.parts
+        tc, tm = a * p.t_c[idx], b * p.t_m[idx]
+        blocks = np.maximum(tc, tm).sum(1) if self.form == "additive" else np.maximum(tc.sum(1), tm.sum(1))
+        host = 1e-3 * (theta[3] + theta[4] * np.maximum(0.0, num_seqs - 1.0))
+        return blocks + d * p.launch_s[idx] + host + np.maximum(a * p.sample_c[idx], b * p.sample_m[idx])
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
+        from scipy.optimize import least_squares
+
+        idx, n = self._rows(train), train.num_seqs.to_numpy(np.float64)
+        res = least_squares(lambda th: (self._predict(th, idx, n) - target) / target, self.theta,
+                            bounds=([-6, -6, -6, 0, 0], [6, 6, 6, np.inf, np.inf]), method="trf")
+        self.theta = res.x
+
+    @property
+    def scales(self) -> dict:
+        a, b, d = np.exp(self.theta[:3])
+        return {"compute_scale": a, "memory_scale": b, "dispatch_scale": d,
+                "s_floor_ms": self.theta[3], "s_slope_ms": self.theta[4]}
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray:
+        return self._predict(self.theta, self._rows(test), test.num_seqs.to_numpy(np.float64))
+
+
 class VidurStyle:
     """Sum of the step's per-op profiled medians; no host term, nothing to fit.
 
@@ -164,26 +244,34 @@ class ForestModel:
         return np.exp(self.model.predict(test[list(RF_FEATURES)].to_numpy(np.float64)))
 
 
-def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd.Series:
-    """StepModel predictions of each row *without* the host term (S(N) is fitted per split)."""
-    from predictor.calibrate import Calibration, Param
+def _hw_and_model(sku: str, model: str):
     from predictor.config import load_model_config
     from predictor.hardware import HardwareSpec
+
+    return HardwareSpec.from_sku(sku), load_model_config(model)
+
+
+def _no_host(calibration, sku: str, dtype: str):
+    """The calibration (path, Calibration or None = defaults) with S(N) set to zero: it is fitted per split."""
+    from predictor.calibrate import Calibration, Param, defaults
+    from predictor.hardware import HardwareSpec
+
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    if cal is None:
+        cal = defaults(HardwareSpec.from_sku(sku), dtype)
+    zero = {k: Param(0.0, None, "measured", "evaluate: fitted per split") for k in ("s_floor_ms", "s_slope_ms")}
+    return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
+                       hardware=dict(cal.hardware), host_residual=zero, meta=dict(cal.meta))
+
+
+def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd.Series:
+    """StepModel predictions of each row *without* the host term (S(N) is fitted per split)."""
     from predictor.step import StepModel
 
-    hw = HardwareSpec.from_sku(sku)
     out = pd.Series(np.nan, index=df.index, dtype=np.float64)
     for (model, dtype), g in df.groupby(["model", "dtype"], sort=True):
-        cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
-        if cal is not None:
-            cal = Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
-                              hardware=dict(cal.hardware), meta=dict(cal.meta))
-        else:
-            from predictor.calibrate import defaults
-            cal = defaults(hw, dtype)
-        zero = {k: Param(0.0, None, "measured", "evaluate: fitted per split") for k in ("s_floor_ms", "s_slope_ms")}
-        cal.host_residual = zero
-        sm = StepModel(hw, load_model_config(model), calibration=cal, form=form, dtype=dtype)
+        sm = StepModel(*_hw_and_model(sku, model), calibration=_no_host(calibration, sku, dtype), form=form,
+                       dtype=dtype)
         batches = [[tuple(s) for s in json.loads(b)] for b in g.batch_json]
         out.loc[g.index] = sm.predict_many(batches)
     return out
@@ -248,9 +336,11 @@ def vidur_column(target: str) -> str:
     return "op_sum_cpu_s" if target == "thread_cpu_s" else "op_sum_s"
 
 
-def _make_methods(base: dict[str, pd.Series], seed: int, target: str) -> list:
-    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]), VidurStyle(vidur_column(target)),
-            ForestModel(seed)]
+def _make_methods(base: dict, seed: int, target: str) -> list:
+    """One fresh instance of every method; ``base`` holds the no-host forms and the op parts."""
+    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]),
+            RowCalibrated("additive", base["parts"]), RowCalibrated("max", base["parts"]),
+            VidurStyle(vidur_column(target)), ForestModel(seed)]
 
 
 def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series], *, target: str,
@@ -265,6 +355,9 @@ def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series
             if isinstance(m, StepForm):
                 fits.append({"split": fold.split, "fold": fold.name, "method": m.name, "num_train_rows": len(train),
                              "s_floor_ms": m.s_floor_s * 1e3, "s_slope_ms": m.s_slope_s * 1e3})
+            elif isinstance(m, RowCalibrated):
+                fits.append({"split": fold.split, "fold": fold.name, "method": m.name, "num_train_rows": len(train),
+                             **m.scales})
             recs.append(pd.DataFrame({
                 "split": fold.split, "fold": fold.name, "method": m.name, "key": test.key.to_numpy(),
                 "model": test.model.to_numpy(), "phase": test.phase.to_numpy(), "num_seqs": test.num_seqs.to_numpy(),
@@ -289,31 +382,34 @@ def score(pred: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def wilcoxon_forms(pred: pd.DataFrame) -> pd.DataFrame:
-    """Paired Wilcoxon signed-rank test of |error| of additive vs max on the same test rows."""
+    """Paired Wilcoxon signed-rank test of |error| of each additive form vs its max form, same test rows."""
     from scipy.stats import wilcoxon
 
     out = []
     for split, g in pred.groupby("split", sort=False):
         wide = g.pivot_table(index=["fold", "key"], columns="method", values="predicted_s", aggfunc="first")
-        meas = g.drop_duplicates(["fold", "key"]).set_index(["fold", "key"]).measured_s
-        phase = g.drop_duplicates(["fold", "key"]).set_index(["fold", "key"]).phase
-        for ph in PHASES:
-            idx = wide.index if ph == "all" else wide.index[phase.loc[wide.index].to_numpy() == ph]
-            if len(idx) == 0:
+        first = g.drop_duplicates(["fold", "key"]).set_index(["fold", "key"])
+        for a, b in FORM_PAIRS:
+            if a not in wide.columns or b not in wide.columns:
                 continue
-            ea = np.abs(wide.loc[idx, "additive"] - meas.loc[idx]).to_numpy()
-            em = np.abs(wide.loc[idx, "max"] - meas.loc[idx]).to_numpy()
-            stat = p = np.nan
-            if np.any(ea != em) and len(idx) >= 2:
-                d = np.abs(ea - em)
-                # Exact null distribution when it exists cheaply; scipy's default falls back to a
-                # permutation test on ties, which takes minutes here.
-                exact = len(idx) <= 25 and np.all(d > 0) and len(np.unique(d)) == len(d)
-                res = wilcoxon(ea, em, method="exact" if exact else "asymptotic")
-                stat, p = float(res.statistic), float(res.pvalue)
-            out.append({"split": split, "phase": ph, "n": len(idx), "median_abs_err_additive_ms": 1e3 * np.median(ea),
-                        "median_abs_err_max_ms": 1e3 * np.median(em), "wilcoxon_statistic": stat, "p_value": p,
-                        "lower_error": "additive" if np.median(ea) < np.median(em) else "max"})
+            for ph in PHASES:
+                idx = wide.index if ph == "all" else wide.index[first.phase.loc[wide.index].to_numpy() == ph]
+                if len(idx) == 0:
+                    continue
+                ea = np.abs(wide.loc[idx, a] - first.measured_s.loc[idx]).to_numpy()
+                eb = np.abs(wide.loc[idx, b] - first.measured_s.loc[idx]).to_numpy()
+                stat = p = np.nan
+                if np.any(ea != eb) and len(idx) >= 2:
+                    d = np.abs(ea - eb)
+                    # Exact null distribution when it exists cheaply; scipy's default falls back to a
+                    # permutation test on ties, which takes minutes here.
+                    exact = len(idx) <= 25 and np.all(d > 0) and len(np.unique(d)) == len(d)
+                    res = wilcoxon(ea, eb, method="exact" if exact else "asymptotic")
+                    stat, p = float(res.statistic), float(res.pvalue)
+                out.append({"split": split, "pair": f"{a} vs {b}", "phase": ph, "n": len(idx),
+                            "median_abs_err_a_ms": 1e3 * np.median(ea), "median_abs_err_b_ms": 1e3 * np.median(eb),
+                            "wilcoxon_statistic": stat, "p_value": p,
+                            "lower_error": a if np.median(ea) < np.median(eb) else b})
     return pd.DataFrame(out)
 
 
@@ -326,7 +422,8 @@ def transfer_pairs(df: pd.DataFrame, base: dict[str, pd.Series], *, target: str,
             if a == b:
                 continue
             train, test = df[df.model == a], df[df.model == b]
-            for m in (StepForm("additive", base["additive"]), StepForm("max", base["max"]), ForestModel(seed)):
+            for m in (StepForm("additive", base["additive"]), StepForm("max", base["max"]),
+                      RowCalibrated("additive", base["parts"]), ForestModel(seed)):
                 m.fit(train, train[target].to_numpy(np.float64))
                 pred = m.predict(test)
                 for ph in ("all", "decode"):
@@ -366,23 +463,25 @@ def headline_text(metrics_df: pd.DataFrame, wil: pd.DataFrame, *, goal_pct: floa
     lines = [f"Held out {split.replace('_', ' ')} ({'leave one model out' if split == 'by_model' else 'interleaved'}), "
              "decode steps:", "", markdown_table(sel[cols]), ""]
     all_rows, prof = _pooled(metrics_df, split, "decode", "all"), _pooled(metrics_df, split, "decode", "op_profiled")
-    if "additive" in all_rows.index:
-        a = all_rows.loc["additive", "mape_pct"]
-        verdict = "met" if a <= goal_pct else "NOT met"
-        stretch = "met" if a <= stretch_pct else "not met"
-        lines.append(f"- additive form, decode, {split}: MAPE {a:.2f} % (goal <= {goal_pct:g} %: {verdict}; "
+    for a, b in FORM_PAIRS:
+        if a not in all_rows.index:
+            continue
+        x = all_rows.loc[a, "mape_pct"]
+        verdict = "met" if x <= goal_pct else "NOT met"
+        stretch = "met" if x <= stretch_pct else "not met"
+        lines.append(f"- `{a}`, decode, {split}: MAPE {x:.2f} % (goal <= {goal_pct:g} %: {verdict}; "
                      f"stretch <= {stretch_pct:g} %: {stretch})")
-        mx = all_rows.loc["max", "mape_pct"] if "max" in all_rows.index else np.nan
-        lines.append(f"- beats the max-form on the same rows: {'yes' if a < mx else 'NO'} ({a:.2f} % vs {mx:.2f} %)")
-        if "vidur" in prof.index and "additive" in prof.index:
-            av, vv = prof.loc["additive", "mape_pct"], prof.loc["vidur", "mape_pct"]
-            lines.append(f"- beats the Vidur-style baseline on the op-profiled rows: {'yes' if av < vv else 'NO'} "
+        y = all_rows.loc[b, "mape_pct"] if b in all_rows.index else np.nan
+        lines.append(f"  - beats `{b}` on the same rows: {'yes' if x < y else 'NO'} ({x:.2f} % vs {y:.2f} %)")
+        if "vidur" in prof.index and a in prof.index:
+            av, vv = prof.loc[a, "mape_pct"], prof.loc["vidur", "mape_pct"]
+            lines.append(f"  - beats the Vidur-style baseline on the op-profiled rows: {'yes' if av < vv else 'NO'} "
                          f"({av:.2f} % vs {vv:.2f} %, n = {int(prof.loc['vidur', 'n'])})")
-    w = wil[(wil.split == split) & (wil.phase == "decode")]
-    if len(w):
-        r = w.iloc[0]
-        lines.append(f"- paired Wilcoxon, |error| additive vs max, decode: n = {int(r.n)}, p = {r.p_value:.3g} "
-                     f"(median |err| {r.median_abs_err_additive_ms:.3f} ms vs {r.median_abs_err_max_ms:.3f} ms)")
+        w = wil[(wil.split == split) & (wil.phase == "decode") & (wil.pair == f"{a} vs {b}")] if len(wil) else wil
+        if len(w):
+            r = w.iloc[0]
+            lines.append(f"  - paired Wilcoxon of |error| vs `{b}`: n = {int(r.n)}, p = {r.p_value:.3g} "
+                         f"(median |err| {r.median_abs_err_a_ms:.3f} ms vs {r.median_abs_err_b_ms:.3f} ms)")
     return "\n".join(lines) + "\n"
 
 
@@ -471,7 +570,8 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
             raise ConfigError(f"--target '{target}': rows have no column '{col}' (profiled by an older version?)")
     if (df[target] <= 0).any() or df[target].isna().any():
         raise ResultsFormatError(f"rows with non-positive or missing {target}: {df.key[df[target] <= 0].tolist()[:3]}")
-    base = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
+    base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
+    base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
     pred, fits = predict_folds(df, all_folds(df), base, target=target, seed=seed)
     per_fold = score(pred, ["split", "fold", "method"])
     pooled = score(pred, ["split", "method"]).assign(fold="pooled")

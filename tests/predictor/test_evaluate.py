@@ -102,13 +102,14 @@ def test_splits_never_train_on_test_rows(synthetic):
 
 def test_wilcoxon_and_headline_verdicts(synthetic):
     _, res = synthetic
-    w = res.wilcoxon[(res.wilcoxon.split == "by_model") & (res.wilcoxon.phase == "all")].iloc[0]
+    w = res.wilcoxon[(res.wilcoxon.split == "by_model") & (res.wilcoxon.phase == "all")
+                     & (res.wilcoxon.pair == "additive vs max")].iloc[0]
     assert w.lower_error == "additive" and w.p_value < 0.01
-    assert "goal <= 10 %: met" in res.headline
-    assert "beats the max-form on the same rows: yes" in res.headline
+    assert "`additive`, decode, by_model: MAPE 0.00 % (goal <= 10 %: met" in res.headline
+    assert "beats `max` on the same rows: yes" in res.headline
     assert "beats the Vidur-style baseline on the op-profiled rows: yes (0.00 % vs 20.00 %" in res.headline
     t = res.transfer
-    assert set(t.method) == {"additive", "max", "rf"} and len(t[(t.method == "rf") & (t.phase == "all")]) == 2
+    assert set(t.method) == {"additive", "max", "additive_rowcal", "rf"} and len(t[(t.method == "rf") & (t.phase == "all")]) == 2
 
 
 def test_step_form_adds_fitted_host_term():
