@@ -1,0 +1,781 @@
+"""Discrete-event simulation of a vLLM V1 engine serving multi-turn agent jobs.
+
+The model (as in vLLM's ``Scheduler.schedule``): there is no prefill or decode phase, only
+*computed* versus *known* tokens per request. Each step has one token budget
+(``max_num_batched_tokens``); running requests are served first (a decode takes 1 token, a
+chunked prefill takes what is left of the budget); when a running request cannot get a block,
+the policy's victim (FCFS: the last running request) is preempted by recompute, in a loop; waiting
+requests are admitted only if nothing was preempted in this step, up to ``max_num_seqs``, each
+after a prefix-cache lookup (hit capped at known tokens − 1, whole blocks) and a connector lookup.
+
+Events are frozen dataclasses kept in a ``heapq`` as ``(time_s, priority, seq, event)``; ``seq``
+comes from this engine's own ``itertools.count()``, so ties are broken first by kind
+(:class:`EventPriority`) and then by creation order, and two engines never share a counter.
+``handle(engine)`` returns the events it creates. ``run()`` returns an :class:`EngineResult`.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Callable, ClassVar, Sequence
+
+from gpubench.errors import ConfigError
+from scheduling.kv_cache import BlockPool, KVBlock
+from scheduling.policies.base import KVPolicy
+from scheduling.request import BLOCK_SIZE, JobState, Request, Status
+from scheduling.step_cost import StepCost
+from scheduling.traces import Job
+
+STEP_COLUMNS = (
+    "step", "t_s", "dur_s", "num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_decode_seqs",
+    "num_running", "num_waiting", "kv_used_blocks", "kv_pinned_blocks", "kv_cached_blocks", "kv_total_blocks",
+    "pool_used_blocks", "pool_total_blocks", "break_reason", "num_preemptions", "num_prefix_hit_tokens",
+    "num_pool_load_tokens",
+)
+TURN_COLUMNS = (
+    "job_id", "turn", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "queue_s",
+    "prompt_tokens", "hit_tokens", "pool_hit_tokens", "computed_tokens", "output_tokens", "num_preemptions",
+    "recomputed_tokens", "scheduled_tokens",
+)
+JOB_COLUMNS = ("job_id", "prefix_group", "arrival_s", "finish_s", "jct_s", "num_turns")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine sizes (never mutated; derive a new one with ``dataclasses.replace``).
+
+    Args:
+        num_gpu_blocks: usable KV blocks on the GPU (the null block comes on top).
+        max_num_batched_tokens: token budget per step (vLLM V1 server default on large GPUs: 8192).
+        max_num_seqs: most running requests (vLLM default 256).
+        kv_bytes_per_token: K+V bytes of one token over all layers (for host pools and loads).
+        host_link_gbs: GPU<->host bandwidth in GB/s (connectors' default bandwidth).
+        record_steps: keep the per-step log (the benchmark turns it off to time the core only).
+        fast_path: use the decode-group fast path (identical results; off only to test that).
+    """
+
+    num_gpu_blocks: int
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    kv_bytes_per_token: int = 131072
+    host_link_gbs: float = 64.0
+    record_steps: bool = True
+    fast_path: bool = True
+
+    @property
+    def block_size(self) -> int:
+        return BLOCK_SIZE
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * BLOCK_SIZE
+
+
+class EventPriority(IntEnum):
+    """Order of events at the same instant: finish the step, then loads, arrivals, pin expiries;
+    scheduling last so that every arrival of an instant can join the step it triggers."""
+
+    STEP_END = 0
+    LOAD_DONE = 1
+    ARRIVAL = 2
+    PIN_EXPIRY = 3
+    SCHEDULE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time_s: float
+    seq: int
+    priority: ClassVar[int] = EventPriority.SCHEDULE
+
+    def handle(self, engine: "Engine") -> list:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalEvent(Event):
+    """Turn ``turn`` of a job arrives (the job's arrival, or the previous turn's finish + tool gap)."""
+
+    job_state: JobState
+    turn: int
+    priority: ClassVar[int] = EventPriority.ARRIVAL
+
+    def handle(self, engine: "Engine") -> list:
+        return engine.on_arrival(self.job_state, self.turn, self.time_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StepEndEvent(Event):
+    priority: ClassVar[int] = EventPriority.STEP_END
+
+    def handle(self, engine: "Engine") -> list:
+        return engine.on_step_end(self.time_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDoneEvent(Event):
+    """An asynchronous connector load finished: the request may continue its prefill."""
+
+    request: Request
+    num_computed: int
+    priority: ClassVar[int] = EventPriority.LOAD_DONE
+
+    def handle(self, engine: "Engine") -> list:
+        return engine.on_load_done(self.request, self.num_computed, self.time_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PinExpiryEvent(Event):
+    """A Continuum pin's deadline."""
+
+    job_state: JobState
+    priority: ClassVar[int] = EventPriority.PIN_EXPIRY
+
+    def handle(self, engine: "Engine") -> list:
+        engine.policy.on_pin_deadline(self.job_state, self.time_s)
+        return engine.wake(self.time_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleEvent(Event):
+    priority: ClassVar[int] = EventPriority.SCHEDULE
+
+    def handle(self, engine: "Engine") -> list:
+        engine.schedule_pending = False
+        return engine.try_step(self.time_s)
+
+
+@dataclass
+class EngineResult:
+    """What :meth:`Engine.run` returns: records as tuples in the *_COLUMNS order, and counters."""
+
+    steps: list = field(default_factory=list)
+    turns: list = field(default_factory=list)
+    jobs: list = field(default_factory=list)
+    num_steps: int = 0
+    num_preemptions: int = 0
+    sim_time_s: float = 0.0
+    wall_s: float = 0.0
+    num_gpu_blocks: int = 0
+    policy_stats: dict = field(default_factory=dict)
+
+
+class Engine:
+    """One replay: jobs in, records out. Not reusable: build a new engine per run.
+
+    Args:
+        jobs: the workload (arrival times set; see ``traces.with_poisson_arrivals``).
+        config: sizes.
+        policy: a fresh :class:`KVPolicy` (policies hold per-run state).
+        step_cost: seconds per step.
+        progress: optional ``callback(num_jobs_done, num_jobs, now_s)``, called every 512 steps.
+    """
+
+    def __init__(self, jobs: Sequence[Job], config: EngineConfig, policy: KVPolicy, step_cost: StepCost,
+                 progress: Callable[[int, int, float], None] | None = None) -> None:
+        if config.num_gpu_blocks < 1:
+            raise ConfigError(f"the GPU KV pool has {config.num_gpu_blocks} blocks: the model does not fit")
+        self.config = config
+        self.policy = policy
+        self.step_cost = step_cost
+        self.pool = BlockPool(config.num_gpu_blocks + 1)
+        self.queue = policy.make_queue()
+        self.running: list[Request] = []
+        self.loading: dict[int, Request] = {}
+        self.jobs = [JobState(j, i) for i, j in enumerate(jobs)]
+        self._progress = progress
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._req_seq = itertools.count()
+        self.busy = False
+        self.schedule_pending = False
+        self.now_s = 0.0
+        self.result = EngineResult(num_gpu_blocks=config.num_gpu_blocks)
+        self._num_jobs_done = 0
+        self._max_request_tokens = config.num_gpu_blocks * BLOCK_SIZE
+        # The batch of the step in flight (reused lists: a step allocates nothing for them).
+        self._sched_reqs: list[Request] = []
+        self._sched_n: list[int] = []
+        self._prefill_memo: dict[int, float] = {}
+        # Decode group (see the NOTE in the scheduler section).
+        self._g = 0  # index of the next step
+        self._dec: dict[int, Request] = {}
+        self._prefilling: list[Request] = []  # running requests outside the group, running order
+        self._alloc_due: dict[int, list[Request]] = {}
+        self._fin_due: dict[int, list[Request]] = {}
+        self._lag_sum = 0
+        self._dec_max_pos = -1
+        self._dec_max_pos_dirty = False
+        self._step_fast = False
+        self._pass_preempted = 0
+        self._run_pos = itertools.count()
+        policy.attach(self)
+
+    # --- event plumbing -----------------------------------------------------------------------
+    def push(self, event_cls, time_s: float, *payload) -> None:
+        """Create an event with this engine's next sequence number and put it on the heap."""
+        ev = event_cls(time_s, next(self._seq), *payload)
+        heapq.heappush(self._heap, (time_s, ev.priority, ev.seq, ev))
+
+    def wake(self, now_s: float) -> list:
+        """Ask for a scheduling pass at ``now_s`` (after every other event of that instant)."""
+        if not self.busy and not self.schedule_pending:
+            self.schedule_pending = True
+            self.push(ScheduleEvent, now_s)
+        return []
+
+    def run(self) -> EngineResult:
+        """Simulate until every job finished; return the records."""
+        t0 = time.perf_counter()
+        for js in sorted(self.jobs, key=lambda j: (j.job.arrival_s, j.index)):
+            self.push(ArrivalEvent, js.job.arrival_s, js, 0)
+        heap = self._heap
+        pop = heapq.heappop
+        while heap:
+            t, _, _, ev = pop(heap)
+            self.now_s = t
+            ev.handle(self)
+        self.result.wall_s = time.perf_counter() - t0
+        self.result.sim_time_s = self.now_s
+        self.result.policy_stats = self.policy.stats()
+        unfinished = [js.job.job_id for js in self.jobs if js.finish_s is None]
+        if unfinished:  # an engine bug, not a user error: say which jobs
+            raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished jobs: {unfinished[:5]}")
+        if self._progress:
+            self._progress(self._num_jobs_done, len(self.jobs), self.now_s)
+        return self.result
+
+    # --- event handlers -----------------------------------------------------------------------
+    def on_arrival(self, js: JobState, turn: int, now_s: float) -> list:
+        prompt = js.prompt_tokens(turn)
+        total = prompt + js.job.turns[turn].output_tokens
+        if total > self._max_request_tokens:
+            raise ConfigError(f"job {js.job.job_id} turn {turn} needs {total} tokens of KV cache, more than the "
+                              f"whole GPU pool ({self._max_request_tokens} tokens); use a larger SKU or smaller model")
+        req = Request(js, turn, next(self._req_seq), now_s, prompt)
+        js.waiting_request = req
+        if turn > 0:
+            self.policy.on_job_arrival_gap(req, now_s)
+        self.policy.on_arrival(req, now_s)
+        self.queue.add(req)
+        return self.wake(now_s)
+
+    def on_load_done(self, req: Request, num_computed: int, now_s: float) -> list:
+        del self.loading[req.seq]
+        req.num_computed = num_computed
+        self._cache_full_blocks(req)
+        req.status = Status.WAITING_LOADED
+        self.queue.prepend(req)
+        return self.wake(now_s)
+
+    def on_step_end(self, now_s: float) -> list:
+        self._finish_step(now_s)
+        self.busy = False
+        heap = self._heap
+        if heap and heap[0][0] <= now_s:
+            return self.wake(now_s)  # other events at this instant first
+        return self.try_step(now_s)
+
+    def try_step(self, now_s: float) -> list:
+        """Schedule a step at ``now_s``; if the batch is empty, stay idle until the next event."""
+        dur_s = self._schedule(now_s)
+        while dur_s is None and self._pass_preempted:
+            dur_s = self._schedule(now_s)
+        if dur_s is None:
+            return []
+        self.busy = True
+        self.push(StepEndEvent, now_s + dur_s)
+        return []
+
+    # --- the scheduler ------------------------------------------------------------------------
+    #
+    # NOTE(perf): steady decoding must cost little per request. Requests in the decode state
+    # (prompt computed, one token per step) form the *decode group*: their counters are kept as
+    # offsets from the step index ``_g`` (``num_computed = lag + _g``), so a step touches only
+    # the members that need a new block (every 16 steps) or finish, found in ``_alloc_due`` /
+    # ``_fin_due`` keyed by step index. A step takes this fast path only when it is provably
+    # identical to the exact loop: every decode gets its token (the budget covers them, and the
+    # prefills either fit too or all come after the decodes in running order) and every block
+    # the step needs is free (so nothing is preempted). Otherwise the group is materialized and
+    # the exact vLLM loop below runs over the whole running list.
+    def _schedule(self, now_s: float) -> float | None:
+        """Build one step's batch; return its duration, or None when there is nothing to run."""
+        fast = self.config.fast_path and self._fast_plan()
+        if not fast and self._dec:
+            self._leave_fast_mode()
+        cfg, pool, policy = self.config, self.pool, self.policy
+        sreqs, sns = self._sched_reqs, self._sched_n
+        sreqs.clear()
+        sns.clear()
+        budget = cfg.max_num_batched_tokens
+        pt = ps = pctx = nd = dctx = 0
+        extra_s = 0.0
+        num_preempted = hit_tokens = pool_tokens = 0
+        reason = ""
+        if fast:
+            g = self._g
+            nd = len(self._dec)
+            dctx = self._lag_sum + nd * g
+            budget -= nd
+            for r in self._alloc_due.pop(g, ()):
+                r.blocks.extend(pool.get_new_blocks(1))
+                nxt = g + BLOCK_SIZE
+                if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
+                    self._alloc_due.setdefault(nxt, []).append(r)
+            running = self._prefilling
+        else:
+            running = self.running
+
+        # 1. Running requests, in order: decodes take 1 token, a chunked prefill what is left.
+        i = 0
+        while i < len(running):
+            if budget == 0:
+                reason = "token_budget"
+                break
+            r = running[i]
+            c = r.num_computed
+            n = r.num_tokens - c
+            if n > budget:
+                n = budget
+            need = ((c + n + 15) >> 4) - len(r.blocks)
+            if need > 0:
+                new = pool.get_new_blocks(need)
+                while new is None:
+                    assert not fast, "fast path planned blocks that are not free"
+                    if policy.relieve_pressure(now_s, len(running) - 1):
+                        new = pool.get_new_blocks(need)
+                        continue
+                    victim = policy.preemption_victim(running)
+                    vi = running.index(victim)
+                    del running[vi]
+                    if vi < i:  # already in this step's batch: take it back out
+                        k = sreqs.index(victim)
+                        vn = sns[k]
+                        del sreqs[k], sns[k]
+                        budget += vn
+                        vc = victim.num_computed
+                        if victim.num_output and vc == victim.num_tokens - 1:
+                            nd -= 1
+                            dctx -= vc
+                        else:
+                            pt -= vn
+                            ps -= 1
+                            pctx -= vc
+                        i -= 1
+                    self._preempt(victim)
+                    num_preempted += 1
+                    if victim is r:
+                        break
+                    new = pool.get_new_blocks(need)
+                if new is None:
+                    continue  # r itself was preempted; running[i] is now the next request
+                r.blocks.extend(new)
+            sreqs.append(r)
+            sns.append(n)
+            budget -= n
+            if r.num_output and n == 1 and c == r.num_tokens - 1:
+                nd += 1
+                dctx += c
+            else:
+                pt += n
+                ps += 1
+                pctx += c
+                if c + n == r.num_tokens:
+                    extra_s += policy.on_prefill_complete(r, c + n)
+            i += 1
+
+        # 2. Waiting requests, only if nothing was preempted (vLLM: preemption means no room).
+        if num_preempted:
+            reason = reason or "preempted"
+        else:
+            queue = self.queue
+            max_seqs = cfg.max_num_seqs
+            running = self.running
+            while True:
+                if not queue:
+                    reason = reason or ("waiting_on_load" if self.loading else "queue_empty")
+                    break
+                if budget == 0:
+                    reason = "token_budget"
+                    break
+                if len(running) >= max_seqs:
+                    reason = "max_seqs"
+                    break
+                r = queue.peek()
+                admitted = self._admit(r, budget, now_s)
+                if admitted is None:
+                    if policy.relieve_pressure(now_s, len(running)) or self._release_loaded(len(running)):
+                        continue
+                    reason = "no_blocks"
+                    break
+                n, h, e, load_s = admitted
+                hit_tokens += h
+                pool_tokens += e
+                extra_s += load_s
+                if n == 0:
+                    continue  # an asynchronous load started; the request waits for it
+                c = r.num_computed
+                sreqs.append(r)
+                sns.append(n)
+                budget -= n
+                pt += n
+                ps += 1
+                pctx += c
+                if c + n == r.num_tokens:
+                    extra_s += policy.on_prefill_complete(r, c + n)
+
+        self._step_fast = fast
+        if not fast:
+            self._prefilling = list(self.running)  # the group is empty in exact mode
+        self._pass_preempted = num_preempted
+        if not sreqs and not nd:
+            # NOTE: a pass that only preempted (the last running request evicted itself) schedules
+            # nothing; like vLLM's next engine iteration, try_step runs another pass at once.
+            self.result.num_preemptions += num_preempted
+            self._check_step(budget)
+            return None
+        dur_s = self.step_cost.step_s(num_prefill_tokens=pt, num_prefill_seqs=ps, prefill_context_tokens=pctx,
+                                      num_decode_seqs=nd, decode_context_tokens=dctx) + extra_s
+        res = self.result
+        res.num_steps += 1
+        res.num_preemptions += num_preempted
+        if cfg.record_steps:
+            res.steps.append((
+                res.num_steps, now_s, dur_s, pt, nd, ps, nd, len(self.running),
+                len(self.queue) + len(self.loading), pool.num_used_blocks, policy.num_pinned_blocks(),
+                pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),
+                reason, num_preempted, hit_tokens, pool_tokens,
+            ))
+        if self._progress and not res.num_steps & 511:
+            self._progress(self._num_jobs_done, len(self.jobs), now_s)
+        return dur_s
+
+    def _fast_plan(self) -> bool:
+        """True when this step can run on the decode-group fast path (see the NOTE above)."""
+        nd = len(self._dec)
+        left = self.config.max_num_batched_tokens - nd
+        if left < 0:
+            return False
+        pre = self._prefilling
+        demand = 0
+        for r in pre:
+            demand += r.num_tokens - r.num_computed
+        if demand > left and nd:
+            # Prefills do not all fit: decodes still all run iff they come first in running order.
+            if self._dec_max_pos_dirty:
+                self._dec_max_pos = max(r.run_pos for r in self._dec.values())
+                self._dec_max_pos_dirty = False
+            if min(r.run_pos for r in pre) < self._dec_max_pos:
+                return False
+        need = len(self._alloc_due.get(self._g, ()))
+        for r in pre:
+            if left == 0:
+                break
+            c = r.num_computed
+            n = r.num_tokens - c
+            if n > left:
+                n = left
+            k = ((c + n + 15) >> 4) - len(r.blocks)
+            if k > 0:
+                need += k
+            left -= n
+        return need <= self.pool.num_free_blocks
+
+    def _join_decode_group(self, r: Request, next_g: int) -> None:
+        """``r`` sampled a token and will decode from step ``next_g`` on."""
+        lag = r.num_computed - next_g
+        r.lag = lag
+        r.adm_lag = r.num_admission_tokens - next_g
+        self._dec[r.seq] = r
+        self._lag_sum += lag
+        if r.run_pos > self._dec_max_pos:
+            self._dec_max_pos = r.run_pos
+        fin = r.output_tokens + r.prompt_tokens - 2 - lag  # step after which it has all its tokens
+        self._fin_due.setdefault(fin, []).append(r)
+        alloc = (len(r.blocks) << 4) - lag  # step at which computed + 1 overflows its blocks
+        if alloc < next_g:
+            alloc = next_g  # (cannot happen: blocks cover the computed tokens + 1)
+        if alloc <= fin:
+            self._alloc_due.setdefault(alloc, []).append(r)
+
+    def _materialize(self, r: Request, g: int) -> None:
+        """Write a decode-group member's counters as of the start of step ``g``."""
+        c = r.lag + g
+        r.num_computed = c
+        r.num_tokens = c + 1
+        r.num_output = c + 1 - r.prompt_tokens
+        r.num_admission_tokens = r.adm_lag + g
+        self._cache_full_blocks(r)
+
+    def _leave_fast_mode(self) -> None:
+        """Materialize every decode-group member; the exact loop takes over for this step."""
+        g = self._g
+        for r in self._dec.values():
+            self._materialize(r, g)
+        self._dec.clear()
+        self._alloc_due.clear()
+        self._fin_due.clear()
+        self._lag_sum = 0
+        self._dec_max_pos = -1
+        self._dec_max_pos_dirty = False
+
+    def _check_step(self, budget: int) -> None:
+        assert 0 <= budget <= self.config.max_num_batched_tokens, budget
+        assert len(self.running) <= self.config.max_num_seqs, len(self.running)
+
+    def _admit(self, r: Request, budget: int, now_s: float) -> tuple[int, int, int, float] | None:
+        """Try to move the head of the waiting queue into the running batch.
+
+        Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
+        step)``, or None when the blocks it needs are not free (the request stays queued).
+        """
+        pool, policy = self.pool, self.policy
+        h = e = 0
+        hit_blocks: list[KVBlock] = []
+        if r.status == Status.WAITING:
+            max_tokens = ((r.num_tokens - 1) >> 4) << 4  # hit capped at known tokens - 1, whole blocks
+            hit_blocks = self._prefix_hit(r, max_tokens)
+            h = len(hit_blocks) << 4
+            e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
+            c0 = h + e
+            is_async = bool(e) and policy.asynchronous_load
+            n = 0 if is_async else min(r.num_tokens - c0, budget)
+            need = ((c0 + n + 15) >> 4) - len(hit_blocks)
+            if need > pool.num_free_blocks:
+                return None
+            free_hits = [b.ref_cnt for b in hit_blocks].count(0)  # touching takes them off the free queue
+            if need + free_hits > pool.num_free_blocks:
+                return None
+            r.hit_memo = None  # admitted: the blocks become the request's own
+            self.queue.pop()
+            pool.touch(hit_blocks)
+            r.blocks = hit_blocks + pool.get_new_blocks(need)
+            r.num_cached_blocks = len(hit_blocks)
+            r.hit_tokens = min(h, r.prompt_tokens)
+            r.pool_hit_tokens = min(c0, r.prompt_tokens) - r.hit_tokens
+            r.prompt_computed_tokens = 0
+            r.num_computed = h
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = now_s
+            load_s = 0.0
+            if e:
+                load = policy.load_external(r, h, e, now_s)
+                if is_async:
+                    r.status = Status.LOADING
+                    self.loading[r.seq] = r
+                    self.push(LoadDoneEvent, now_s + load.load_s, r, c0)
+                    return 0, h, e, 0.0
+                load_s = load.load_s
+                r.num_computed = c0
+        else:  # WAITING_LOADED: blocks are held; continue the prefill
+            c0 = r.num_computed
+            n = min(r.num_tokens - c0, budget)
+            need = ((c0 + n + 15) >> 4) - len(r.blocks)
+            if need > pool.num_free_blocks:
+                return None
+            self.queue.pop()
+            if need > 0:
+                r.blocks.extend(pool.get_new_blocks(need))
+            load_s = 0.0
+        r.status = Status.RUNNING
+        r.job_state.waiting_request = None
+        r.run_pos = next(self._run_pos)
+        self.running.append(r)
+        self._prefilling.append(r)
+        policy.on_admitted(r, now_s)
+        return n, h, e, load_s
+
+    def _release_loaded(self, num_running: int) -> bool:
+        """Nothing runs and the queue head cannot get blocks: free the blocks of the last queued
+        request that holds loaded KV (it looks its prefix up again later; its blocks stay cached).
+
+        NOTE: without this, requests that each hold loaded blocks and each need more would wait
+        for one another forever. With requests running, blocks come back when they finish.
+        """
+        if num_running:
+            return False
+        victim = None
+        for r in self.queue:
+            if r.status == Status.WAITING_LOADED:
+                victim = r
+        if victim is None:
+            return False
+        self.pool.free_blocks(reversed(victim.blocks))
+        victim.blocks = []
+        victim.num_computed = 0
+        victim.num_cached_blocks = 0
+        victim.status = Status.WAITING
+        victim.num_preemptions += 1
+        self.result.num_preemptions += 1
+        return True
+
+    def _prefix_hit(self, r: Request, max_tokens: int) -> list[KVBlock]:
+        """Cached blocks along the request's hash chain, from block 0 until the first miss.
+
+        NOTE(perf): a queue head that cannot be admitted is looked up again every step, and its
+        chain can be thousands of blocks. The last result is kept on the request with a position
+        in the pool's eviction log; a repeat lookup only truncates it at the first block evicted
+        since (a cached block is never replaced while cached, so the others are unchanged), then
+        extends it block by block as a fresh lookup would.
+        """
+        num = max_tokens >> 4
+        if num == 0:
+            return []
+        js = r.job_state
+        hashes = js.block_hashes(num)
+        pool = self.pool
+        log = pool.evicted_log
+        out = r.hit_memo
+        if out is None:
+            out = []
+        else:
+            if len(out) > num:
+                del out[num:]
+            if r.hit_log_pos < len(log) and out:
+                index = js.hash_index
+                cut = len(out)
+                for h in log[r.hit_log_pos:]:
+                    i = index.get(h)
+                    if i is not None and i < cut:
+                        cut = i
+                del out[cut:]
+        cached = pool.cached
+        for i in range(len(out), num):
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        r.hit_memo = out
+        r.hit_log_pos = len(log)
+        return out
+
+    def _preempt(self, r: Request) -> None:
+        """Preemption by recompute: free the blocks (they stay cached), requeue at the front."""
+        self.pool.free_blocks(reversed(r.blocks))
+        r.blocks = []
+        r.num_computed = 0
+        r.num_cached_blocks = 0
+        r.num_recomputed_tokens += r.num_admission_tokens
+        r.num_admission_tokens = 0
+        r.prompt_computed_tokens = 0
+        r.num_preemptions += 1
+        r.status = Status.WAITING
+        self.queue.prepend(r)
+
+    def _cache_full_blocks(self, r: Request) -> None:
+        full = r.num_computed >> 4
+        if full > r.num_cached_blocks:
+            hashes = r.job_state.block_hashes(full)
+            cache = self.pool.cache_block
+            blocks = r.blocks
+            for k in range(r.num_cached_blocks, full):
+                cache(blocks[k], hashes[k])
+            r.num_cached_blocks = full
+
+    # --- step completion ----------------------------------------------------------------------
+    def _finish_step(self, now_s: float) -> None:
+        """Apply the step in flight: computed tokens, sampled tokens, finished turns."""
+        g = self._g
+        finished = None
+        joined = None
+        for r, n in zip(self._sched_reqs, self._sched_n):
+            c = r.num_computed
+            if r.num_output and n == 1 and c == r.num_tokens - 1:
+                # A decode outside the group (exact mode): one token, a full block every 16 steps.
+                c += 1
+                r.num_computed = c
+                r.num_admission_tokens += 1
+                if not c & 15:
+                    self._cache_full_blocks(r)
+            else:
+                p = r.prompt_tokens
+                if c < p:
+                    r.prompt_computed_tokens += (c + n if c + n < p else p) - c
+                c += n
+                r.num_computed = c
+                r.num_admission_tokens += n
+                self._cache_full_blocks(r)
+                if c < r.num_tokens:
+                    continue  # a chunk of a longer prefill: nothing sampled yet
+            r.num_output += 1
+            r.num_tokens += 1
+            if r.first_token_s is None:
+                r.first_token_s = now_s
+            if r.num_output == r.output_tokens:
+                if finished is None:
+                    finished = []
+                finished.append(r)
+            elif self._step_fast:
+                if joined is None:
+                    joined = []
+                joined.append(r)
+        if self._step_fast:
+            for r in self._fin_due.pop(g, ()):
+                self._materialize(r, g + 1)
+                del self._dec[r.seq]
+                self._lag_sum -= r.lag
+                if r.run_pos == self._dec_max_pos:
+                    self._dec_max_pos_dirty = True
+                if finished is None:
+                    finished = []
+                finished.append(r)
+            if joined:
+                for r in joined:
+                    self._join_decode_group(r, g + 1)
+        if finished:
+            for r in finished:
+                self._finish_turn(r, now_s)
+            self.running[:] = [r for r in self.running if r.status == Status.RUNNING]
+        if not self._step_fast or finished or joined:
+            if not self._step_fast:  # exact mode: every decoding request joins the group
+                for r in self.running:
+                    if r.num_output and r.num_computed == r.num_tokens - 1:
+                        self._join_decode_group(r, g + 1)
+            dec = self._dec
+            self._prefilling = [r for r in self.running if r.seq not in dec]
+        self._g = g + 1
+        self._check_step(0)
+
+    def _finish_turn(self, r: Request, now_s: float) -> None:
+        r.status = Status.FINISHED
+        r.finish_s = now_s
+        if self.policy.on_turn_finish(r, now_s):
+            self.pool.free_blocks(reversed(r.blocks))
+        r.blocks = []
+        js = r.job_state
+        scheduled = r.num_recomputed_tokens + r.num_admission_tokens
+        self.result.turns.append((
+            js.job.job_id, r.turn, r.arrival_s, r.first_scheduled_s, r.first_token_s, now_s,
+            r.first_token_s - r.arrival_s, r.first_scheduled_s - r.arrival_s, r.prompt_tokens, r.hit_tokens,
+            r.pool_hit_tokens, r.prompt_computed_tokens, r.output_tokens, r.num_preemptions,
+            r.num_recomputed_tokens, scheduled,
+        ))
+        js.num_turns_done += 1
+        turns = js.job.turns
+        if r.turn + 1 < len(turns):
+            self.push(ArrivalEvent, now_s + turns[r.turn].tool_s, js, r.turn + 1)
+        else:
+            js.finish_s = now_s
+            self._num_jobs_done += 1
+            self.result.jobs.append((js.job.job_id, js.job.prefix_group, js.job.arrival_s, now_s,
+                                     now_s - js.job.arrival_s, len(turns)))
+
+    # --- estimates for policies ---------------------------------------------------------------
+    def estimate_prefill_s(self, num_tokens: int) -> float:
+        """Seconds to recompute ``num_tokens`` of context alone, in budget-sized chunks."""
+        key = (num_tokens + 255) >> 8  # 256-token resolution is plenty for a TTL decision
+        t = self._prefill_memo.get(key)
+        if t is None:
+            t, done, left = 0.0, 0, key << 8
+            chunk = self.config.max_num_batched_tokens
+            while left > 0:
+                n = min(chunk, left)
+                t += self.step_cost.step_s(num_prefill_tokens=n, num_prefill_seqs=1, prefill_context_tokens=done,
+                                           num_decode_seqs=0, decode_context_tokens=0)
+                done += n
+                left -= n
+            self._prefill_memo[key] = t
+        return t

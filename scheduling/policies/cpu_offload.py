@@ -1,0 +1,108 @@
+"""``cpu-offload``: a host-DRAM block pool behind the GPU prefix cache (vLLM's CPU offloading).
+
+Modelled on vLLM's ``SimpleCPUOffloadConnector`` / ``OffloadingConnector`` (project reference):
+- the pool holds whole GPU blocks keyed by block hash, sized in bytes (default 8 GiB), LRU;
+- a finished turn stores its full blocks (the DMA copy runs on its own stream: no step time);
+- at admission, after the GPU prefix hit, consecutive blocks found in the pool are loaded over
+  the host link (SKU ``host_link_gbs``) *asynchronously*: the request waits while others run.
+  Loads share one link, so they queue behind each other.
+An undersized pool thrashes: a job's early blocks are the least recently stored, so they are
+evicted first and the chained prefix lookup stops at the first missing block.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+
+from scheduling.policies.base import ExternalLoad, KVPolicy
+from scheduling.request import BLOCK_SIZE, Request
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CPUOffloadParams:
+    """Args:
+        cpu_gib: host pool size in GiB (vLLM SimpleCPUOffloadConnector default: 8 GiB).
+        link_gbs: host-link bandwidth in GB/s; None takes the SKU's ``host_link_gbs``.
+        load_latency_s: fixed cost per load (transfer setup), added once per loaded request.
+    """
+
+    cpu_gib: float = 8.0
+    link_gbs: float | None = None
+    load_latency_s: float = 0.0
+
+
+class CPUOffloadPolicy(KVPolicy):
+    name = "cpu-offload"
+    asynchronous_load = True
+
+    def __init__(self, params: CPUOffloadParams | None = None) -> None:
+        super().__init__()
+        self.p = params or CPUOffloadParams()
+        self._pool: OrderedDict = OrderedDict()  # block hash -> None, LRU first
+        self._capacity_blocks = 0
+        self._link_bytes_per_s = 0.0
+        self._block_bytes = 0
+        self._link_free_s = 0.0
+        self.num_stored_blocks = self.num_evicted_blocks = self.num_loaded_blocks = 0
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        self._block_bytes = engine.config.block_bytes
+        self._capacity_blocks = int(self.p.cpu_gib * GIB // self._block_bytes)
+        gbs = self.p.link_gbs if self.p.link_gbs is not None else engine.config.host_link_gbs
+        self._link_bytes_per_s = gbs * 1e9
+
+    def on_turn_finish(self, req: Request, now_s: float) -> bool:
+        hashes = req.job_state.hashes
+        pool, cap = self._pool, self._capacity_blocks
+        for i in range(req.num_cached_blocks):
+            h = hashes[i]
+            if h in pool:
+                pool.move_to_end(h)
+            else:
+                pool[h] = None
+                self.num_stored_blocks += 1
+                if len(pool) > cap:
+                    pool.popitem(last=False)
+                    self.num_evicted_blocks += 1
+        return True
+
+    def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
+        first, last = gpu_hit_tokens // BLOCK_SIZE, max_tokens // BLOCK_SIZE
+        if last <= first:
+            return 0
+        hashes = req.job_state.block_hashes(last)
+        pool = self._pool
+        n = 0
+        for i in range(first, last):
+            if hashes[i] not in pool:
+                break
+            n += 1
+        return n * BLOCK_SIZE
+
+    def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
+        first = gpu_hit_tokens // BLOCK_SIZE
+        n = num_tokens // BLOCK_SIZE
+        hashes = req.job_state.hashes
+        for i in range(first, first + n):
+            self._pool.move_to_end(hashes[i])
+        self.num_loaded_blocks += n
+        transfer_s = n * self._block_bytes / self._link_bytes_per_s + self.p.load_latency_s
+        start_s = max(now_s, self._link_free_s)  # one host link: loads queue behind each other
+        self._link_free_s = start_s + transfer_s
+        return ExternalLoad(load_s=self._link_free_s - now_s)
+
+    def pool_used_blocks(self) -> int:
+        return len(self._pool)
+
+    def pool_total_blocks(self) -> int:
+        return self._capacity_blocks
+
+    def params(self) -> dict:
+        return asdict(self.p)
+
+    def stats(self) -> dict:
+        return {"pool_stored_blocks": self.num_stored_blocks, "pool_evicted_blocks": self.num_evicted_blocks,
+                "pool_loaded_blocks": self.num_loaded_blocks}

@@ -1,0 +1,154 @@
+"""One replay: jobs + :class:`ReplayConfig` -> :class:`ReplayResult` -> an output directory.
+
+``run_replay`` is pure and deterministic: the engine has no randomness (arrivals come with the
+jobs, see ``traces.with_poisson_arrivals``), each call builds its own engine, policy and step
+cost, and the config is a picklable frozen dataclass, so a process pool or Ray gives the same
+result as a loop.
+
+Output directory (read by ``gpubench view``)::
+
+    summary.json   {"config": {...}, "metrics": {...}}
+    steps.csv      one row per engine step (engine.STEP_COLUMNS)
+    turns.csv      one row per turn (engine.TURN_COLUMNS)
+    jobs.csv       one row per job (engine.JOB_COLUMNS)
+
+GPU KV pool: ``(SKU memory × gpu_memory_utilization − model weights − activation reserve) /
+(KV bytes per token × 16)`` blocks, bf16 weights and KV.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from gpubench.errors import ConfigError
+from scheduling.engine import Engine, EngineConfig
+from scheduling.metrics import frames, summarize
+from scheduling.policies import make_policy
+from scheduling.request import BLOCK_SIZE
+from scheduling.step_cost import StepCost, make_step_cost
+from scheduling.traces import Job
+
+GIB = 1 << 30
+DTYPE_BYTES = 2  # bf16 weights and KV cache
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Everything a replay depends on besides the jobs.
+
+    Args:
+        sku, model: hardware and model (names as ``gpubench.skus`` / ``predictor`` know them).
+        policy, policy_params: KV policy name and its parameters (see ``scheduling.policies``).
+        gpu_memory_utilization: share of GPU memory vLLM may use (vLLM default 0.9).
+        activation_reserve_gib: memory kept for activations and CUDA graphs (vLLM profiles it;
+            2 GiB is our estimate for 8B-class models at 8192 batched tokens).
+        max_num_batched_tokens, max_num_seqs: scheduler limits (vLLM V1 server defaults on
+            large GPUs: 8192 tokens; 256 sequences).
+        num_gpu_blocks: override the computed pool size (tests, what-if studies).
+        step_cost: ``predictor`` (predictor.StepModel, memoized) or ``constant:SECONDS``.
+        calibration: calibration.json for the predictor (None: published defaults, then spec).
+        cuda_graphs: whether the predicted engine replays decode steps as CUDA graphs.
+        seed: the seed the jobs were made with (recorded; the engine itself draws nothing).
+        record_steps: keep the step log.
+    """
+
+    sku: str = "h100-sxm"
+    model: str = "llama-3.1-8b"
+    policy: str = "fcfs"
+    policy_params: dict = field(default_factory=dict)
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_gib: float = 2.0
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    num_gpu_blocks: int | None = None
+    step_cost: str = "predictor"
+    calibration: str | None = None
+    cuda_graphs: bool = True
+    seed: int = 0
+    record_steps: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ReplayResult:
+    config: ReplayConfig
+    summary: dict
+    steps: pd.DataFrame
+    turns: pd.DataFrame
+    jobs: pd.DataFrame
+
+
+def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
+                   activation_reserve_gib: float = 2.0) -> tuple[int, int, float]:
+    """``(num_gpu_blocks, kv_bytes_per_token, host_link_gbs)`` for an SKU and model.
+
+    Raises:
+        ConfigError: the weights and reserve do not leave room for one block.
+    """
+    from gpubench import skus
+    from predictor import load_model_config
+
+    s = skus.get(sku)
+    m = load_model_config(model)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    kv_per_token = m.kv_bytes_per_token(DTYPE_BYTES)
+    usable = s.memory_bytes * gpu_memory_utilization - m.weight_bytes(DTYPE_BYTES) - activation_reserve_gib * GIB
+    num_blocks = math.floor(usable / (kv_per_token * BLOCK_SIZE)) if usable > 0 else 0
+    if num_blocks < 1:
+        raise ConfigError(f"{m.name} ({m.weight_bytes(DTYPE_BYTES) / 1e9:.1f} GB of bf16 weights) leaves no room for a "
+                          f"KV cache on {s.id} ({s.memory_gb} GB × {gpu_memory_utilization})")
+    return num_blocks, kv_per_token, float(s.host_link_gbs or 32.0)
+
+
+def engine_config(cfg: ReplayConfig) -> EngineConfig:
+    num_blocks, kv_per_token, link_gbs = kv_pool_blocks(
+        cfg.sku, cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        activation_reserve_gib=cfg.activation_reserve_gib)
+    return EngineConfig(
+        num_gpu_blocks=cfg.num_gpu_blocks if cfg.num_gpu_blocks is not None else num_blocks,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+        kv_bytes_per_token=kv_per_token, host_link_gbs=link_gbs, record_steps=cfg.record_steps)
+
+
+def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost | None = None,
+               progress: Callable[[int, int, float], None] | None = None) -> ReplayResult:
+    """Replay ``jobs`` under ``config``.
+
+    Args:
+        jobs: the workload with arrival times.
+        config: see :class:`ReplayConfig`.
+        step_cost: an explicit step cost (tests); default built from ``config.step_cost``.
+        progress: ``callback(num_jobs_done, num_jobs, sim_time_s)``.
+    """
+    if not jobs:
+        raise ConfigError("no jobs to replay")
+    ecfg = engine_config(config)
+    policy = make_policy(config.policy, config.policy_params)
+    cost = step_cost or make_step_cost(config.step_cost, sku=config.sku, model=config.model,
+                                       calibration=config.calibration, cuda_graphs=config.cuda_graphs)
+    res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
+    steps, turns, jobs_df = frames(res)
+    summary = summarize(res, turns, jobs_df)
+    summary["step_cost"] = cost.describe()
+    summary["policy_params"] = policy.params()
+    return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df)
+
+
+def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | None = None) -> Path:
+    """Write summary.json, steps.csv, turns.csv, jobs.csv into ``out_dir`` (created)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command, "config": result.config.to_dict(), "metrics": result.summary}
+    (out / "summary.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    result.steps.to_csv(out / "steps.csv", index=False)
+    result.turns.to_csv(out / "turns.csv", index=False)
+    result.jobs.to_csv(out / "jobs.csv", index=False)
+    return out

@@ -1,0 +1,162 @@
+"""How long one engine step takes, given the batch composition.
+
+The engine describes a step by five counts (no per-request lists, so a decode step allocates
+nothing): prefill tokens and sequences, the cached context those prefills attend to, decode
+sequences and their summed context. A :class:`StepCost` maps that to seconds.
+
+- :class:`ConstantStepCost` and :class:`TableStepCost` are for tests and hand-checkable scenarios.
+- :class:`PredictorStepCost` asks ``predictor.StepModel`` for the SKU and model, memoized on a
+  quantized key (see :func:`quantize`), so a replay of millions of steps calls the predictor only a
+  few thousand times.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from abc import ABC, abstractmethod
+from typing import Mapping
+
+# Relative granularity of the memo key: counts above QUANT_EXACT_BELOW are rounded *up* to
+# 1/QUANT_STEPS_PER_OCTAVE of their octave (at most 1/32 = 3.1 % above the true value).
+QUANT_EXACT_BELOW = 64
+QUANT_STEPS_PER_OCTAVE = 32
+
+
+def quantize(x: int) -> int:
+    """Round a token count up onto a geometric grid (exact below 64, then <= 3.1 % coarser).
+
+    Why: decode context sums grow by one token per sequence per step, so an exact key would
+    never repeat; step time is smooth in these counts, so a 3 % grid changes it by well under 3 %.
+    Rounding up keeps the estimate on the slow (conservative) side.
+    """
+    if x <= QUANT_EXACT_BELOW:
+        return x
+    step = 1 << max(0, x.bit_length() - 1 - int(math.log2(QUANT_STEPS_PER_OCTAVE)))
+    return -(-x // step) * step
+
+
+class StepCost(ABC):
+    """Seconds of one engine step. Implementations must be pure functions of their arguments."""
+
+    @abstractmethod
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        """Duration of a step.
+
+        Args:
+            num_prefill_tokens: new tokens of sequences that are (re)filling their prompt.
+            num_prefill_seqs: how many such sequences.
+            prefill_context_tokens: cached tokens those prefills attend to (sum over them).
+            num_decode_seqs: sequences generating one token each.
+            decode_context_tokens: context length summed over the decode sequences.
+        """
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class ConstantStepCost(StepCost):
+    """Every non-empty step takes ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"step seconds must be > 0, got {seconds}")
+        self.seconds = float(seconds)
+
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        return self.seconds
+
+    def describe(self) -> str:
+        return f"constant:{self.seconds}"
+
+
+class TableStepCost(StepCost):
+    """Step time looked up by the number of tokens in the batch (prefill + decode).
+
+    Args:
+        table: ``{max_tokens: seconds}``; a step with ``n`` tokens takes the seconds of the smallest
+            key ``>= n`` (a step above the largest key takes the largest key's seconds, scaled
+            linearly by ``n / key``).
+    """
+
+    def __init__(self, table: Mapping[int, float]) -> None:
+        if not table:
+            raise ValueError("empty step-cost table")
+        self._keys = sorted(int(k) for k in table)
+        self._vals = [float(table[k]) for k in self._keys]
+
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        n = num_prefill_tokens + num_decode_seqs
+        i = bisect.bisect_left(self._keys, n)
+        if i == len(self._keys):
+            return self._vals[-1] * n / self._keys[-1]
+        return self._vals[i]
+
+    def describe(self) -> str:
+        return f"table:{dict(zip(self._keys, self._vals))}"
+
+
+class PredictorStepCost(StepCost):
+    """``predictor.StepModel`` for a SKU and model, memoized on a quantized batch key.
+
+    Key: ``(q(prefill tokens), prefill seqs, q(prefill context), decode seqs, q(decode context))``
+    with :func:`quantize`; sequence counts stay exact (they set the number of attention launches
+    and the lm_head rows). The batch handed to the predictor is the representative one for the key:
+    the prefill tokens and their context split evenly over the prefill sequences, and each decode
+    sequence at the mean decode context.
+    """
+
+    def __init__(self, sku: str, model: str, *, calibration: str | None = None, cuda_graphs: bool = True,
+                 step_model=None) -> None:
+        if step_model is None:
+            from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
+
+            step_model = StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs)
+        self.sku, self.model_name = sku, model
+        self._model = step_model
+        self._memo: dict[tuple, float] = {}
+        self.num_predictor_calls = 0
+
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        key = (quantize(num_prefill_tokens), num_prefill_seqs, quantize(prefill_context_tokens),
+               num_decode_seqs, quantize(decode_context_tokens))
+        t = self._memo.get(key)
+        if t is None:
+            t = self._memo[key] = self._predict(*key)
+        return t
+
+    def _predict(self, pt: int, ps: int, pctx: int, nd: int, dctx: int) -> float:
+        batch: list[tuple[int, int]] = []
+        if ps:
+            base, extra = divmod(pt, ps)
+            for i in range(ps):
+                batch.append((base + (1 if i < extra else 0), pctx // ps))
+        if nd:
+            batch.extend([(1, dctx // nd)] * nd)
+        self.num_predictor_calls += 1
+        return float(self._model.predict_time(batch))
+
+    @property
+    def memo_size(self) -> int:
+        return len(self._memo)
+
+    def describe(self) -> str:
+        return f"predictor:{self.sku}:{self.model_name}"
+
+
+def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None = None,
+                   cuda_graphs: bool = True) -> StepCost:
+    """Build a step cost from a picklable spec: ``predictor`` or ``constant:SECONDS``."""
+    from gpubench.errors import ConfigError
+
+    if spec == "predictor":
+        return PredictorStepCost(sku, model, calibration=calibration, cuda_graphs=cuda_graphs)
+    if spec.startswith("constant:"):
+        try:
+            return ConstantStepCost(float(spec.split(":", 1)[1]))
+        except ValueError as e:
+            raise ConfigError(f"bad step cost '{spec}': {e}") from None
+    raise ConfigError(f"unknown step cost '{spec}' (use 'predictor' or 'constant:SECONDS')")
