@@ -370,3 +370,18 @@ def test_gemm_check_accepts_a_real_low_precision_product_and_rejects_wrong_ones(
     nan = c.clone()
     nan[m - 1, 0] = float("nan")
     assert not check_gemm(a, b, nan, dtype)["valid"]
+
+
+@pytest.mark.gpu
+def test_gpu_torch_gemm_is_validated():
+    """cuBLAS through a CUDA torch: small shapes, every dtype, checked against float64."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA torch")
+    from gpubench.backends.cuda import torch_gemm
+
+    for dtype in ("bf16", "fp16", "tf32"):
+        r = torch_gemm(0, dtype, 256, 512, 1024, num_reps=5, budget_s=0.01, l2_bytes=50 * 2**20, clock_khz=1.5e6)
+        assert r["valid"], r["check"]
+        assert len(r["times_s"]) >= 5 and min(r["times_s"]) > 0
+        assert r["num_weight_copies"] >= 1
