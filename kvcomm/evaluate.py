@@ -246,10 +246,12 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
             rel, rel_lo, rel_hi = relative_ci(prow.loc[common, "em"], text.loc[common, "em"]) if len(common) else (np.nan,) * 3
             speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if len(common) else pd.Series(dtype=float)
             frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
+            # NOTE(H): agreement with text's own answer is the fidelity of the import, right or wrong
+            agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if len(common) else np.nan
             out.append({
                 "task": task, "protocol": proto, "n": len(prow),
                 "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
-                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi,
+                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi, "agree_text": float(agree),
                 "ttft_median_s": float(prow["prefill_s"].median()),
                 "ttft_p20_s": float(prow["prefill_s"].quantile(0.2)), "ttft_p80_s": float(prow["prefill_s"].quantile(0.8)),
                 "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
@@ -262,13 +264,13 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
 
 def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table (the README pastes this file, never retypes it)."""
-    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | receiver TTFT median ms | speedup vs text "
-            "| recomputed / imported | goal |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | same answer as text | receiver TTFT "
+            "median ms | speedup vs text | recomputed / imported | goal |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary.itertuples():
         lines.append(
             f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
-            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {1e3 * r.ttft_median_s:.1f} | "
+            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.agree_text:.3f} | {1e3 * r.ttft_median_s:.1f} | "
             f"{r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | {'yes' if r.meets_goal else '-'} |")
     return head + "\n".join(lines) + "\n"
 

@@ -46,6 +46,7 @@ def _rows() -> pd.DataFrame:
     for i in range(10):
         for proto, em, t in (("text", 1.0, 0.4), ("kv-rerotated", float(i % 2), 0.1), ("kv-blend r=0.15", 1.0, 0.2)):
             rows.append(dict(task="keycode", index=i, protocol=proto, em=em, f1=em, prefill_s=t * (1 + i / 10),
+                             prediction="1234" if em else str(i),
                              num_imported=100, num_recomputed={"text": 100, "kv-rerotated": 0}.get(proto, 20)))
     return pd.DataFrame(rows)
 
@@ -55,6 +56,7 @@ def test_summary_relative_accuracy_speedup_and_goal(tmp_path):
     assert s.loc["text", "rel_em"] == 1.0 and s.loc["text", "speedup_median"] == pytest.approx(1.0)
     assert s.loc["kv-rerotated", "rel_em"] == pytest.approx(0.5) and s.loc["kv-rerotated", "speedup_median"] == pytest.approx(4.0)
     assert s.loc["kv-blend r=0.15", "recompute_fraction"] == pytest.approx(0.2)
+    assert s.loc["kv-rerotated", "agree_text"] == pytest.approx(0.5) and s.loc["kv-blend r=0.15", "agree_text"] == 1.0
     assert list(s["meets_goal"]) == [False, False, True]
     summary = write_reports(tmp_path, _rows(), "gpubench kvcomm eval --n 10")
     assert (tmp_path / "COMMAND").read_text() == "gpubench kvcomm eval --n 10\n"
