@@ -642,12 +642,13 @@ class Engine:
                     if i is not None and i < cut:
                         cut = i
                 del out[cut:]
-        cached = pool.cached
-        for i in range(len(out), num):
-            b = cached.get(hashes[i])
+        get = pool.cached.get
+        append = out.append
+        for h in hashes[len(out):num]:
+            b = get(h)
             if b is None:
                 break
-            out.append(b)
+            append(b)
         r.hit_memo = out
         r.hit_log_pos = len(log)
         return out

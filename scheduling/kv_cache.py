@@ -168,25 +168,46 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones off the free queue."""
+        # NOTE(perf): FreeBlockQueue.remove inlined; a turn touches its whole prefix (thousands).
         fq = self.free_queue
+        n_removed = n_cached = 0
         for b in blocks:
             if b.ref_cnt == 0:
-                fq.remove(b)
+                prev, nxt = b.prev_free, b.next_free
+                if prev is None or nxt is None:
+                    raise RuntimeError(f"touch of {b!r}: ref count 0 but not in the free queue")
+                prev.next_free = nxt
+                nxt.prev_free = prev
+                b.prev_free = b.next_free = None
+                n_removed += 1
                 if b.block_hash is not None:
-                    self.num_cached_free -= 1
+                    n_cached += 1
             b.ref_cnt += 1
+        fq.num_free_blocks -= n_removed
+        self.num_cached_free -= n_cached
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference per block; blocks reaching 0 join the free queue in the given order."""
+        # NOTE(perf): FreeBlockQueue.append inlined (a finished turn frees its whole context).
         fq = self.free_queue
+        tail = fq._tail
+        n_added = n_cached = 0
         for b in ordered:
-            if b.ref_cnt <= 0:
+            rc = b.ref_cnt - 1
+            if rc < 0:
                 raise RuntimeError(f"free of {b!r} with ref count {b.ref_cnt}")
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                fq.append(b)
+            b.ref_cnt = rc
+            if rc == 0:
+                last = tail.prev_free
+                last.next_free = b
+                b.prev_free = last
+                b.next_free = tail
+                tail.prev_free = b
+                n_added += 1
                 if b.block_hash is not None:
-                    self.num_cached_free += 1
+                    n_cached += 1
+        fq.num_free_blocks += n_added
+        self.num_cached_free += n_cached
 
     def cache_block(self, b: KVBlock, block_hash: BlockHash) -> None:
         """Mark a full, in-use block as holding ``block_hash``.

@@ -1,0 +1,195 @@
+"""``gpubench replay``: replay an agent trace through the engine under one KV policy.
+
+Also registers ``gpubench sweep`` from :mod:`scheduling.sweep_cli` when that module exists.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from gpubench.errors import ConfigError
+from scheduling.policies import POLICY_NAMES
+
+# CLI option -> (policy, parameter name). Defaults live in the policies' parameter dataclasses.
+POLICY_OPTIONS = {
+    "ttl_rule": ("continuum", "ttl_rule"),
+    "ttl_s": ("continuum", "ttl_s"),
+    "tool_mean_threshold_s": ("continuum", "tool_mean_threshold_s"),
+    "eta": ("continuum", "eta"),
+    "prior_mean_s": ("continuum", "prior_mean_s"),
+    "cpu_gib": ("cpu-offload", "cpu_gib"),
+    "offload_link_gbs": ("cpu-offload", "link_gbs"),
+    "lmcache_chunk_tokens": ("lmcache", "chunk_tokens"),
+    "lmcache_cpu_gb": ("lmcache", "cpu_gb"),
+    "lmcache_store_chunk_ms": ("lmcache", "store_chunk_s"),
+    "lmcache_retrieve_chunk_ms": ("lmcache", "retrieve_chunk_s"),
+}
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """Policy parameters (each applies to one policy; unset means the policy's default)."""
+    g = p.add_argument_group("continuum options")
+    g.add_argument("--ttl-rule", choices=("fixed", "tool-mean", "expected-benefit"), default=None,
+                   help="how long to pin a job's KV across a tool call (default: expected-benefit)")
+    g.add_argument("--ttl-s", type=float, default=None, help="TTL of the fixed and tool-mean rules (default 2.0)")
+    g.add_argument("--tool-mean-threshold-s", type=float, default=None,
+                   help="tool-mean: pin only tools whose mean duration is at most this (default 2.0)")
+    g.add_argument("--eta", type=float, default=None, help="expected-benefit: weight of queueing delay (default 1.0)")
+    g.add_argument("--prior-mean-s", type=float, default=None,
+                   help="exponential prior of tool time with few samples (default 1.0)")
+    g = p.add_argument_group("cpu-offload options")
+    g.add_argument("--cpu-gib", type=float, default=None, help="host DRAM pool in GiB (default 8, vLLM's)")
+    g.add_argument("--offload-link-gbs", type=float, default=None, help="host link GB/s (default: the SKU's)")
+    g = p.add_argument_group("lmcache options")
+    g.add_argument("--lmcache-chunk-tokens", type=int, default=None, help="chunk size in tokens (default 256)")
+    g.add_argument("--lmcache-cpu-gb", type=float, default=None, help="CPU tier in GB (default 5)")
+    g.add_argument("--lmcache-store-chunk-ms", type=float, default=None, help="per-chunk store cost (default 0.5)")
+    g.add_argument("--lmcache-retrieve-chunk-ms", type=float, default=None,
+                   help="per-chunk retrieve cost (default 0.2)")
+
+
+def policy_params_from_args(args: argparse.Namespace, policy: str) -> dict:
+    """The parameters set on the command line for ``policy``; an option of another policy is an error."""
+    params = {}
+    for opt, (owner, name) in POLICY_OPTIONS.items():
+        value = getattr(args, opt, None)
+        if value is None:
+            continue
+        if owner != policy:
+            raise ConfigError(f"--{opt.replace('_', '-')} applies to policy '{owner}', not '{policy}'")
+        params[name] = value / 1e3 if opt.endswith("_ms") else value
+    return params
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine options")
+    g.add_argument("--sku", default="h100-sxm", help="GPU SKU (default h100-sxm; see gpubench skus)")
+    g.add_argument("--model", default="llama-3.1-8b", help="model name or config.json path (default llama-3.1-8b)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's share of GPU memory (0.9)")
+    g.add_argument("--activation-reserve-gib", type=float, default=2.0,
+                   help="memory kept for activations and CUDA graphs (default 2 GiB)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step (8192)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="most running requests (256)")
+    g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the computed KV pool size")
+    g.add_argument("--step-cost", default="predictor",
+                   help="'predictor' (predictor.StepModel, default) or 'constant:SECONDS'")
+    g.add_argument("--calibration", default=None, help="calibration.json from gpubench fit (default: published)")
+    g.add_argument("--no-cuda-graphs", action="store_true", help="predict steps without CUDA graphs")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "replay", help="replay agent jobs through a vLLM-like engine under a KV policy",
+        description="Replay multi-turn agent jobs (a trace file or a synthetic workload with Poisson arrivals) "
+                    "through a simulated vLLM V1 engine whose step times come from the predictor, under one "
+                    "KV-cache policy; write summary.json, steps.csv, turns.csv and jobs.csv to --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
+    src.add_argument("--synthetic", type=int, metavar="N", help="generate N synthetic SWE-agent jobs")
+    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache policy")
+    p.add_argument("--jps", type=float, default=None,
+                   help="Poisson job arrivals per second (required with --synthetic; with --trace it "
+                        "replaces the trace's arrival times)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs and of the arrivals")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_engine_options(p)
+    add_policy_options(p)
+    p.set_defaults(func=cmd_replay)
+    try:
+        from scheduling import sweep_cli
+    except ModuleNotFoundError as exc:
+        if exc.name != "scheduling.sweep_cli":
+            raise
+    else:
+        sweep_cli.register(sub)
+
+
+def load_jobs(args: argparse.Namespace):
+    """Jobs from --trace or --synthetic, with Poisson arrivals at --jps when given."""
+    from scheduling import traces
+
+    if args.synthetic is not None:
+        if args.synthetic < 1:
+            raise ConfigError(f"--synthetic needs at least 1 job, got {args.synthetic}")
+        if args.jps is None:
+            raise ConfigError("--synthetic needs --jps (job arrivals per second)")
+        jobs = traces.synthetic_jobs(args.synthetic, seed=args.seed)
+    else:
+        jobs = traces.load_trace(args.trace)
+    if args.jps is not None:
+        if not args.jps > 0:
+            raise ConfigError(f"--jps must be > 0, got {args.jps}")
+        jobs = traces.with_poisson_arrivals(jobs, args.jps, seed=args.seed)
+    return jobs
+
+
+def config_from_args(args: argparse.Namespace):
+    from scheduling.replay import ReplayConfig
+
+    return ReplayConfig(
+        sku=args.sku, model=args.model, policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
+        gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
+        cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from scheduling.replay import run_replay, write_outputs
+
+    config = config_from_args(args)
+    jobs = load_jobs(args)
+    console = Console(stderr=True)
+    if args.no_progress:
+        result = run_replay(jobs, config)
+    else:
+        with Progress(TextColumn("[bold]replay[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("jobs  sim {task.fields[sim_s]:.0f} s"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task(f"{config.policy} on {config.sku}", total=len(jobs), sim_s=0.0)
+
+            def progress(done: int, total: int, sim_s: float) -> None:
+                bar.update(task, completed=done, sim_s=sim_s)
+
+            result = run_replay(jobs, config, progress=progress)
+    command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    out = write_outputs(result, args.out, command=command)
+    print_summary(result.summary, config, out)
+    return 0
+
+
+def print_summary(m: dict, config, out) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def f(v, fmt="{:.3f}"):
+        return "-" if v is None else fmt.format(v)
+
+    t = Table(title=f"replay: {config.policy} · {config.sku} · {config.model}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("jobs / turns", f"{m['num_jobs']} / {m['num_turns']}"),
+        ("JCT mean / p50 / p90 / p99 (s)",
+         " / ".join(f(m[k], "{:.1f}") for k in ("jct_mean_s", "jct_p50_s", "jct_p90_s", "jct_p99_s"))),
+        ("TTFT mean / p50 / p90 (s)", " / ".join(f(m[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s"))),
+        ("queueing delay mean / p90 (s)", " / ".join(f(m[k]) for k in ("queue_mean_s", "queue_p90_s"))),
+        ("throughput (output tok/s)", f(m["output_tok_per_s"], "{:.0f}")),
+        ("jobs/s", f(m["jobs_per_s"], "{:.4f}")),
+        ("GPU prefix-hit rate", f(m["gpu_prefix_hit_rate"])),
+        ("pool hit rate", f(m["pool_hit_rate"])),
+        ("preemptions / recomputed tokens", f"{m['preemptions']} / {m['recomputed_tokens']}"),
+        ("KV blocks on GPU", str(m["num_gpu_blocks"])),
+        ("steps / sim wall (s)", f"{m['steps']} / {m['sim_wall_s']:.1f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console = Console()
+    console.print(t)
+    console.print(f"wrote {out}/summary.json, steps.csv, turns.csv, jobs.csv")
