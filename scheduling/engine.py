@@ -251,8 +251,8 @@ class Engine:
     # --- event handlers -----------------------------------------------------------------------
     def on_arrival(self, js: JobState, turn: int, now_s: float) -> list:
         prompt = js.prompt_tokens(turn)
-        total = prompt + js.job.turns[turn].output_tokens
-        if total > self._max_request_tokens:
+        total = prompt + js.job.turns[turn].output_tokens - 1  # the last sampled token gets no KV
+        if (total + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE > self._max_request_tokens:
             raise ConfigError(f"job {js.job.job_id} turn {turn} needs {total} tokens of KV cache, more than the "
                               f"whole GPU pool ({self._max_request_tokens} tokens); use a larger SKU or smaller model")
         req = Request(js, turn, next(self._req_seq), now_s, prompt)
@@ -395,11 +395,11 @@ class Engine:
             max_seqs = cfg.max_num_seqs
             running = self.running
             while True:
-                if not queue:
-                    reason = reason or ("waiting_on_load" if self.loading else "queue_empty")
-                    break
                 if budget == 0:
                     reason = "token_budget"
+                    break
+                if not queue:
+                    reason = reason or ("waiting_on_load" if self.loading else "queue_empty")
                     break
                 if len(running) >= max_seqs:
                     reason = "max_seqs"

@@ -1,0 +1,181 @@
+"""The engine on hand-checkable scenarios and invariants (real engine, constant/table step costs)."""
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from gpubench.errors import ConfigError
+from scheduling.engine import Engine, EngineConfig, Event
+from scheduling.policies import make_policy
+from scheduling.step_cost import ConstantStepCost, TableStepCost
+from scheduling.traces import Job, SyntheticParams, Turn, synthetic_jobs, with_poisson_arrivals
+
+
+def job(job_id, turns, *, system=0, group=None, arrival=0.0):
+    """Small factory: turns as (input, output, tool_s)."""
+    ts = tuple(Turn(i, o, "bash" if k < len(turns) - 1 else None, g if k < len(turns) - 1 else 0.0)
+               for k, (i, o, g) in enumerate(turns))
+    return Job(job_id, group or job_id, system, ts, arrival)
+
+
+def run(jobs, num_blocks, policy="fcfs", params=None, cost=0.01, **cfg):
+    e = Engine(jobs, EngineConfig(num_gpu_blocks=num_blocks, **cfg), make_policy(policy, params),
+               ConstantStepCost(cost) if isinstance(cost, float) else cost)
+    res = e.run()
+    e.pool.check_invariants()
+    return e, res
+
+
+def small_workload(n=12, seed=3, jps=4.0):
+    params = SyntheticParams(turns_mean=5, turns_min=2, turns_max=8, system_tokens_min=300, system_tokens_max=600,
+                             obs_tokens_median=120, obs_tokens_max=800, out_tokens_median=30, out_tokens_max=80,
+                             task_tokens_median=200)
+    return with_poisson_arrivals(synthetic_jobs(n, seed=seed, params=params), jps, seed=seed)
+
+
+def turn_dicts(res):
+    from scheduling.engine import TURN_COLUMNS
+
+    return [dict(zip(TURN_COLUMNS, t)) for t in res.turns]
+
+
+# --- hand-checkable preemption scenario ----------------------------------------------------------
+# Two 1-turn jobs, 64-token prompts (4 blocks), 100 output tokens: each needs ceil((64+99)/16) = 11
+# blocks at its last decode step. Step 1 prefills both; decode step k has computed = 64 + (k-2), so
+# a 5th block is needed at step 2, a 6th at step 18, ... With 22 blocks nobody is ever short.
+TWO = [job("a", [(64, 100, 0)]), job("b", [(64, 100, 0)])]
+
+
+def test_no_preemption_when_blocks_suffice():
+    _, res = run(TWO, 22)
+    assert res.num_preemptions == 0
+    assert all(row[15] != "no_blocks" and row[16] == 0 for row in res.steps)
+
+
+def test_preemption_exactly_when_blocks_run_out():
+    _, res = run(TWO, 21)
+    assert res.num_preemptions >= 1
+    _, res12 = run(TWO, 12)
+    # 12 blocks: both hold 5 after step 2 and 6 after step 18 (used 12); at step 34 "a" needs a 7th
+    # -> none is free, the last running request ("b") is preempted and "a" takes one of its blocks.
+    first = next(row for row in res12.steps if row[16])
+    assert first[0] == 34 and first[16] == 1 and first[15] == "preempted"
+    assert all(row[16] == 0 for row in res12.steps[:33])
+    b = [t for t in turn_dicts(res12) if t["job_id"] == "b"][0]
+    assert b["num_preemptions"] >= 1 and b["recomputed_tokens"] > 0
+
+
+# --- conservation --------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["fcfs", "continuum", "cpu-offload", "lmcache"])
+@pytest.mark.parametrize("num_blocks", [400, 5000])
+def test_conservation(policy, num_blocks):
+    jobs = small_workload()
+    e, res = run(jobs, num_blocks, policy, max_num_batched_tokens=512)
+    turns = turn_dicts(res)
+    assert len(res.jobs) == len(jobs)
+    assert len(turns) == sum(len(j.turns) for j in jobs)
+    for t in turns:
+        # every prompt token of every turn is hit on GPU, loaded from a pool, or prefilled: once
+        assert t["hit_tokens"] + t["pool_hit_tokens"] + t["computed_tokens"] == t["prompt_tokens"], t
+        if t["num_preemptions"] == 0:
+            assert t["recomputed_tokens"] == 0
+            assert t["scheduled_tokens"] == t["prompt_tokens"] + t["output_tokens"] - 1 - t["hit_tokens"] - t["pool_hit_tokens"]
+    # the step log accounts for exactly the tokens the turns scheduled
+    assert sum(r[3] + r[4] for r in res.steps) == sum(t["scheduled_tokens"] for t in turns)
+    assert sum(r[16] for r in res.steps) <= res.num_preemptions
+    assert all(r[9] <= r[12] for r in res.steps)  # used <= total
+    if num_blocks == 5000:
+        assert res.num_preemptions == 0
+
+
+def test_fast_path_is_identical_to_the_exact_loop():
+    jobs = small_workload(n=10, seed=5, jps=8.0)
+    for policy in ("fcfs", "continuum", "cpu-offload"):
+        _, fast = run(jobs, 300, policy, max_num_batched_tokens=256)
+        _, exact = run(jobs, 300, policy, max_num_batched_tokens=256, fast_path=False)
+        assert fast.num_preemptions > 0  # the scenario exercises preemption
+        assert fast.steps == exact.steps and fast.turns == exact.turns
+
+
+def test_deterministic_for_a_seed():
+    a = run(small_workload(seed=7), 600)[1]
+    b = run(small_workload(seed=7), 600)[1]
+    c = run(small_workload(seed=8), 600)[1]
+    assert a.steps == b.steps and a.turns == b.turns
+    assert a.turns != c.turns
+
+
+# --- chunked prefill, budget, max_num_seqs, tool gaps ---------------------------------------------
+def test_chunked_prefill_respects_the_token_budget():
+    _, res = run([job("a", [(1000, 2, 0)])], 200, max_num_batched_tokens=256)
+    prefill = [r[3] for r in res.steps if r[3]]
+    assert prefill == [256, 256, 256, 232]
+    assert res.steps[0][15] == "token_budget"
+
+
+def test_max_num_seqs_caps_the_batch():
+    jobs = [job(f"j{i}", [(32, 5, 0)]) for i in range(5)]
+    _, res = run(jobs, 200, max_num_seqs=2)
+    assert max(r[7] for r in res.steps) == 2
+    assert res.steps[0][15] == "max_seqs"
+
+
+def test_next_turn_arrives_after_the_tool_gap_and_hits_its_history():
+    # turn 0: 48 + 20 tokens; turn 1 prompt = 48 + 20 + 16 = 84; blocks of turn 0's computed 67 tokens: 4 full
+    _, res = run([job("a", [(48, 20, 2.5), (16, 5, 0)])], 100, cost=0.01)
+    t0, t1 = turn_dicts(res)
+    assert t1["arrival_s"] == pytest.approx(t0["finish_s"] + 2.5)
+    assert t1["prompt_tokens"] == 84 and t1["hit_tokens"] == 64 and t1["computed_tokens"] == 20
+    # TTFT of turn 0 = one prefill step; the turn then needs 19 more decode steps
+    assert t0["ttft_s"] == pytest.approx(0.01) and t0["finish_s"] == pytest.approx(0.20)
+
+
+def test_shared_system_prompt_hits_across_jobs_of_a_group():
+    jobs = [job("a", [(40, 4, 0)], system=320, group="g"), job("b", [(40, 4, 0)], system=320, group="g", arrival=1.0)]
+    _, res = run(jobs, 100)
+    a, b = turn_dicts(res)
+    assert a["hit_tokens"] == 0 and b["hit_tokens"] == 320  # 20 system blocks, then b's own tokens
+
+
+def test_step_time_from_the_step_cost():
+    table = TableStepCost({1: 0.005, 64: 0.01, 8192: 0.2})
+    _, res = run([job("a", [(100, 3, 0)])], 50, cost=table)
+    assert [r[2] for r in res.steps] == [0.2, 0.005, 0.005]
+
+
+def test_request_larger_than_the_pool_is_a_config_error():
+    with pytest.raises(ConfigError, match="more than the whole GPU pool"):
+        run([job("a", [(1000, 10, 0)])], 10)
+
+
+# --- event ordering ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Probe(Event):
+    tag: str
+    log: list
+    prio: int
+    priority: ClassVar[int] = 0
+
+    def handle(self, engine):
+        self.log.append(self.tag)
+        return []
+
+
+def test_event_ties_break_by_priority_then_creation_order():
+    e = Engine([], EngineConfig(num_gpu_blocks=4), make_policy("fcfs"), ConstantStepCost(0.01))
+    log: list = []
+
+    def probe_cls(p):
+        return type(f"P{p}", (Probe,), {"priority": p, "__slots__": ()})
+
+    late, early = probe_cls(3), probe_cls(1)
+    e.push(late, 1.0, "late-1", log, 3)
+    e.push(early, 1.0, "early-1", log, 1)
+    e.push(late, 1.0, "late-2", log, 3)
+    e.push(early, 0.5, "first", log, 1)
+    e.push(early, 1.0, "early-2", log, 1)
+    e.run()
+    assert log == ["first", "early-1", "early-2", "late-1", "late-2"]
+    # each engine has its own counter: a new engine starts again at 0
+    e2 = Engine([], EngineConfig(num_gpu_blocks=4), make_policy("fcfs"), ConstantStepCost(0.01))
+    assert next(e2._seq) == 0
