@@ -22,6 +22,8 @@ _EXPORTS = {
     "QuantizedKVCache": "kvcomm.quant",
     "blend_prefill": "kvcomm.blend",
     "BlendResult": "kvcomm.blend",
+    "reuse_prefill": "kvcomm.blend",
+    "quant_report": "kvcomm.quant",
 }
 
 __all__ = sorted(_EXPORTS)

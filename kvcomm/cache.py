@@ -212,6 +212,8 @@ def greedy_generate(model, cache: KVCache, ids, max_new_tokens: int,
         i-th new token was drawn from. The final cache holds every fed token (the last new token is
         not fed).
     """
+    if max_new_tokens < 1:
+        raise KVCommError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
     ids = _as_ids(ids)
     next_pos = cache.next_position
     hf = cache.to_hf(model)
