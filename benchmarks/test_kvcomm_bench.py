@@ -10,8 +10,8 @@ The full prefill is the model's own forward over all 2080 tokens with logits onl
 (``logits_to_keep``), the same output blend produces. Threads: ``KVCOMM_BENCH_THREADS`` (default 1:
 the 2 cores here are shared, and one thread gives steadier figures); load average is recorded.
 
-Run (and regenerate results/kvcomm/toolkit_bench.json):
-    .venv/bin/python -m pytest benchmarks/test_kvcomm_bench.py --benchmark-json=results/kvcomm/toolkit_bench.json
+Run (and regenerate results/kvcomm/toolkit/toolkit_bench.json):
+    .venv/bin/python -m pytest benchmarks/test_kvcomm_bench.py --benchmark-json=results/kvcomm/toolkit/toolkit_bench.json
 """
 from __future__ import annotations
 
