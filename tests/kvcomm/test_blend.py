@@ -132,3 +132,13 @@ def test_smollm2_blend_extremes(smollm2):
     torch.testing.assert_close(out0.logits, reuse_logits, atol=2e-3, rtol=1e-3)
     out = blend_prefill(model, caches, query, ratio=0.15)
     assert out.recomputed_per_layer == [round(0.15 * num_context) + q] * 30
+    # recomputing 15% of the context moves the query's distribution most of the way back to the full
+    # prefill (measured on this input: KL 0.120 at r = 0, 0.039 at r = 0.15, 0.0024 at r = 0.5)
+    ref = full_logits[:, -q:]
+    assert _kl(ref, out.logits) < 0.5 * _kl(ref, out0.logits)
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """Mean over positions of KL(p || q) between the softmax distributions."""
+    lp, lq = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
