@@ -94,7 +94,7 @@ def _run_layer(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, row
     k_all, v_all = base_k.clone(), base_v.clone()
     k_all[:, :, rows] = k.to(k_all.dtype)
     v_all[:, :, rows] = v.to(v_all.dtype)
-    allowed = torch.arange(k_all.shape[2])[None, :] <= rows[:, None]  # [n, S]
+    allowed = (torch.arange(k_all.shape[2])[None, :] <= rows[:, None]).to(q.device)  # [n, S]
     out = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=allowed,
                                          scale=attn.scaling, enable_gqa=q.shape[1] != k_all.shape[1])
     h = h + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
@@ -149,17 +149,21 @@ def blend_prefill(model, chunk_caches: Sequence[KVCache], query_ids, ratio: floa
         raise KVCommError("the query suffix must hold at least one token")
     ids = torch.cat([base.token_ids, query])
     positions = torch.arange(num_context + num_query)
-    extend = torch.zeros(1, base.keys[0].shape[1], num_query, base.keys[0].shape[3], dtype=base.dtype)
+    extend = base.keys[0].new_zeros(1, base.keys[0].shape[1], num_query, base.keys[0].shape[3])
     base_k = [torch.cat([k, extend], dim=2) for k in base.keys]  # query slots are always overwritten
     base_v = [torch.cat([v, extend], dim=2) for v in base.values]
     embed, rotary = model.model.embed_tokens, model.model.rotary_emb
+    device = embed.weight.device  # index bookkeeping stays on CPU; activations live with the model
+
+    def embed_rows(rows: torch.Tensor) -> torch.Tensor:
+        return embed(ids[rows].unsqueeze(0).to(device))
 
     def rope_tables(rows: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary(h, positions[rows].unsqueeze(0))
+        return rotary(h, positions[rows].unsqueeze(0).to(device))
 
     # --- selection pass: layers < check_layer in full, V at the check layer for every computed token
     computed = torch.arange(num_prefix, num_context + num_query)
-    h = embed(ids[computed].unsqueeze(0))
+    h = embed_rows(computed)
     cos, sin = rope_tables(computed, h)
     for layer_idx in range(check_layer):
         h, _, _ = _run_layer(layers[layer_idx], h, cos, sin, computed, base_k[layer_idx], base_v[layer_idx])
@@ -168,14 +172,14 @@ def blend_prefill(model, chunk_caches: Sequence[KVCache], query_ids, ratio: floa
     v_fresh = v_fresh.view(1, h.shape[1], -1, check.self_attn.head_dim).transpose(1, 2)
     num_chunk = num_context - num_prefix
     cached_v = base.values[check_layer][:, :, num_prefix:]
-    deviation = ((v_fresh[:, :, :num_chunk].float() - cached_v.float()) ** 2).sum(dim=(0, 1, 3))
+    deviation = ((v_fresh[:, :, :num_chunk].float() - cached_v.float().to(device)) ** 2).sum(dim=(0, 1, 3)).cpu()
     num_keep = int(round(ratio * num_chunk))
     top = torch.topk(deviation, num_keep).indices if num_keep else torch.empty(0, dtype=torch.long)
     selected = torch.sort(top + num_prefix).values
 
     # --- main pass: recompute selected chunk tokens + query at every layer
     rows = torch.cat([selected, torch.arange(num_context, num_context + num_query)])
-    h = embed(ids[rows].unsqueeze(0))
+    h = embed_rows(rows)
     cos, sin = rope_tables(rows, h)
     fused_k, fused_v = [], []
     for layer_idx, layer in enumerate(layers):

@@ -149,13 +149,15 @@ def hf_cache_kwargs(hf_cache) -> dict:
 
 def hf_forward(model, ids: torch.Tensor, position_ids: torch.Tensor, hf_cache):
     """One forward of ``ids`` [1, n] at ``position_ids`` [1, n], appending to ``hf_cache``; returns logits."""
-    out = model(input_ids=ids, position_ids=position_ids, use_cache=True, **{_CACHE_KWARG: hf_cache})
+    device = model.get_input_embeddings().weight.device
+    out = model(input_ids=ids.to(device), position_ids=position_ids.to(device), use_cache=True,
+                **{_CACHE_KWARG: hf_cache})
     return out.logits
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
 def _as_ids(ids) -> torch.Tensor:
-    t = torch.as_tensor(ids, dtype=torch.long)
+    t = torch.as_tensor(ids, dtype=torch.long).cpu()  # bookkeeping on CPU; hf_forward moves to the model
     if t.dim() == 1:
         t = t.unsqueeze(0)
     if t.dim() != 2 or t.shape[0] != 1:

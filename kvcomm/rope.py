@@ -98,7 +98,8 @@ def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default",
     if 2 * inv_freq.numel() > head_dim:
         raise KVCommError(f"rotary dim {2 * inv_freq.numel()} exceeds head_dim {head_dim}")
     d = _delta_tensor(delta, num_tokens)
-    cos, sin = rotation_tables(d, inv_freq.to(first_keys.device))
+    cos, sin = rotation_tables(d.cpu(), inv_freq.cpu())  # tiny tables: build on CPU, then move
+    cos, sin = cos.to(first_keys.device), sin.to(first_keys.device)
     if not is_cache:
         return rotate_keys(cache_or_keys, cos, sin)
     return KVCache(

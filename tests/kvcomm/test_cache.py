@@ -91,6 +91,8 @@ def test_bad_inputs_raise_kvcomm_error(tiny_llama):
         prefill(tiny_llama, torch.ones(2, 3, dtype=torch.long))
     with pytest.raises(KVCommError, match="at least one"):
         KVCache.concat([])
+    with pytest.raises(KVCommError, match="max_new_tokens"):
+        greedy_generate(tiny_llama, cache, [5], 0)
 
 
 @pytest.mark.model
