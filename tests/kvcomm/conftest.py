@@ -11,9 +11,19 @@ import os
 import pytest
 import torch
 
-# NOTE(G): up to 8 engineers share 2 cores here; with 2 intra-op threads an oversubscribed machine
-# makes every SmolLM2 forward ~5x slower (OpenMP threads wait on each other). One thread is steadier.
-torch.set_num_threads(int(os.environ.get("KVCOMM_TEST_THREADS", "1")))
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """kvcomm tests run with ``KVCOMM_TEST_THREADS`` (default 1) intra-op threads, restored afterwards.
+
+    NOTE(G): up to 8 engineers share 2 cores here; with 2 threads an oversubscribed machine makes every
+    SmolLM2 forward ~5x slower (OpenMP threads wait on each other). Restoring keeps other packages'
+    tests (which run later in the same process) unaffected.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("KVCOMM_TEST_THREADS", "1")))
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
