@@ -167,6 +167,8 @@ def _flatten(prefix: str, obj: dict[str, Any], out: dict[str, Any]) -> None:
 def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     """The numeric metrics of a replay summary, flattened (``{"jct": {"mean_s": 1}}`` -> ``jct_mean_s``)."""
     metrics = summary.get("metrics", summary)
+    # settings, not outcomes: they are in spec.json
+    metrics = {k: v for k, v in metrics.items() if k not in ("config", "policy_params")} if isinstance(metrics, dict) else {}
     flat: dict[str, Any] = {}
     _flatten("", metrics if isinstance(metrics, dict) else {}, flat)
     return {k: v for k, v in flat.items() if isinstance(v, (int, float, bool)) or v is None}
@@ -231,7 +233,10 @@ class _Table:
         body += [c for c in ids + sorted(c for c in new if c not in ID_COLUMNS + TAIL_COLUMNS) if c not in body]
         tail += [c for c in TAIL_COLUMNS if c not in tail]
         columns = body + tail
-        rows = pd.read_csv(self.path).to_dict(orient="records") if self.columns else []
+        rows: list[dict[str, str]] = []
+        if self.columns:  # copied verbatim (csv, not pandas: an empty error must stay empty, not "nan")
+            with open(self.path, newline="") as f:
+                rows = list(csv.DictReader(f))
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, columns, extrasaction="ignore")
@@ -352,9 +357,10 @@ def load_table(out_dir: str | Path) -> pd.DataFrame:
     path = Path(out_dir) / CSV_NAME
     if not path.is_file():
         return pd.DataFrame(columns=list(ID_COLUMNS))
-    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    if "error" in frame.columns:
-        frame["error"] = frame["error"].fillna("")
+    frame = pd.read_csv(path)
+    if "error" in frame.columns:  # an empty error is read as NaN: make it "" again
+        err = frame["error"].astype(object)
+        frame["error"] = [("" if (isinstance(e, float) and math.isnan(e)) else str(e)) for e in err]
     return frame.sort_values(["sku", "policy", "jps", "seed"], kind="stable").reset_index(drop=True)
 
 
@@ -377,6 +383,54 @@ def parse_assignments(items: Iterable[str], policies: Sequence[str]) -> tuple[di
         else:
             replay_params[lhs] = value
     return policy_params, replay_params
+
+
+# --------------------------------------------------------------------------------------------
+# Where load becomes overload (how the default JPS levels were chosen)
+# --------------------------------------------------------------------------------------------
+
+def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int = 400, seed: int = 0,
+                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2e9) -> dict[str, float]:
+    """Back-of-envelope arrival rates (jobs/s) at which a SKU saturates on the synthetic agents.
+
+    * ``kv_jps``: Little's law on KV memory. A job holds its context (prompt + output so far)
+      while it runs and — if nothing evicts it — through every tool gap; its KV demand is the
+      integral of context over its unloaded lifetime (decode at batch 8 and prefill at 2048-token
+      chunks, both from ``predictor.StepModel``). ``kv_jps`` = KV pool tokens / E[demand]: above it
+      the caches of live jobs no longer fit, and FCFS starts recomputing.
+    * ``decode_jps``: decode throughput at batch 8 / output tokens per job; decode reads the
+      whole context every step, so larger batches buy little on these long contexts.
+    * ``job_s``: unloaded mean job duration (tool gaps + generation).
+
+    The KV pool here is ``memory × utilization − weights − reserve`` (close to, not exactly, the
+    engine's own accounting).
+    """
+    import numpy as np
+
+    from gpubench import skus as sku_table
+    from predictor import StepModel, load_model_config
+    from scheduling.traces import synthetic_jobs
+
+    cfg = load_model_config(model)
+    hw = sku_table.get(sku)
+    step = StepModel.for_names(sku=sku, model=model)
+    t_decode_s = float(step.predict([(1, 15000)] * 8).total_s)
+    t_prefill_per_token_s = float(step.predict([(2048, 15000)]).total_s) / 2048
+    kv_tokens = (hw.memory_bytes * gpu_memory_utilization - cfg.weight_bytes(2) - reserve_bytes) / cfg.kv_bytes_per_token(2)
+    demand, duration, outputs = [], [], []
+    for job in synthetic_jobs(num_jobs, seed):
+        integral = t_total = 0.0
+        for k, turn in enumerate(job.turns):
+            prompt = job.prompt_tokens(k)
+            new = turn.input_tokens + (job.system_tokens if k == 0 else 0)
+            gen_s = turn.output_tokens * t_decode_s + new * t_prefill_per_token_s
+            integral += (prompt + turn.output_tokens / 2) * gen_s + (prompt + turn.output_tokens) * turn.tool_s
+            t_total += gen_s + turn.tool_s
+        demand.append(integral)
+        duration.append(t_total)
+        outputs.append(sum(t.output_tokens for t in job.turns))
+    return {"sku": sku, "kv_pool_tokens": float(kv_tokens), "decode_step_s": t_decode_s, "job_s": float(np.mean(duration)),
+            "kv_jps": float(kv_tokens / np.mean(demand)), "decode_jps": float(8 / t_decode_s / np.mean(outputs))}
 
 
 # --------------------------------------------------------------------------------------------

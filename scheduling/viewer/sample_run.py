@@ -187,7 +187,7 @@ def _write(out: Path, jobs, steps, turn_rows, job_finish, config) -> None:
             "ttft_p90_s": pct(ttfts, 0.9),
             "preemptions": sum(s[16] for s in steps),
             "gpu_prefix_hit_rate": sum(t[9] for t in turns) / max(1, sum(t[8] for t in turns)),
-            "pool_hit_rate": 0.0,
+            "pool_hit_rate": None,  # share of GPU misses served by a pool: no pool here
         },
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -304,7 +304,7 @@
   // ---- summary recomputed from the tables, next to summary.json's own numbers ----
   function findMetric(summary, names) {
     const pools = [summary.metrics || {}, summary];
-    for (const p of pools) for (const n of names) if (typeof p[n] === 'number') return p[n];
+    for (const p of pools) for (const n of names) if (typeof p[n] === 'number' || p[n] === null) return p[n];
     return undefined;
   }
 
@@ -321,7 +321,7 @@
       ttft_mean_s: mean(ttft), ttft_p50_s: quantile(ttft, 0.5), ttft_p90_s: quantile(ttft, 0.9),
       preemptions: sum(S.num_preemptions),
       gpu_prefix_hit_rate: prompt ? hit / prompt : NaN,
-      pool_hit_rate: prompt ? pool / prompt : NaN,
+      pool_hit_rate: prompt > hit ? pool / (prompt - hit) : null,  // share of GPU misses the pool served
       prefill_tokens: sum(S.num_prefill_tokens),
       decode_tokens: sum(S.num_decode_tokens),
     };
@@ -349,10 +349,11 @@
       const tr = document.createElement('tr');
       for (const k of keys.slice(r, r + perRow)) {
         const ref = findMetric(data.summary, METRIC_NAMES[k] || [k]);
-        const ok = ref === undefined || Math.abs(ref - js[k]) <= 1e-6 + 1e-4 * Math.abs(ref);
+        const ok = ref === undefined || ref === null || js[k] === null ||
+                   Math.abs(ref - js[k]) <= 1e-6 + 1e-4 * Math.abs(ref);
         if (!ok) mismatches.push(k);
         const isRate = k.endsWith('rate');
-        const show = v => (isRate ? (100 * v).toFixed(1) + ' %' : fmt(v));
+        const show = v => (v === null ? '–' : isRate ? (100 * v).toFixed(1) + ' %' : fmt(v));
         tr.insertAdjacentHTML('beforeend',
           `<td class="k">${k}</td><td class="v${ok ? '' : ' bad'}" data-key="${k}" data-value="${js[k]}">${show(js[k])}</td>` +
           `<td class="ref">${ref === undefined ? '' : show(ref)}</td>`);

@@ -82,7 +82,7 @@ def test_table_appends_widens_and_resumes(tmp_path):
 # End to end through scheduling.replay
 # ---------------------------------------------------------------------------------------------
 
-SMALL = dict(policies=("fcfs", "continuum"), skus=("h100-sxm", "l40s"), jps=(0.5, 2.0), seeds=(0,), num_jobs=6)
+SMALL = dict(policies=("fcfs", "continuum"), skus=("h100-sxm", "l40s"), jps=(0.5, 2.0), seeds=(0,), num_jobs=4)
 
 
 def _metric_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -109,7 +109,7 @@ def test_sweep_end_to_end_pool_equals_serial_and_resumes(tmp_path):
     assert sorted(r["jps"] for r in ran) == [4.0] * 4
     # a different fixed part refuses to mix into the same table
     with pytest.raises(ConfigError, match="different num_jobs"):
-        run_sweep(SweepSpec(**{**SMALL, "num_jobs": 7}), tmp_path / "serial", workers=1, progress=False)
+        run_sweep(SweepSpec(**{**SMALL, "num_jobs": 5}), tmp_path / "serial", workers=1, progress=False)
 
 
 @needs_replay
