@@ -37,7 +37,7 @@ from gpubench.errors import ConfigError
 DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "lmcache")
 DEFAULT_SKUS = ("a100-40", "a100-80", "h100-sxm", "h200", "l40s", "b200")
 # See docs/sweep.md ("Choosing the JPS levels") for how these span light load to overload.
-DEFAULT_JPS = (0.05, 0.1, 0.2, 0.4, 0.8)
+DEFAULT_JPS = (0.01, 0.02, 0.05, 0.1, 0.2)
 DEFAULT_SEEDS = (0,)
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_NUM_JOBS = 200
@@ -85,9 +85,9 @@ class SweepSpec:
     replay_params: dict[str, Any] = field(default_factory=dict)
 
     def cells(self) -> list[SweepCell]:
-        """Grid order: seed, JPS, SKU, policy (a partial sweep covers whole load levels first)."""
-        return [SweepCell(p, s, float(j), int(seed)) for seed in self.seeds for j in self.jps
-                for s in self.skus for p in self.policies]
+        """Grid order: seed, SKU, JPS, policy (an interrupted sweep has whole SKU panels done)."""
+        return [SweepCell(p, s, float(j), int(seed)) for seed in self.seeds for s in self.skus
+                for j in self.jps for p in self.policies]
 
     def fixed(self) -> dict[str, Any]:
         """What must not change when a sweep directory is resumed or extended."""

@@ -26,6 +26,7 @@ def test_grid_and_keys():
     cells = spec.cells()
     assert len(cells) == 8 and len({c.key for c in cells}) == 8
     assert cells[0] == SweepCell("fcfs", "h100-sxm", 0.1, 0) and cells[0].key == "fcfs|h100-sxm|0.1|0"
+    assert [c.policy for c in cells[:2]] == ["fcfs", "continuum"] and cells[2].jps == 0.2
 
 
 def test_validate_names_values():
