@@ -47,6 +47,7 @@ py::dict peak_dict(const PeakResult& r) {
     d["lanes"] = r.lanes;
     d["accumulators"] = r.accumulators;
     d["flops_per_rep"] = r.flops_per_rep;
+    d["thread_best_s"] = r.thread_best_s;
     d["isa"] = r.isa;
     return d;
 }

@@ -7,6 +7,7 @@
 // x_n = L + m^n (x_0 - L), L = a / (1 - m).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "probes.h"
@@ -66,6 +67,10 @@ PeakResult peak(int64_t iters, int num_reps, double rel_tol) {
             w.end[t] = Clock::now();
         }
         r.times_s.push_back(w.seconds());
+        if (r.thread_best_s.empty()) r.thread_best_s.assign(r.threads, 1e300);
+        for (int t = 0; t < r.threads; t++)
+            r.thread_best_s[t] = std::min(r.thread_best_s[t],
+                                          std::chrono::duration<double>(w.end[t] - w.start[t]).count());
         for (int t = 0; t < r.threads; t++)
             for (int i = 0; i < kAcc * LANES; i++) {
                 double x0 = (double)(T)((T)(2.0 + 0.5 * t) + (T)i * (T)0.001);

@@ -73,6 +73,7 @@ struct PeakResult {
     double checksum = 0, expected = 0;
     int threads = 0, lanes = 0, accumulators = 0;
     double flops_per_rep = 0;
+    std::vector<double> thread_best_s;  // each thread's own fastest repetition (diagnostic)
     std::string isa;
 };
 PeakResult peak_fma_fp64(int64_t iters, int num_reps);

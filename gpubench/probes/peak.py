@@ -81,6 +81,10 @@ class PeakProbe(Probe):
             "spec_formula": f"{h.num_cpus} cpus x {h.fp_lanes(dtype_bytes)} lanes x {h.fma_units_per_core} FMA units"
                             f" x 2 x {h.clock_mhz:.0f} MHz",
             "clock_mhz_measured": mhz, "measured_clock_tflops": at_measured / 1e12,
+            # Diagnostic, not the headline: each thread's own best repetition, summed. It excludes
+            # the moments a thread waited for a core, so on a shared host it shows what the FMA
+            # units deliver when scheduled; on a quiet host it equals the team figure.
+            "thread_sum_tflops_best": sum(out["flops_per_rep"] / out["threads"] / t for t in out["thread_best_s"]) / 1e12,
         }
         if not out["valid"]:
             row["invalid_reason"] = f"checksum {out['checksum']!r} != closed form {out['expected']!r}"
