@@ -11,7 +11,7 @@
 - ``test_block_pool_alloc_free``: blocks allocated + freed per second.
 
 Run:
-    .venv/bin/python -m pytest benchmarks/test_scheduling_bench.py --benchmark-json=results/scheduling/bench.json
+    .venv/bin/python -m pytest benchmarks/test_scheduling_bench.py --benchmark-json=results/scheduling/bench/bench.json
 """
 from __future__ import annotations
 
