@@ -76,8 +76,6 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
 
 def cmd_eval(args) -> int:
     """Run (or resume) the evaluation and write the reports."""
-    from rich.console import Console
-
     from kvcomm.evaluate import EvalConfig, run_eval, write_reports
     from kvcomm.tasks import check_task
 
@@ -92,10 +90,10 @@ def cmd_eval(args) -> int:
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["kvcomm"] else \
         _command_from_args(args)
     summary = write_reports(args.out, rows, command, [s.label for s in specs])
-    console = Console()
-    console.print(summary[["task", "protocol", "n", "em", "rel_em", "speedup_median", "recompute_fraction",
-                           "meets_goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    console.print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
+    # plain print: a rich Console wraps wide tables at 80 columns when stdout is not a terminal
+    print(summary[["task", "protocol", "n", "em", "rel_em", "agree_text", "speedup_median", "recompute_fraction",
+                   "meets_goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
     return 0
 
 

@@ -276,26 +276,35 @@ def markdown_table(summary: pd.DataFrame) -> str:
 
 
 def plot_summary(summary: pd.DataFrame, path: Path) -> None:
-    """Accuracy relative to text (with CI) vs receiver prefill speedup, one marker per protocol and task."""
+    """Per protocol (one row of panels per task): accuracy relative to text with its CI, and speedup."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    markers = dict(zip(summary["task"].unique(), "osD^v"))
-    for r in summary.itertuples():
-        err = [[r.rel_em - r.rel_em_lo], [r.rel_em_hi - r.rel_em]]
-        ax.errorbar(r.speedup_median, r.rel_em, yerr=err, marker=markers[r.task], capsize=3, linestyle="none")
-        ax.annotate(f"{r.protocol}\n({r.task}, {100 * r.recompute_fraction:.0f}% recomp.)", (r.speedup_median, r.rel_em),
-                    fontsize=6, xytext=(4, 2), textcoords="offset points")
-    ax.axhline(GOAL_RELATIVE_ACCURACY, color="gray", linestyle="--", linewidth=0.8, label="goal: 95 % of text")
-    ax.set_xlabel("receiver prefill speedup vs text (median of per-example ratios)")
-    ax.set_ylabel("exact-match accuracy relative to text")
-    ax.set_title("kvcomm: importing a sender's KV instead of its text")
-    ax.legend(loc="lower left", fontsize=7)
+    tasks = list(summary["task"].unique())
+    num_protocols = summary.groupby("task").size().max()
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 0.45 * num_protocols * len(tasks) + 1.6), squeeze=False)
+    for row, task in zip(axes, tasks):
+        t = summary[summary["task"] == task].reset_index(drop=True)
+        y = np.arange(len(t))[::-1]
+        labels = [f"{p}  ({100 * f:.0f}% recomputed)" for p, f in zip(t["protocol"], t["recompute_fraction"])]
+        err = np.vstack([t["rel_em"] - t["rel_em_lo"], t["rel_em_hi"] - t["rel_em"]])
+        row[0].barh(y, t["rel_em"], xerr=err, color="tab:blue", alpha=0.7, capsize=3, label="EM / EM(text), 95 % CI")
+        row[0].plot(t["agree_text"], y, "k|", markersize=12, label="same answer as text")
+        row[0].axvline(GOAL_RELATIVE_ACCURACY, color="gray", linestyle="--", linewidth=0.8)
+        row[0].set_yticks(y, labels, fontsize=8)
+        row[0].set_title(f"{task}: EM relative to text (text EM {t.loc[t['protocol'] == 'text', 'em'].mean():.2f}, "
+                         f"n={int(t['n'].max())})", fontsize=9)
+        row[0].legend(fontsize=7, loc="lower right")
+        row[1].barh(y, t["speedup_median"], color="tab:green", alpha=0.7)
+        row[1].axvline(1.0, color="gray", linewidth=0.8)
+        row[1].set_yticks(y, [""] * len(t))
+        row[1].set_title(f"{task}: receiver prefill speedup vs text (median paired ratio)", fontsize=9)
+        for yi, v in zip(y, t["speedup_median"]):
+            row[1].annotate(f"{v:.2f}x", (v, yi), fontsize=7, xytext=(3, -3), textcoords="offset points")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
