@@ -195,9 +195,18 @@ class RowCalibrated:
         from scipy.optimize import least_squares
 
         idx, n = self._rows(train), train.num_seqs.to_numpy(np.float64)
-        res = least_squares(lambda th: (self._predict(th, idx, n) - target) / target, self.theta,
-                            bounds=([-6, -6, -6, 0, 0], [6, 6, 6, np.inf, np.inf]), method="trf")
-        self.theta = res.x
+        # NOTE: max() makes the loss non-convex in (a, b): a single start lands in a different
+        # local minimum depending on how far the base calibration is off. Start from a grid of
+        # scales and keep the lowest *training* loss.
+        best = None
+        for la in (-2.0, 0.0, 2.0):
+            for lb in (-2.0, 0.0, 2.0):
+                res = least_squares(lambda th: (self._predict(th, idx, n) - target) / target,
+                                    np.array([la, lb, 0.0, 0.0, 0.0]),
+                                    bounds=([-6, -6, -6, 0, 0], [6, 6, 6, np.inf, np.inf]), method="trf")
+                if best is None or res.cost < best.cost:
+                    best = res
+        self.theta = best.x
 
     @property
     def scales(self) -> dict:
