@@ -44,7 +44,7 @@ DEFAULT_NUM_JOBS = 200
 
 CSV_NAME, SPEC_NAME, COMMAND_NAME = "sweep.csv", "spec.json", "COMMAND"
 ID_COLUMNS = ("key", "policy", "sku", "jps", "seed")
-TAIL_COLUMNS = ("wall_s", "error")
+TAIL_COLUMNS = ("wall_s", "cpu_s", "error")
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     from gpubench.errors import GpubenchError
     from scheduling.replay import run_replay
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"key": cell.key, "policy": cell.policy, "sku": cell.sku, "jps": cell.jps, "seed": cell.seed}
     try:
         result = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))
@@ -190,6 +190,8 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     except GpubenchError as err:
         row["error"] = str(err).replace("\n", " ")
     row["wall_s"] = round(time.perf_counter() - t0, 3)
+    # CPU seconds of this cell: on a shared machine wall_s grows with the load, cpu_s does not.
+    row["cpu_s"] = round(time.process_time() - c0, 3)
     return row
 
 

@@ -72,7 +72,7 @@ def test_table_appends_widens_and_resumes(tmp_path):
     t.append({"key": "a", "policy": "fcfs", "sku": "s", "jps": 0.1, "seed": 0, "m1": 1.0, "wall_s": 0.1, "error": ""})
     t.append({"key": "b", "policy": "fcfs", "sku": "s", "jps": 0.2, "seed": 0, "m2": 2.0, "wall_s": 0.1, "error": ""})
     frame = pd.read_csv(path)
-    assert list(frame.columns) == ["key", "policy", "sku", "jps", "seed", "m1", "m2", "wall_s", "error"]
+    assert list(frame.columns) == ["key", "policy", "sku", "jps", "seed", "m1", "m2", "wall_s", "cpu_s", "error"]
     assert frame["m1"].tolist()[0] == 1.0 and pd.isna(frame["m1"].tolist()[1]) and frame["m2"].tolist()[1] == 2.0
     t2 = _Table(path)  # a resumed sweep keeps the header
     t2.append({"key": "c", "policy": "fcfs", "sku": "s", "jps": 0.4, "seed": 0, "m1": 3.0, "wall_s": 0.1, "error": ""})
@@ -87,7 +87,7 @@ SMALL = dict(policies=("fcfs", "continuum"), skus=("h100-sxm", "l40s"), jps=(0.5
 
 
 def _metric_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    drop = [c for c in ("wall_s",) if c in frame.columns]
+    drop = [c for c in ("wall_s", "cpu_s") if c in frame.columns]
     metrics = frame.drop(columns=drop)
     sim_wall = [c for c in metrics.columns if "wall" in c or c.endswith("sim_s") or "elapsed" in c]
     return metrics.drop(columns=sim_wall).sort_values("key").reset_index(drop=True)
