@@ -127,6 +127,7 @@ def test_run_evaluation_writes_everything_and_regenerates(tmp_path):
     ec = EvalConfig(rows=[str(rows)], out=str(out), sku="cpu")
     run_evaluation(ec)
     for name in ("metrics.csv", "predictions.csv", "wilcoxon.csv", "transfer.csv", "host_residual_fits.csv",
+                 "calibration-rowcal.json",
                  "tables.md", "headline.md", "calibration.json", "COMMAND", "pred_vs_measured.png",
                  "error_vs_batch.png"):
         assert (out / name).stat().st_size > 0, name
@@ -156,3 +157,23 @@ def test_bad_inputs_are_user_errors(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gpubench", "evaluate", str(tmp_path / "x.parquet"), "--out",
                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "missing columns" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_rowcal_calibration_is_the_fitted_form_as_a_step_model():
+    """The written calibration-rowcal makes StepModel reproduce additive_rowcal's in-sample predictions."""
+    from predictor import StepModel
+    from predictor.evaluate import RowCalibrated, rowcal_calibration, step_model_parts
+
+    df = _synthetic_rows()
+    # Truth off the spec calibration by known factors, so the fit has something to find.
+    parts = step_model_parts(df, sku="cpu", calibration=None)
+    truth = RowCalibrated("additive", parts)
+    truth.theta = np.array([np.log(0.3), np.log(2.0), np.log(1.5), 2.0, 0.5])
+    y = truth.predict(df)
+    df = df.assign(wall_s=y)
+    cal = rowcal_calibration(df, parts, sku="cpu", calibration=None, target="wall_s", rows=["synthetic"])
+    assert cal["host_residual"]["tier"] == "measured" and cal["host_residual"]["fit_error"] < 1e-6
+    for model, g in df.groupby("model"):
+        sm = StepModel("cpu", model, calibration=cal, dtype="fp32")
+        got = sm.predict_many([[tuple(x) for x in json.loads(b)] for b in g.batch_json])
+        np.testing.assert_allclose(got, g.wall_s.to_numpy(), rtol=1e-6)
