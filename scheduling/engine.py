@@ -546,6 +546,13 @@ class Engine:
             need = ((c0 + n + 15) >> 4) - len(hit_blocks)
             if need > pool.num_free_blocks:
                 return None
+            if r.job_state.pin_blocks is None:
+                # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
+                # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
+                # that rejects a queue head retried every step without counting its whole prefix.
+                used_max = min(len(hit_blocks), r.job_state.job.system_tokens >> 4)
+                if need + len(hit_blocks) - used_max > pool.num_free_blocks:
+                    return None
             free_hits = [b.ref_cnt for b in hit_blocks].count(0)  # touching takes them off the free queue
             if need + free_hits > pool.num_free_blocks:
                 return None
@@ -667,13 +674,19 @@ class Engine:
         self.queue.prepend(r)
 
     def _cache_full_blocks(self, r: Request) -> None:
+        """Give the request's newly full blocks their hashes (BlockPool.cache_block, inlined)."""
         full = r.num_computed >> 4
         if full > r.num_cached_blocks:
             hashes = r.job_state.block_hashes(full)
-            cache = self.pool.cache_block
+            cached = self.pool.cached
             blocks = r.blocks
             for k in range(r.num_cached_blocks, full):
-                cache(blocks[k], hashes[k])
+                b = blocks[k]
+                if b.block_hash is None:
+                    h = hashes[k]
+                    if h not in cached:  # a hash cached twice keeps its first block (vLLM)
+                        b.block_hash = h
+                        cached[h] = b
             r.num_cached_blocks = full
 
     # --- step completion ----------------------------------------------------------------------

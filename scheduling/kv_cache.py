@@ -149,21 +149,32 @@ class BlockPool:
         fq = self.free_queue
         if num_blocks > fq.num_free_blocks:
             return None
+        # NOTE(perf): FreeBlockQueue.popleft inlined; a recomputed prompt takes thousands at once.
+        head = fq._head
+        cached = self.cached
+        log = self.evicted_log
+        on_evict = self._on_evict
         out = []
+        b = head.next_free
         for _ in range(num_blocks):
-            b = fq.popleft()
+            nxt = b.next_free
+            b.prev_free = b.next_free = None
             h = b.block_hash
             if h is not None:
                 self.num_cached_free -= 1
-                if self.cached.get(h) is b:
-                    del self.cached[h]
+                if cached.get(h) is b:
+                    del cached[h]
                 b.block_hash = None
-                self.num_evictions += 1
-                self.evicted_log.append(h)
-                if self._on_evict is not None:
-                    self._on_evict(h)
+                log.append(h)
+                if on_evict is not None:
+                    on_evict(h)
             b.ref_cnt = 1
             out.append(b)
+            b = nxt
+        head.next_free = b
+        b.prev_free = head
+        fq.num_free_blocks -= num_blocks
+        self.num_evictions = len(log)
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
