@@ -179,3 +179,16 @@ def test_event_ties_break_by_priority_then_creation_order():
     # each engine has its own counter: a new engine starts again at 0
     e2 = Engine([], EngineConfig(num_gpu_blocks=4), make_policy("fcfs"), ConstantStepCost(0.01))
     assert next(e2._seq) == 0
+
+
+def test_tight_pool_with_async_loads_never_waits_on_itself():
+    # 160 blocks, 12 jobs, a large host pool: loads are in flight while others run
+    # ("waiting_on_load"), and requests holding loaded KV give it back when nothing else can run.
+    jobs = small_workload(n=12, seed=3, jps=8.0)
+    e, res = run(jobs, 160, "cpu-offload", max_num_batched_tokens=512)
+    turns = turn_dicts(res)
+    assert len(res.jobs) == len(jobs) and res.num_preemptions > 0
+    assert any(r[15] == "waiting_on_load" for r in res.steps)
+    assert sum(t["pool_hit_tokens"] for t in turns) > 0
+    for t in turns:
+        assert t["hit_tokens"] + t["pool_hit_tokens"] + t["computed_tokens"] == t["prompt_tokens"]
