@@ -31,6 +31,7 @@ step() {  # step NAME TIMEOUT_S CMD...: run with a time limit, log everything, r
 }
 
 # --- 0. what is here
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=$PATH:/usr/local/cuda/bin; fi
 say "host $(hostname), python $($PY -c 'import sys; print(sys.version.split()[0])'), $(nvcc --version | tail -1)"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
@@ -40,6 +41,8 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | he
 if [ -z "$arch" ]; then
   arch=$($PY -c 'import torch; a, b = torch.cuda.get_device_capability(0); print(f"{a}{b}")' 2>/dev/null || echo 90)
 fi
+# Hopper: build sm_90a so the wgmma peak kernel (Hopper-only instructions) is in the binary.
+[ "$arch" = 90 ] && arch=90a
 say "building for sm_$arch"
 
 # --- 1. build (no network: no pip install; in place)

@@ -99,6 +99,20 @@ PYBIND11_MODULE(_cuda, m) {
         "Compute ceiling with operands in registers: mma.sync loops for bf16/fp16 (m16n8k16), tf32 (m16n8k8),\n"
         "fp8 e4m3 (m16n8k32, sm_89+), or fp32 FMA on CUDA cores. Returns {times_s, valid, check, flops (per\n"
         "repetition), supported, iters, ...}; supported=0 (and no times) where the device lacks the dtype.");
+    m.def(
+        "peak_wgmma",
+        [](int device, int num_reps, int num_warmup, double target_s) {
+            gpubench::ProbeResult r;
+            {
+                py::gil_scoped_release nogil;
+                r = gpubench::peak_wgmma_run(device, num_reps, num_warmup, target_s);
+            }
+            return to_dict(r);
+        },
+        py::arg("device"), py::arg("num_reps") = 10, py::arg("num_warmup") = 2, py::arg("target_s") = 0.02,
+        "Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 (fp32 accumulate), A in registers, B in\n"
+        "shared memory, accumulators checked exactly. Needs compute capability 9.0 and a build with sm_90a code\n"
+        "(GPUBENCH_CUDA_ARCHS=\"90a\"); otherwise supported=0 and the reason in check.");
     m.def("peak_supported", &gpubench::peak_supported, py::arg("device"), py::arg("dtype"),
           "(supported, reason) of a peak dtype on this device, from its compute capability.");
 }

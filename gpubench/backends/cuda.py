@@ -282,9 +282,11 @@ class PeakProbe(_CudaProbe):
     """Compute ceilings with operands in registers: tensor-core ``mma.sync`` per dtype, fp32 FMA.
 
     bf16 and fp16 (m16n8k16, fp32 accumulate), tf32 (m16n8k8), fp8 e4m3 (m16n8k32, compute
-    capability 8.9+; left out with a note on older devices), fp32 FMA on CUDA cores. About 20 ms per
-    repetition. Every accumulator is checked exactly (see csrc/cuda/peak.cu). ``spec_tflops`` is the
-    SKU identity at its spec clock; compare with ``clock_mhz_mean`` for the share at the real clock.
+    capability 8.9+; left out with a note on older devices), fp32 FMA on CUDA cores; on compute
+    capability 9.0 also ``wgmma`` bf16 (m64n128k16, B in shared memory), the only instruction that
+    reaches Hopper's tensor-core peak (needs a build with sm_90a code). About 20 ms per repetition.
+    Every accumulator is checked exactly (csrc/cuda/peak.cu, wgmma.cu). ``spec_tflops`` is the SKU
+    identity at its spec clock; compare with ``clock_mhz_mean`` for the share at the real clock.
     """
 
     name = "peak"
@@ -302,9 +304,14 @@ class PeakProbe(_CudaProbe):
         reps = max(10, _opt(cfg, "peak", "num_reps", cfg.num_reps))
         target_s = _opt(cfg, "peak", "target_s", 0.02)
         cc = self._cc(cfg)
-        return [MeasurementSpec(key=f"peak_{'fma' if d == 'fp32' else 'mma'}_{d}",
-                                params={"dtype": d, "num_reps": reps, "target_s": target_s}, label=d)
-                for d in self.DTYPES if cc >= self.MIN_CC.get(d, 0)]
+        specs = [MeasurementSpec(key=f"peak_{'fma' if d == 'fp32' else 'mma'}_{d}",
+                                 params={"dtype": d, "num_reps": reps, "target_s": target_s, "instruction":
+                                         "fma.rn.f32" if d == "fp32" else "mma.sync"}, label=d)
+                 for d in self.DTYPES if cc >= self.MIN_CC.get(d, 0)]
+        if cc == 90:  # last: a fault in the sm_90a-only kernel must not cost the other rows
+            specs.append(MeasurementSpec(key="peak_wgmma_bf16", label="bf16 wgmma", params={
+                "dtype": "bf16", "num_reps": reps, "target_s": target_s, "instruction": "wgmma"}))
+        return specs
 
     def notes(self, cfg: ProbeConfig) -> list[str]:
         cc = self._cc(cfg)
@@ -313,11 +320,15 @@ class PeakProbe(_CudaProbe):
 
     def measure(self, spec: MeasurementSpec) -> dict | list:
         p = spec.params
-        r = self.ext.peak(self.backend.index, p["dtype"], p["num_reps"], NUM_WARMUP, p["target_s"])
+        instruction = p.get("instruction", "mma.sync")
+        if instruction == "wgmma":
+            r = self.ext.peak_wgmma(self.backend.index, p["num_reps"], NUM_WARMUP, p["target_s"])
+        else:
+            r = self.ext.peak(self.backend.index, p["dtype"], p["num_reps"], NUM_WARMUP, p["target_s"])
         if not r.get("supported", 1):
             # The device has the dtype but this build has no code for it (e.g. built for sm_80 only and
             # run on an sm_90 part): skip the row, say why on stderr (the worker's log), keep going.
-            print(f"gpubench: peak {p['dtype']} skipped: {r['check']}", file=sys.stderr)
+            print(f"gpubench: peak {p['dtype']} {instruction}: {r['check']}", file=sys.stderr)
             return []
         sku = self.backend.sku
         return _row(spec.key, r, "cuda_events", dtype=p["dtype"],
@@ -326,7 +337,7 @@ class PeakProbe(_CudaProbe):
                     spec_tflops=_spec_tflops(sku, p["dtype"]),
                     spec_clock_mhz=(sku.max_boost_mhz if p["dtype"] == "fp32" else sku.spec_clock_mhz) if sku else None,
                     spec_formula=_spec_formula(sku, p["dtype"]),
-                    instruction="fma.rn.f32" if p["dtype"] == "fp32" else "mma.sync")
+                    instruction=instruction)
 
     def derive(self, row: dict, summary: dict) -> dict[str, Any]:
         out = super().derive(row, summary)
@@ -619,7 +630,7 @@ def check_table(run) -> list[tuple[str, str, str, str]]:
             if _present(clock) and _present(spec_clock) and _present(r.get("spec_tflops")):
                 f_clk = clock / spec_clock
                 note = f"{pct(r['tflops_median'], r['spec_tflops'] * f_clk).strip()} of spec x f_clk ({f_clk:.3f})"
-            lines.append((f"peak {r['dtype']} ({r['unit']})", f"{r['tflops_median']:.1f} TF/s",
+            lines.append((f"peak {r['dtype']} {r.get('instruction', r['unit'])}", f"{r['tflops_median']:.1f} TF/s",
                           pct(r["tflops_median"], r.get("spec_tflops") if _present(r.get("spec_tflops")) else None), note))
     if "launch" in run:
         la = valid(run["launch"])

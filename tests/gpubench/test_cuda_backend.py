@@ -158,7 +158,9 @@ def test_peak_plan_leaves_out_fp8_before_sm89_with_a_note():
     assert [s.params["dtype"] for s in probe.plan(_cfg(a100))] == ["bf16", "fp16", "tf32", "fp32"]
     assert any("fp8" in n and "8.9" in n for n in probe.notes(_cfg(a100)))
     h100 = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
-    assert "fp8" in [s.params["dtype"] for s in h100.probes()["peak"].plan(_cfg(h100))]
+    keys = [s.key for s in h100.probes()["peak"].plan(_cfg(h100))]
+    assert "peak_mma_fp8" in keys and keys[-1] == "peak_wgmma_bf16"  # wgmma only on 9.0, and last
+    assert "peak_wgmma_bf16" not in [s.key for s in probe.plan(_cfg(a100))]
 
 
 def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
@@ -178,7 +180,7 @@ def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
     spec = next(s for s in probe.plan(_cfg(b)) if s.params["dtype"] == "fp8")
     fields = probe.measure(spec)
     assert fields == [] and runner.build_rows(probe, "cuda", spec, fields, {}) == []
-    assert "fp8 skipped" in capsys.readouterr().err
+    assert "peak fp8 mma.sync: skipped: fp8 mma is not in this build" in capsys.readouterr().err
 
 
 def test_gemm_is_skipped_with_its_reason_without_cuda_torch():
@@ -254,6 +256,8 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
     assert bf16["pct_of_spec"] == pytest.approx(100 * bf16["tflops_best"] / bf16["spec_tflops"])
     assert bf16["spec_formula"] == "132 SM x 4 TC x 512 FMA/clk x 2 x 1830 MHz"
     assert pk[pk.dtype == "fp32"].iloc[0]["unit"] == "cuda_core"
+    wg = pk[pk["instruction"] == "wgmma"].iloc[0]
+    assert wg["key"] == "peak_wgmma_bf16" and wg["dtype"] == "bf16" and wg["tflops_median"] == pytest.approx(900 / 1.01)
 
     # Every row carries the common fields of docs/results-schema.md.
     for frame in run.frames.values():
@@ -273,8 +277,8 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
     table = {a: (b, c, d) for a, b, c, d in check_table(results.load(w.run_dir))}
     top_mib = ext.L2_BYTES * 4 / 2**20
     assert table[f"stream triad {top_mib:.0f} MiB"][:2] == ("3000 GB/s", " 89.6 %")  # 3000 of 3350
-    assert table["peak bf16 (tensor_core)"][1] == f"{100 * 660 / 1.01 / 989.4:5.1f} %"  # median rep is 1.01x
-    assert "of spec x f_clk" in table["peak bf16 (tensor_core)"][2]
+    assert table["peak bf16 mma.sync"][1] == f"{100 * 660 / 1.01 / 989.4:5.1f} %"  # median rep is 1.01x
+    assert "of spec x f_clk" in table["peak bf16 mma.sync"][2]
     assert table["launch graph_node (x4096)"][0] == "0.61 us" and "p20-p80" in table["launch graph_node (x4096)"][2]
     assert table["gemm bf16 best 16384x8192x8192"][0] == "604.0 TF/s"
     assert table["clock droop (bf16 GEMM, M=16384)"][0] == f"{100 * (1 - 1420 / 1980):.1f} %"
@@ -339,6 +343,9 @@ def test_gpu_selfchecks():
             assert r["supported"] == 0
             continue
         assert r["valid"], (dtype, r["check"])
+    w = _cuda.peak_wgmma(0, 3, 1, 0.005)
+    if cc == 90 and w["supported"]:
+        assert w["valid"], w["check"]
     with pytest.raises(_cuda.DeviceMemoryError, match="bytes"):
         _cuda.stream(0, int(props["total_mem_bytes"]), 2, 0)
 

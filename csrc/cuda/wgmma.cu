@@ -1,0 +1,181 @@
+// peak probe, Hopper path: wgmma (warpgroup MMA, sm_90a) bf16 with fp32 accumulate.
+//
+// mma.sync cannot reach Hopper's tensor-core peak; wgmma can. One warpgroup (128 threads) issues
+// wgmma.mma_async m64n128k16: A (64x16, all 1.0) from registers, B (16x128, every element 2^-8) from
+// shared memory through a matrix descriptor, D = 64 fp32 accumulators per thread.
+// Because every element of B is the same value, the result does not depend on how the descriptor's
+// layout maps B onto shared memory (no swizzle; the strides only have to stay inside the buffer),
+// so the check stays exact: each iteration applies +B then -B (imm-scale-b = -1), and every
+// accumulator must come back to its start value; a short +B,+B run must land on start + 2 x iters / 16.
+// Each group of 16 wgmmas is fenced, committed and waited for (wait_group 0): with a group left in
+// flight across the loop's back edge ptxas serializes every wgmma (warning C7515). Three warpgroups
+// resident per SM (158 registers a thread) overlap one another's drains.
+//
+// Compiled only for sm_90a (GPUBENCH_CUDA_ARCHS="90a"); any other build reports it unsupported.
+#include <cstdint>
+#include <sstream>
+#include "common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GPUBENCH_WGMMA 1
+#endif
+
+namespace gpubench {
+namespace {
+
+constexpr int kThreads = 128;          // one warpgroup per block
+constexpr int kPairsPerGroup = 8;      // +B,-B pairs per commit group
+constexpr double kFlopsPerWgmma = 2.0 * 64 * 128 * 16;
+
+#ifdef GPUBENCH_WGMMA
+constexpr int kSmemHalfs = 8192;               // 16 KiB of B (a 16x128 bf16 tile needs 4 KiB)
+constexpr unsigned kOneBf16x2 = 0x3F803F80u;   // A: 1.0, 1.0
+constexpr unsigned short kBBf16 = 0x3B80;      // B: 2^-8
+
+__device__ __forceinline__ void wgmma_pos(float (&d)[64], unsigned a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64, %64, %64, %64}, %65, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_neg(float (&d)[64], unsigned a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64, %64, %64, %64}, %65, p, 1, -1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a), "l"(desc_b), "r"(1));
+}
+#endif
+
+// negate != 0: timed form (+B,-B). Otherwise the validation form (+B,+B).
+__global__ void __launch_bounds__(kThreads) wgmma_loop_k(long long iters, int negate, float start, float expect,
+                                                         unsigned long long* bad, int* unsupported) {
+#ifdef GPUBENCH_WGMMA
+    __shared__ __align__(1024) unsigned short b_tile[kSmemHalfs];
+    for (int i = threadIdx.x; i < kSmemHalfs; i += blockDim.x) b_tile[i] = kBBf16;
+    __syncthreads();
+    // Generic-proxy writes must be visible to the async proxy that wgmma reads shared memory with.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(b_tile));
+    // Matrix descriptor: start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29),
+    // stride byte offset >> 4 (32-45), no swizzle (62-63 = 0).
+    const uint64_t desc = static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (static_cast<uint64_t>(128 >> 4) << 16) |
+                          (static_cast<uint64_t>(256 >> 4) << 32);
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = start;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    // Two loops rather than a branch inside one: the accumulators must not be touched between wgmmas.
+    if (negate) {
+        for (long long it = 0; it < iters; ++it) {
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int j = 0; j < kPairsPerGroup; ++j) {
+                wgmma_pos(d, kOneBf16x2, desc);
+                wgmma_neg(d, kOneBf16x2, desc);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        }
+    } else {
+        for (long long it = 0; it < iters; ++it) {
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int j = 0; j < 2 * kPairsPerGroup; ++j) wgmma_pos(d, kOneBf16x2, desc);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    unsigned long long local_bad = 0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) local_bad += d[i] != expect;
+    if (local_bad) atomicAdd(bad, local_bad);
+#else
+    if (threadIdx.x == 0 && blockIdx.x == 0) *unsupported = 1;
+#endif
+}
+
+}  // namespace
+
+ProbeResult peak_wgmma_run(int device, int num_reps, int num_warmup, double target_s) {
+    if (num_reps < 1 || num_warmup < 0 || !(target_s > 0))
+        throw std::invalid_argument("peak_wgmma: num_reps must be >= 1, num_warmup >= 0, target_s > 0");
+    ProbeResult r;
+    DeviceContext ctx(device);
+    r.info["supported"] = 0.0;
+    if (ctx.cc() != 90) {
+        std::ostringstream os;
+        os << "skipped: wgmma needs compute capability 9.0 (this device is " << ctx.cc() / 10 << "." << ctx.cc() % 10 << ")";
+        r.check = os.str();
+        return r;
+    }
+    cudaStream_t s = ctx.stream();
+    DeviceBuffer flags(ctx, sizeof(unsigned long long) + sizeof(int), "wgmma flags");
+    unsigned long long* bad = flags.as<unsigned long long>();
+    int* unsupported = reinterpret_cast<int*>(bad + 1);
+    const int grid = resident_grid(ctx, reinterpret_cast<const void*>(wgmma_loop_k), kThreads);
+    const float start = 1.0f;
+    auto launch = [&](long long iters, int negate, float expect) {
+        wgmma_loop_k<<<grid, kThreads, 0, s>>>(iters, negate, start, expect, bad, unsupported);
+        CUDA_CHECK(cudaGetLastError());
+    };
+    auto read_flags = [&](unsigned long long& nbad, int& unsup) {
+        CUDA_CHECK(cudaMemcpyAsync(&nbad, bad, sizeof(nbad), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(&unsup, unsupported, sizeof(unsup), cudaMemcpyDeviceToHost, s));
+        ctx.sync();
+    };
+    // 1. Validation: +B,+B; each wgmma adds K x 1 x 2^-8 = 1/16 to every accumulator.
+    const long long check_iters = 16;
+    const float expect_check = start + 2.0f * kPairsPerGroup * check_iters / 16.0f;
+    CUDA_CHECK(cudaMemsetAsync(flags.as<void>(), 0, flags.bytes(), s));
+    launch(check_iters, 0, expect_check);
+    unsigned long long nbad_check = 0;
+    int unsup = 0;
+    read_flags(nbad_check, unsup);
+    if (unsup) {
+        r.check = "skipped: this build has no sm_90a code (build with GPUBENCH_CUDA_ARCHS=\"90a\")";
+        return r;
+    }
+    r.info["supported"] = 1.0;
+    // 2. Size a repetition to about target_s.
+    EventPair ev;
+    long long iters = 64;
+    for (int round = 0; round < 4; ++round) {
+        ev.start(s);
+        launch(iters, 1, start);
+        ev.stop(s);
+        ctx.sync();
+        const double t = ev.seconds();
+        if (t >= 0.25 * target_s) break;
+        iters = static_cast<long long>(iters * std::min(64.0, target_s / std::max(t, 1e-7)));
+    }
+    // 3. Timed repetitions.
+    CUDA_CHECK(cudaMemsetAsync(flags.as<void>(), 0, flags.bytes(), s));
+    for (int rep = 0; rep < num_warmup + num_reps; ++rep) {
+        ev.start(s);
+        launch(iters, 1, start);
+        ev.stop(s);
+        ctx.sync();
+        if (rep >= num_warmup) r.times_s.push_back(ev.seconds());
+    }
+    unsigned long long nbad_timed = 0;
+    read_flags(nbad_timed, unsup);
+    r.info["flops"] = static_cast<double>(grid) * 2.0 * kPairsPerGroup * static_cast<double>(iters) * kFlopsPerWgmma;
+    r.info["iters"] = static_cast<double>(iters);
+    r.info["grid"] = grid;
+    r.info["block"] = kThreads;
+    r.valid = nbad_check == 0 && nbad_timed == 0;
+    std::ostringstream msg;
+    msg << "exact accumulators: validation run (+B,+B x " << check_iters * kPairsPerGroup << ") " << nbad_check
+        << " off; timed runs (+B,-B) " << nbad_timed << " off";
+    r.check = msg.str();
+    return r;
+}
+
+}  // namespace gpubench
