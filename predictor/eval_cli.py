@@ -29,9 +29,10 @@ def register(sub) -> None:
 
     e = sub.add_parser(
         "evaluate", help="score the step predictor and baselines on step rows",
-        description="Score the additive and max forms of the step model, a Vidur-style baseline (sum of per-op "
-                    "profiled medians) and a random forest on step rows, with held-out splits by batch, context "
-                    "and model. Writes CSV and Markdown tables, PNG plots and a COMMAND file into --out.",
+        description="Score the additive and max forms of the step model (with the given calibration, and with "
+                    "hardware scales fitted on training rows), a Vidur-style baseline (sum of per-op profiled "
+                    "medians) and a random forest on step rows, with held-out splits by batch, context and model. "
+                    "Writes CSV and Markdown tables, PNG plots, calibrations and a COMMAND file into --out.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("rows", nargs="+", type=Path, help="step-row files written by `gpubench profile`")
     e.add_argument("--calibration", type=Path, default=None,

@@ -615,6 +615,12 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
             raise ConfigError(f"--target '{target}': rows have no column '{col}' (profiled by an older version?)")
     if (df[target] <= 0).any() or df[target].isna().any():
         raise ResultsFormatError(f"rows with non-positive or missing {target}: {df.key[df[target] <= 0].tolist()[:3]}")
+    from predictor.hardware import HardwareSpec
+
+    backend = HardwareSpec.from_sku(sku).backend
+    if set(df.device_type) != {backend}:
+        raise ConfigError(f"--sku {sku} is a {backend} SKU but the rows were measured on "
+                          f"{', '.join(sorted(set(df.device_type)))}: pass the SKU the rows came from")
     base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
     base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
     pred, fits = predict_folds(df, all_folds(df), base, target=target, seed=seed)

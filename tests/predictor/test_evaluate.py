@@ -177,3 +177,11 @@ def test_rowcal_calibration_is_the_fitted_form_as_a_step_model():
         sm = StepModel("cpu", model, calibration=cal, dtype="fp32")
         got = sm.predict_many([[tuple(x) for x in json.loads(b)] for b in g.batch_json])
         np.testing.assert_allclose(got, g.wall_s.to_numpy(), rtol=1e-6)
+
+
+def test_sku_must_match_the_rows_backend():
+    from gpubench.errors import ConfigError
+
+    df = pd.DataFrame({"device_type": ["cpu"], "wall_s": [1.0], "op_sum_s": [np.nan]})
+    with pytest.raises(ConfigError, match="--sku h100-sxm is a cuda SKU"):
+        evaluate_rows(df, sku="h100-sxm", calibration=None)
