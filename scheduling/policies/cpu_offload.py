@@ -46,6 +46,10 @@ class CPUOffloadPolicy(KVPolicy):
         self._block_bytes = 0
         self._link_free_s = 0.0
         self.num_stored_blocks = self.num_evicted_blocks = self.num_loaded_blocks = 0
+        # NOTE(perf): a queue head is looked up every step until admitted; the answer only changes
+        # when the pool's membership does, so it is memoized per request on a membership version.
+        self._version = 0
+        self._memo: dict[int, tuple] = {}
 
     def attach(self, engine) -> None:
         super().attach(engine)
@@ -55,24 +59,43 @@ class CPUOffloadPolicy(KVPolicy):
         self._link_bytes_per_s = gbs * 1e9
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
-        hashes = req.job_state.hashes
+        """Store the turn's full blocks in chain order (LRU refresh of those already held).
+
+        Counters are net: ``stored`` counts blocks the pool did not hold when the turn ended,
+        ``evicted`` the blocks that left it.
+        """
+        n = req.num_cached_blocks
+        hashes = req.job_state.hashes[:n]
         pool, cap = self._pool, self._capacity_blocks
-        for i in range(req.num_cached_blocks):
-            h = hashes[i]
-            if h in pool:
-                pool.move_to_end(h)
-            else:
-                pool[h] = None
-                self.num_stored_blocks += 1
-                if len(pool) > cap:
-                    pool.popitem(last=False)
-                    self.num_evicted_blocks += 1
+        before = len(pool)
+        num_new = sum(1 for h in hashes if h not in pool)
+        if n >= cap:
+            # NOTE(perf): storing n >= capacity blocks in chain order leaves exactly the last `cap`
+            # of them (everything older is evicted on the way); build that state directly.
+            pool.clear()
+            pool.update(dict.fromkeys(hashes[n - cap:]))
+        else:
+            for h in hashes:
+                if h in pool:
+                    pool.move_to_end(h)
+                else:
+                    pool[h] = None
+                    if len(pool) > cap:
+                        pool.popitem(last=False)
+        self.num_stored_blocks += num_new
+        self.num_evicted_blocks += before + num_new - len(pool)
+        if num_new:
+            self._version += 1
         return True
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
         first, last = gpu_hit_tokens // BLOCK_SIZE, max_tokens // BLOCK_SIZE
         if last <= first:
             return 0
+        key = (self._version, first, last)
+        memo = self._memo.get(req.seq)
+        if memo is not None and memo[0] == key:
+            return memo[1]
         hashes = req.job_state.block_hashes(last)
         pool = self._pool
         n = 0
@@ -80,9 +103,11 @@ class CPUOffloadPolicy(KVPolicy):
             if hashes[i] not in pool:
                 break
             n += 1
+        self._memo[req.seq] = (key, n * BLOCK_SIZE)
         return n * BLOCK_SIZE
 
     def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
+        self._memo.pop(req.seq, None)
         first = gpu_hit_tokens // BLOCK_SIZE
         n = num_tokens // BLOCK_SIZE
         hashes = req.job_state.hashes

@@ -52,6 +52,8 @@ class LMCachePolicy(KVPolicy):
         self._chunk_bytes = 0
         self.num_stored_chunks = self.num_evicted_chunks = self.num_retrieved_chunks = 0
         self.store_s = self.retrieve_s = 0.0
+        self._version = 0  # store membership changes (memo of lookups, as in cpu_offload)
+        self._memo: dict[int, tuple] = {}
 
     def attach(self, engine) -> None:
         super().attach(engine)
@@ -78,6 +80,7 @@ class LMCachePolicy(KVPolicy):
                 continue
             store[k] = None
             num_new += 1
+            self._version += 1
             if len(store) > cap:
                 store.popitem(last=False)
                 self.num_evicted_chunks += 1
@@ -97,10 +100,18 @@ class LMCachePolicy(KVPolicy):
         return n
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
-        hit_tokens = min(self._num_stored_prefix_chunks(req) * self.p.chunk_tokens, max_tokens)
+        key = (self._version, req.num_tokens)
+        memo = self._memo.get(req.seq)
+        if memo is not None and memo[0] == key:
+            num_chunks = memo[1]
+        else:
+            num_chunks = self._num_stored_prefix_chunks(req)
+            self._memo[req.seq] = (key, num_chunks)
+        hit_tokens = min(num_chunks * self.p.chunk_tokens, max_tokens)
         return max(0, hit_tokens - gpu_hit_tokens)
 
     def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
+        self._memo.pop(req.seq, None)
         ct = self.p.chunk_tokens
         first_chunk = gpu_hit_tokens // ct
         end_chunk = -(-(gpu_hit_tokens + num_tokens) // ct)  # whole chunks are retrieved

@@ -160,3 +160,28 @@ def test_factory_names_and_parameters():
         make_policy("fcfs", {"x": 1})
     with pytest.raises(ConfigError, match="unknown TTL rule"):
         make_policy("continuum", {"ttl_rule": "forever"})
+
+
+def test_cpu_pool_bulk_store_equals_block_by_block_lru():
+    import random
+    from types import SimpleNamespace
+
+    from scheduling.policies.cpu_offload import CPUOffloadPolicy
+
+    rng = random.Random(0)
+    for trial in range(200):
+        cap = rng.randint(1, 30)
+        pol = CPUOffloadPolicy()
+        pol._capacity_blocks = cap
+        ref: dict = {}
+        for _ in range(10):
+            chain = list(dict.fromkeys(rng.randint(0, 80) for _ in range(rng.randint(0, 60))))
+            req = SimpleNamespace(num_cached_blocks=len(chain), job_state=SimpleNamespace(hashes=chain))
+            pol.on_turn_finish(req, 0.0)
+            for h in chain:  # the LRU written out: refresh or insert, evict the oldest
+                ref.pop(h, None)
+                ref[h] = None
+                if len(ref) > cap:
+                    del ref[next(iter(ref))]
+            assert list(pol._pool) == list(ref), trial
+        assert pol.num_stored_blocks - pol.num_evicted_blocks == len(pol._pool)
