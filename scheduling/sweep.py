@@ -14,6 +14,7 @@ Output directory::
                        a resumed sweep must match it
     DIR/COMMAND        the command line that made (or last extended) the table
     DIR/*.png          plots: JCT vs JPS per policy (one panel per SKU), hit rates, preemptions
+    DIR/tables.md      the same as Markdown tables (SKU × policy by JPS), for pasting
 
 Resuming: cells whose key is already in ``sweep.csv`` are skipped; a sweep interrupted half-way
 picks up where it stopped, and a larger grid over the same spec only runs the new cells.
@@ -465,7 +466,8 @@ def _panel_grid(num: int):
 
     ncols = min(3, num)
     nrows = math.ceil(num / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.3 * nrows), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(8.0, 4.4 * ncols), 3.3 * nrows + 0.9), squeeze=False,
+                             sharex=True)
     for ax in axes.flat[num:]:
         ax.set_visible(False)
     return plt, fig, list(axes.flat)
@@ -496,17 +498,43 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
                     ax.fill_between(g["jps"], g["min"], g["max"], color=color, alpha=0.15, lw=0)
         ax.set_title(sku)
         ax.set_xscale("log")
+        levels = sorted(ok["jps"].unique())
+        ax.set_xticks(levels, [f"{j:g}" for j in levels])
+        ax.minorticks_off()
         if logy:
             ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
         ax.set_xlabel("arrival rate (jobs/s)")
         ax.set_ylabel(ylabel)
-    fig.legend(loc="lower center", ncol=min(8, len(frame["policy"].unique()) * len(series)), frameon=False)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
+    handles, labels = axes[0].get_legend_handles_labels()
+    num_rows = math.ceil(len(labels) / 4)
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.045 * num_rows + 0.02, 1, 0.97))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def markdown_tables(frame: pd.DataFrame) -> str:
+    """JCT mean, GPU prefix-hit rate and preemptions as SKU × policy by JPS tables (seed means)."""
+    ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
+    parts = []
+    for what, title, fmt in (("jct_mean", "JCT mean (s)", "{:.0f}"), ("jct_p90", "JCT p90 (s)", "{:.0f}"),
+                             ("gpu_hit", "GPU prefix-hit rate", "{:.1%}"), ("pool_hit", "pool hit rate (share of GPU misses)", "{:.1%}"),
+                             ("preemptions", "preemptions", "{:.0f}")):
+        col = metric_column(ok, what)
+        if col is None or ok.empty:
+            continue
+        pivot = ok.groupby(["sku", "policy", "jps"])[col].mean().unstack("jps")
+        head = "| SKU | policy | " + " | ".join(f"{j:g} jobs/s" for j in pivot.columns) + " |"
+        lines = [f"**{title}** (`{col}`)", "", head, "|" + "---|" * (len(pivot.columns) + 2)]
+        for (sku, policy), row in pivot.iterrows():
+            cells = [("–" if v != v else fmt.format(v)) for v in row]
+            lines.append(f"| {sku} | {policy} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    n_cells = len(frame)
+    return f"{n_cells} runs ({(frame['error'] != '').sum() if 'error' in frame.columns else 0} failed).\n\n" + "\n\n".join(parts) + "\n"
 
 
 def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
@@ -528,6 +556,8 @@ def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             path = _plot_metric(frame, out / name, series, ylabel, title, logy)
             if path:
                 made.append(path)
+    (out / "tables.md").write_text(markdown_tables(frame))
+    made.append(out / "tables.md")
     return made
 
 

@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="run on Ray: 'local' starts one here, else a cluster address (needs the ray extra)")
     p.add_argument("--out", type=Path, required=True, help="output directory (resumed if it exists)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--plots-only", action="store_true",
+                   help="only redraw OUT's plots and tables.md from its sweep.csv (runs nothing)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -64,6 +66,15 @@ def run(args: argparse.Namespace) -> int:
     """Build the spec from the options, run the missing cells, print a small table."""
     from gpubench.errors import ConfigError
 
+    if args.plots_only:
+        from scheduling.sweep import load_table, write_plots
+
+        frame = load_table(args.out)
+        if frame.empty:
+            raise ConfigError(f"{args.out / 'sweep.csv'}: no runs to plot")
+        for path in write_plots(frame, args.out):
+            print(f"wrote {path}")
+        return 0
     policies = _flat(args.policies, DEFAULT_POLICIES)
     policy_params, replay_params = parse_assignments(args.assignments, policies)
     spec = SweepSpec(policies=policies, skus=_flat(args.skus, DEFAULT_SKUS), jps=_flat(args.jps, DEFAULT_JPS),

@@ -148,3 +148,19 @@ def test_sweep_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gpubench.cli", "sweep", "--skus", "h1000", "--out", str(out)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "h1000" in bad.stderr
+
+
+@needs_replay
+def test_plots_only_redraws_from_table(tmp_path):
+    out = tmp_path / "p"
+    run_sweep(SweepSpec(policies=("fcfs",), skus=("h100-sxm",), jps=(1.0, 3.0), num_jobs=3), out, workers=1,
+              progress=False, plots=False)
+    assert not (out / "jct_vs_jps.png").exists()
+    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "sweep", "--plots-only", "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "jct_vs_jps.png").stat().st_size > 10_000
+    table = (out / "tables.md").read_text()
+    frame = load_table(out)
+    for v in frame["jct_mean_s"]:
+        assert f"{v:.0f}" in table
