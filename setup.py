@@ -6,7 +6,8 @@ Two pybind11 extensions:
                   compiler, linked against cudart_static so that importing it needs no driver.
                   Built when nvcc is found (CUDA_HOME, then PATH); GPUBENCH_CUDA=1 makes a missing
                   or failing toolkit a hard error, GPUBENCH_CUDA=0 skips it.
-GPUBENCH_CUDA_ARCHS: ';'-separated SM list (default "80;86;89;90"); PTX of the newest arch that the
+GPUBENCH_CUDA_ARCHS: ";"-separated SM list (default "80;86;89;90a": 90a, not 90, so H100/H200 get the wgmma
+kernels, which exist only in arch-specific sm_90a code); PTX of the newest arch that the
 installed nvcc supports is always added so newer GPUs can JIT.
 """
 import glob
@@ -21,7 +22,7 @@ from setuptools import setup
 
 VERSION = "0.1.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_ARCHS = "80;86;89;90"
+DEFAULT_ARCHS = "80;86;89;90a"
 
 
 def _env_flag(name):
