@@ -29,6 +29,7 @@ KNOWN = {
     "params": ("eta_max", "x_half", "eta_active", "eta_duty", "f_clk", "t_launch_s", "t_graph_node_s", "t_dispatch_s"),
     "hardware": ("num_sms", "l2_bytes", "mem_bytes_per_s"),
     "host_residual": ("s_floor_ms", "s_slope_ms"),
+    "curves": ("eta_duty_by_m",),
 }
 TIERS = ("measured", "published", "spec", "assumed")
 RESEARCH = "published: shared/DESIGN.md §5 (research this project descends from)"
@@ -71,13 +72,63 @@ class Param:
                    str(obj.get("source", "")))
 
 
+@dataclass(frozen=True)
+class Curve:
+    """A parameter that is a measured function of one variable: ``value[i]`` at ``x[i]``.
+
+    ``eta_duty_by_m``: x = GEMM rows M, value = eta_duty after the time envelope
+    (efficiency.duty_time_envelope), ``raw`` = the per-M median before it, ``error`` per node =
+    IQR/1.349 over the (N, K) shapes at that M (None for one shape), ``num_rows`` per node,
+    ``fit_error`` = MAPE of eta_c * P against every gemm row used. Read by
+    efficiency.eta_duty_at: linear in log2 x of log value, clamped outside [x[0], x[-1]].
+    """
+
+    x: tuple
+    value: tuple
+    tier: str
+    source: str
+    error: tuple = ()
+    raw: tuple = ()
+    num_rows: tuple = ()
+    fit_error: float | None = None
+    interpolation: str = "linear in (log2 M, log eta), clamped outside the measured M"
+
+    def to_dict(self) -> dict:
+        return {"x": list(self.x), "value": list(self.value), "error": list(self.error), "raw": list(self.raw),
+                "num_rows": list(self.num_rows), "fit_error": self.fit_error, "tier": self.tier,
+                "source": self.source, "interpolation": self.interpolation}
+
+    @classmethod
+    def from_obj(cls, obj, where: str) -> "Curve":
+        if not isinstance(obj, dict) or "x" not in obj or "value" not in obj:
+            raise ConfigError(f"{where}: expected an object with 'x' and 'value' lists, got {obj!r}")
+        try:
+            x = tuple(float(v) for v in obj["x"])
+            val = tuple(float(v) for v in obj["value"])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: 'x' and 'value' must be lists of numbers") from None
+        if not x or len(x) != len(val):
+            raise ConfigError(f"{where}: 'x' and 'value' must be non-empty and of equal length ({len(x)} vs {len(val)})")
+        if any(v <= 0 for v in x) or any(b <= a for a, b in zip(x, x[1:])):
+            raise ConfigError(f"{where}: 'x' must be positive and strictly increasing, got {list(x)}")
+        if not all(math.isfinite(v) and v > 0 for v in val):
+            raise ConfigError(f"{where}: every 'value' must be a positive number, got {list(val)}")
+        fe = obj.get("fit_error")
+        return cls(x=x, value=val, tier=str(obj.get("tier", "measured")), source=str(obj.get("source", "")),
+                   error=tuple(obj.get("error") or ()), raw=tuple(obj.get("raw") or ()),
+                   num_rows=tuple(obj.get("num_rows") or ()), fit_error=None if fe is None else float(fe),
+                   interpolation=str(obj.get("interpolation", cls.interpolation)))
+
+
 @dataclass
 class Calibration:
     """Parameters of the step model for one SKU and dtype.
 
     ``params``: eta_max, x_half, eta_active, eta_duty, f_clk, t_launch_s, t_graph_node_s,
     t_dispatch_s. ``hardware``: overrides of the spec read from the run (num_sms, l2_bytes,
-    mem_bytes_per_s). ``host_residual``: s_floor_ms, s_slope_ms.
+    mem_bytes_per_s). ``host_residual``: s_floor_ms, s_slope_ms. ``curves``: name -> dtype ->
+    Curve (``eta_duty_by_m``: eta_duty as a function of GEMM M; absent in older files, where
+    the scalar eta_duty applies to every M).
     """
 
     sku: str
@@ -87,6 +138,11 @@ class Calibration:
     hardware: dict = field(default_factory=dict)
     host_residual: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    curves: dict = field(default_factory=dict)
+
+    def curve(self, name: str, dtype: str) -> Curve | None:
+        """The ``name`` curve fitted for ``dtype``, or None."""
+        return (self.curves.get(name) or {}).get(dtype)
 
     def value(self, name: str) -> float:
         for block in (self.params, self.host_residual, self.hardware):
@@ -99,6 +155,9 @@ class Calibration:
         out = {}
         for block in (self.params, self.hardware, self.host_residual):
             out.update({k: p.tier for k, p in block.items()})
+        for name, by_dtype in self.curves.items():
+            if self.dtype in by_dtype:
+                out[name] = by_dtype[self.dtype].tier
         return out
 
     def to_dict(self) -> dict:
@@ -108,6 +167,7 @@ class Calibration:
             "params": {k: p.to_dict() for k, p in self.params.items()},
             "hardware": {k: p.to_dict() for k, p in self.hardware.items()},
             "host_residual": {k: p.to_dict() for k, p in self.host_residual.items()},
+            "curves": {k: {dt: c.to_dict() for dt, c in v.items()} for k, v in self.curves.items()},
         }
 
     def save(self, path: str | Path) -> None:
@@ -139,9 +199,20 @@ class Calibration:
                        for k, p in out.items()}
             return out
 
+        raw_curves = d.get("curves") or {}
+        if not isinstance(raw_curves, dict):
+            raise ConfigError(f"{where}: 'curves' must be an object")
+        curves = {}
+        for name, by_dtype in raw_curves.items():
+            if name not in KNOWN["curves"]:
+                raise ConfigError(f"{where}: unknown curves entry '{name}'{suggest(name, KNOWN['curves'])} "
+                                  f"(known: {', '.join(KNOWN['curves'])})")
+            if not isinstance(by_dtype, dict):
+                raise ConfigError(f"{where}: curves.{name} must map dtype -> curve")
+            curves[name] = {str(dt): Curve.from_obj(c, f"{where}: curves.{name}.{dt}") for dt, c in by_dtype.items()}
         return cls(sku=str(d["sku"]), backend=str(d.get("backend", "cuda")), dtype=str(d.get("dtype", "bf16")),
                    params=block("params"), hardware=block("hardware"), host_residual=block("host_residual"),
-                   meta=dict(d.get("meta") or {}))
+                   meta=dict(d.get("meta") or {}), curves=curves)
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -223,7 +294,8 @@ def resolve(calibration, hw: HardwareSpec, dtype: str) -> Calibration:
         raise ConfigError(f"calibration is for SKU '{cal.sku}', not '{hw.sku_id}'")
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype,
                        params={**base.params, **cal.params}, hardware=dict(cal.hardware),
-                       host_residual={**base.host_residual, **cal.host_residual}, meta=dict(cal.meta))
+                       host_residual={**base.host_residual, **cal.host_residual}, meta=dict(cal.meta),
+                       curves={k: dict(v) for k, v in cal.curves.items()})
 
 
 # ====================================================================== fitting from a run
@@ -436,6 +508,64 @@ def _fit_duty(run, hw: HardwareSpec, dtype: str, f: float, active: float, eta_ma
                  f"{run.run_dir}: median over {how}; error = IQR/1.349"), report
 
 
+def fit_duty_curve(m, duty) -> dict:
+    """eta_duty as a function of M from per-row duties: the median over rows (the (N, K) shapes)
+    at each measured M, then the time envelope (efficiency.duty_time_envelope).
+
+    Returns {"x", "raw", "value", "error", "num_rows"} (lists, x ascending); error per node is
+    IQR/1.349 of that M's rows (None for a single row). ValueError without a finite positive duty.
+    """
+    m = np.asarray(m, dtype=np.float64)
+    duty = np.asarray(duty, dtype=np.float64)
+    ok = np.isfinite(m) & np.isfinite(duty) & (m >= 1) & (duty > 0)
+    m, duty = m[ok], duty[ok]
+    if m.size == 0:
+        raise ValueError("no gemm row with a finite positive throughput")
+    xs = np.unique(m)
+    raw, err, num = [], [], []
+    for x in xs:
+        d = duty[m == x]
+        raw.append(float(np.median(d)))
+        q75, q25 = np.percentile(d, [75, 25])
+        err.append(_err((q75 - q25) / 1.349) if d.size > 1 else None)
+        num.append(int(d.size))
+    value = eff.duty_time_envelope(xs, raw)
+    return {"x": [float(x) for x in xs], "raw": raw, "value": [float(v) for v in value], "error": err, "num_rows": num}
+
+
+def _fit_duty_curve(run, hw: HardwareSpec, dtype: str, f: float, active: float) -> tuple[dict, dict]:
+    """curves["eta_duty_by_m"][dtype] from every valid gemm row of the dtype (not only the
+    compute-bound ones: at small M the probe's time is what a GEMM of that M costs, whatever
+    bounds it, and that is what the per-M duty must reproduce)."""
+    g = _valid(run.frames.get("gemm"))
+    if g is None or len(g) == 0 or "dtype" not in g.columns:
+        return {}, {}
+    g = g[g["dtype"] == dtype]
+    if len(g) == 0:
+        return {}, {}
+    peak = hw.peak(dtype)
+    m, n, k = (g[c].to_numpy(float) for c in ("m", "n", "k"))
+    measured = g["tflops_median"].to_numpy(float) * 1e12
+    cluster = eff.eta_cluster(m, n, k, hw.num_sms, eff.tile_shape(hw.arch))
+    duty = eff.eta_duty(measured, peak, f, cluster, active)
+    try:
+        c = fit_duty_curve(m, duty)
+    except ValueError as e:
+        return {}, {"eta_duty_by_m_skipped": str(e)}
+    # the identity check: eta_c(M) * P against every row's measured throughput
+    at = eff.eta_duty_at(m, np.log2(c["x"]), np.log(c["value"]))
+    pred = peak * f * cluster * active * at
+    ok = measured > 0
+    mape = float(np.mean(np.abs(pred[ok] - measured[ok]) / measured[ok]))
+    lifted = int(sum(v > r * (1 + 1e-12) for v, r in zip(c["value"], c["raw"])))
+    src = (f"{run.run_dir}: per M, median over {len(g)} gemm rows of {dtype} ({len(c['x'])} M values, "
+           f"{len(set(zip(n, k)))} (N, K) shapes) of measured / (P f_clk eta_cluster eta_active); time envelope "
+           f"raised {lifted} of them; error = IQR/1.349 per M; fit_error = MAPE of eta_c * P over the rows")
+    curve = Curve(x=tuple(c["x"]), value=tuple(c["value"]), tier="measured", source=src, error=tuple(c["error"]),
+                  raw=tuple(c["raw"]), num_rows=tuple(c["num_rows"]), fit_error=mape)
+    return {"eta_duty_by_m": {dtype: curve}}, {"gemm_curve_identity_mape": mape, "eta_duty_by_m_points": len(c["x"])}
+
+
 def _fit_launch(run, hw: HardwareSpec, params: dict) -> None:
     """t_launch_s / t_graph_node_s (CUDA device interval, graph node) or t_dispatch_s (CPU)."""
     la = _valid(run.frames.get("launch"))
@@ -495,6 +625,8 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Cali
     params["eta_duty"], duty_report = _fit_duty(run, hw, dtype, f, params["eta_active"].value,
                                                 params["eta_max"].value, params["x_half"].value, params["eta_duty"])
     report.update(duty_report)
+    curves, curve_report = _fit_duty_curve(run, hw, dtype, f, params["eta_active"].value)
+    report.update(curve_report)
     _fit_launch(run, hw, params)
     report["warnings"] = sanity_warnings(params, hw, report, run)
     meta = {"created_utc": _now(), "from": "run", "run_dir": str(run.run_dir),
@@ -502,7 +634,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Cali
             "device": (run.manifest.get("device") or {}).get("name"),
             "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}
     return Calibration(sku=hw0.sku_id, backend=hw0.backend, dtype=dtype, params=params, hardware=hw_over,
-                       host_residual=cal.host_residual, meta=meta)
+                       host_residual=cal.host_residual, meta=meta, curves=curves)
 
 
 def sanity_warnings(params: dict, hw: HardwareSpec, report: dict, run=None) -> list[str]:
@@ -524,6 +656,9 @@ def sanity_warnings(params: dict, hw: HardwareSpec, report: dict, run=None) -> l
                    f"describe this device (on a CPU, transfers under the LLC are served faster than DRAM)")
     if report.get("gemm_identity_mape", 0) > 0.25:
         out.append(f"eta_c * P misses the compute-bound GEMM rows by {report['gemm_identity_mape']:.0%} on average")
+    if report.get("gemm_curve_identity_mape", 0) > 0.25:
+        out.append(f"eta_c(M) * P (the per-M eta_duty curve) misses the gemm rows by "
+                   f"{report['gemm_curve_identity_mape']:.0%} on average: shapes at one M differ that much")
     if run is not None:
         cvs = [df["cv"].median() for df in run.frames.values() if "cv" in df.columns and len(df)]
         if cvs and max(cvs) > 0.2:

@@ -107,3 +107,31 @@ def eta_mem(x, eta_max: float, x_half: float):
 def eta_compute(clock_factor: float, cluster, active: float, duty: float):
     """eta_c = f_clk * eta_cluster * eta_active * eta_duty (the product that scales the spec peak)."""
     return clock_factor * np.asarray(cluster) * active * duty
+
+
+def eta_duty_at(m, log2_m_nodes, log_duty_nodes):
+    """Duty cycle of a GEMM with M rows, from a measured per-M curve (DESIGN §6: eta_duty fitted
+    from gemm rows, so that eta_c * P reproduces the measured throughput at every measured M).
+
+    A BLAS picks a different kernel by M: on a CPU, M = 1 is a GEMV that streams the weights once,
+    while M = 2..8 runs a packed GEMM whose weight repacking is not amortized, so per FLOP it is
+    several times slower. Between measured M the curve is a power law (linear in log2 M of
+    log eta), which keeps time ~ M / eta_duty(M) monotone between nodes whenever it is at the
+    nodes; outside the measured range it is clamped to the end values (no extrapolation).
+    """
+    m = np.asarray(m, dtype=np.float64)
+    return np.exp(np.interp(np.log2(np.maximum(m, 1.0)), log2_m_nodes, log_duty_nodes))
+
+
+def duty_time_envelope(m_nodes, duty_nodes) -> np.ndarray:
+    """Per-M duty raised where a larger measured M is faster in *time*: a GEMM of M rows can always
+    run as the larger GEMM with zero rows added, so eta(M_i) >= eta(M_j) * M_i / M_j for M_j > M_i.
+
+    Efficiency itself may fall with M (the M = 1 GEMV beats M = 2 per FLOP); only time falling
+    with M is removed, which keeps the step model monotone in batch.
+    """
+    m = np.asarray(m_nodes, dtype=np.float64)
+    d = np.asarray(duty_nodes, dtype=np.float64)
+    # t_i ~ m_i / d_i; the envelope takes the least time of any node at or after i
+    t_env = np.minimum.accumulate((m / d)[::-1])[::-1]
+    return m / t_env

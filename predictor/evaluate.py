@@ -270,7 +270,8 @@ def _no_host(calibration, sku: str, dtype: str):
         cal = defaults(HardwareSpec.from_sku(sku), dtype)
     zero = {k: Param(0.0, None, "measured", "evaluate: fitted per split") for k in ("s_floor_ms", "s_slope_ms")}
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
-                       hardware=dict(cal.hardware), host_residual=zero, meta=dict(cal.meta))
+                       hardware=dict(cal.hardware), host_residual=zero, meta=dict(cal.meta),
+                       curves={k: dict(v) for k, v in cal.curves.items()})
 
 
 def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd.Series:

@@ -2,7 +2,7 @@
 
 Per op (DESIGN §6), with spec peak P of the op's unit and bandwidth B::
 
-    t_c = FLOPs / (P * eta_c)          eta_c = f_clk * eta_cluster(M,N,K) * eta_active * eta_duty
+    t_c = FLOPs / (P * eta_c)          eta_c = f_clk * eta_cluster(M,N,K) * eta_active * eta_duty(M)
     t_m = bytes / (B * eta_mem(x))     x = bytes / L2;  equivalently (bytes + x_half*L2) / (B*eta_max)
 
 Step (``form="additive"``)::
@@ -11,13 +11,16 @@ Step (``form="additive"``)::
     CPU:  t = sum_op max(t_c, t_m) + N_dispatch * t_dispatch + S(N) + t_samp   (no async queue)
 
 ``form="max"`` is the monolithic baseline: ``sum_op max`` becomes ``max(sum t_c, sum t_m)``; the
-other terms (T_0) are the same, so additive >= max on the same op list. S(N) = s_floor +
+other terms (T_0) are the same, so additive >= max on the same op list. eta_duty(M) is the
+calibration's measured per-M curve (``curves.eta_duty_by_m``) for GEMM ops when it has one for the
+dtype, else the scalar eta_duty (which attention ops always use). S(N) = s_floor +
 s_slope * max(0, N - 1) with N the number of sequences. With ``cuda_graphs=True`` the host issues
 one graph launch, but the device still spends a graph-node interval per kernel, so the launch
 floor is N_kern * t_graph_node.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -149,6 +152,7 @@ class StepModel:
         self.eta_max = v("eta_max")
         self.x_half = v("x_half")
         self.tile = eff.tile_shape(hw.arch)
+        self._setup_duty_curve()
         tensor_peak = hw.peak(self.dtype)
         vector_peak = hw.peak_flops_per_s.get("vector", tensor_peak)
         matrix = np.isin(g.kinds, ("gemm", "attention"))
@@ -172,6 +176,43 @@ class StepModel:
         self._setup_gemm_envelope()
         self._setup_scalar_path()
 
+    def _setup_duty_curve(self) -> None:
+        """GEMM ops' eta_duty(M) / scalar eta_duty, as nodes in (log2 M, log ratio); None without a curve.
+
+        ``_flops_per_s`` holds the scalar eta_duty (attention and elementwise ops use it as is);
+        a GEMM's rate is multiplied by this ratio at its M.
+        """
+        curve = self.calibration.curve("eta_duty_by_m", self.dtype)
+        self.duty_curve = curve
+        if curve is None:
+            self._duty_lx = self._duty_ly = None
+            self._duty_lx_list = self._duty_ly_list = None
+            return
+        self._duty_lx = np.log2(np.asarray(curve.x, dtype=np.float64))
+        self._duty_ly = np.log(np.asarray(curve.value, dtype=np.float64) / self.eta_duty)
+        self._duty_lx_list = self._duty_lx.tolist()
+        self._duty_ly_list = self._duty_ly.tolist()
+
+    def _duty_ratio(self, m):
+        """eta_duty(M) / scalar eta_duty for GEMMs with M rows (arrays; 1.0 without a curve)."""
+        if self._duty_lx is None:
+            return 1.0
+        return eff.eta_duty_at(m, self._duty_lx, self._duty_ly)
+
+    def _duty_ratio_scalar(self, m: float) -> float:
+        """``_duty_ratio`` for one M in plain Python (the ``predict_time`` hot path)."""
+        lx, ly = self._duty_lx_list, self._duty_ly_list
+        if lx is None:
+            return 1.0
+        x = math.log2(max(m, 1.0))
+        if x <= lx[0]:
+            return math.exp(ly[0])
+        if x >= lx[-1]:
+            return math.exp(ly[-1])
+        j = bisect.bisect_right(lx, x)
+        w = (x - lx[j - 1]) / (lx[j] - lx[j - 1])
+        return math.exp(ly[j - 1] + w * (ly[j] - ly[j - 1]))
+
     def _setup_gemm_envelope(self) -> None:
         """Per GEMM op, the least compute time of any larger M, by M-tile segment.
 
@@ -188,6 +229,7 @@ class StepModel:
         for j, i in enumerate(g.gemm_index):
             flops_per_m = g.flops[i, g.gemm_m_feature[j]]
             cluster = eff.eta_cluster(starts, g.gemm_n[j], g.gemm_k[j], self.hardware.num_sms, self.tile)
+            cluster = cluster * self._duty_ratio(starts)
             raw = starts * flops_per_m / (self._flops_per_s[i] * cluster)
             # env[j, a] = least raw time over segments after segment a (a = ceil(M / t_m))
             env[j, 1:GEMM_ENVELOPE_SEGMENTS + 1] = np.minimum.accumulate(raw[::-1])[::-1]
@@ -220,7 +262,8 @@ class StepModel:
         cluster = np.ones_like(flops)
         if g.gemm_index.size:
             m = feats[:, g.gemm_m_feature]
-            cluster[:, g.gemm_index] = eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
+            cluster[:, g.gemm_index] = (eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
+                                        * self._duty_ratio(m))
         t_c = flops / (self._flops_per_s * cluster)
         if g.gemm_index.size:
             env = self._gemm_env[np.arange(g.gemm_index.size), self._segment(m)]
@@ -287,7 +330,7 @@ class StepModel:
                 m, n, k = f[gemm[0]], gemm[1], gemm[2]
                 tiles = math.ceil(max(m, 1.0) / t_m_tile) * math.ceil(n / t_n_tile)
                 tiles *= max(1, min(sms // tiles, k // eff.MIN_SPLIT_K))
-                rate = rate * tiles / (math.ceil(tiles / sms) * sms)
+                rate = rate * tiles / (math.ceil(tiles / sms) * sms) * self._duty_ratio_scalar(m)
                 t_c = min(flops / rate, self._scalar_env[i][min(math.ceil(max(m, 1.0) / t_m_tile), last_seg)])
             else:
                 t_c = flops / rate

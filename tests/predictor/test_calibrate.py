@@ -307,3 +307,87 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert main(list(args)) == 2, args
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err
+
+
+# eta_duty by GEMM rows M (time per M monotone: 1/0.6 < 2/0.08 < 4/0.12 < 8/0.2 < 64/0.7)
+DUTY_BY_M = {1: 0.6, 2: 0.08, 4: 0.12, 8: 0.2, 64: 0.7}
+CURVE_SHAPES = ((1024, 1024), (2048, 512))  # (N, K); eta_cluster = 1 on 1, 2 or 8 cores for M <= 64
+
+
+def write_cpu_gemm_curve_run(root, rng, duty_by_m=DUTY_BY_M):
+    """A CPU run with only gemm rows, whose throughput is P * eta_cluster * duty(M) (f_clk = eta_active = 1)."""
+    w = RunWriter.create(root, sku="cpu", host="synthetic", probes=["gemm"], argv=["synthetic"],
+                         device={"backend": "cpu", "name": "synthetic CPU",
+                                 "properties": {"num_cpus": 2, "llc_bytes": CPU["llc"]}})
+    spec = HardwareSpec.from_sku("cpu").peak("fp32")
+    for m, duty in duty_by_m.items():
+        for n, kk in CURVE_SHAPES:
+            flops, nbytes = 2.0 * m * n * kk, 4.0 * (m * kk + kk * n + m * n)
+            cl = eff.eta_cluster(m, n, kk, 2, eff.tile_shape("cpu"))
+            t = flops / (spec * cl * duty)
+            w.append("gemm", {**_row("gemm", f"gemm_fp32_{m}_{n}_{kk}", t, rng), "dtype": "fp32", "m": m, "n": n,
+                              "k": kk, "flops": flops, "bytes": nbytes, "tflops_median": flops / t / 1e12,
+                              "tflops_best": flops / t / 1e12, "library": "numpy-blas:openblas"})
+    return w.run_dir
+
+
+def test_fit_duty_curve_reproduces_gemm_throughput_per_m(tmp_path):
+    cal = fit_run(write_cpu_gemm_curve_run(tmp_path, np.random.default_rng(11)))
+    assert cal.params["f_clk"].value == 1.0 and cal.params["eta_active"].value == 1.0
+    c = cal.curve("eta_duty_by_m", "fp32")
+    assert c is not None and c.tier == "measured" and "gemm rows" in c.source
+    assert list(c.x) == [1.0, 2.0, 4.0, 8.0, 64.0]
+    assert list(c.value) == pytest.approx(list(DUTY_BY_M.values()), rel=1e-9)
+    assert list(c.raw) == pytest.approx(list(c.value), rel=1e-12)  # already monotone in time
+    assert list(c.num_rows) == [2] * 5 and c.fit_error == pytest.approx(0.0, abs=1e-9)
+    assert cal.meta["fit"]["gemm_curve_identity_mape"] == pytest.approx(0.0, abs=1e-9)
+    # the identity: eta_c(M) * P reproduces every row's measured throughput
+    from gpubench import results
+    g = results.load(cal.meta["run_dir"]).frames["gemm"]
+    hw = HardwareSpec.from_sku("cpu").replace(num_sms=2)
+    at = eff.eta_duty_at(g.m, np.log2(c.x), np.log(c.value))
+    eta_c = eff.eta_compute(1.0, eff.eta_cluster(g.m, g.n, g.k, 2, eff.tile_shape("cpu")), 1.0, 1.0) * at
+    assert np.asarray(eta_c * hw.peak("fp32") / 1e12) == pytest.approx(g.tflops_median.to_numpy(), rel=1e-9)
+    # the scalar eta_duty is still written (attention ops and older readers use it)
+    assert cal.params["eta_duty"].tier == "measured"
+
+
+def test_duty_curve_time_envelope_and_shape_pooling(tmp_path):
+    # M = 4 -> 8 more than doubles the throughput: the M = 4 node is raised to 0.2 * 4 / 8 = 0.1
+    run = write_cpu_gemm_curve_run(tmp_path, np.random.default_rng(12), duty_by_m={1: 0.5, 4: 0.05, 8: 0.2})
+    c = fit_run(run).curve("eta_duty_by_m", "fp32")
+    assert list(c.raw) == pytest.approx([0.5, 0.05, 0.2], rel=1e-9)
+    assert list(c.value) == pytest.approx([0.5, 0.1, 0.2], rel=1e-9)
+    assert "raised 1 of them" in c.source
+    # the per-M node is the median over the (N, K) shapes measured at that M
+    from predictor.calibrate import fit_duty_curve
+    out = fit_duty_curve([2, 2, 2, 16], [0.1, 0.3, 0.2, 0.9])
+    assert out["x"] == [2.0, 16.0] and out["raw"] == pytest.approx([0.2, 0.9])
+    assert out["num_rows"] == [3, 1] and out["error"][1] is None and out["error"][0] > 0
+    with pytest.raises(ValueError):
+        fit_duty_curve([1, 2], [0.0, float("nan")])
+
+
+def test_duty_curve_roundtrip_old_files_and_errors(tmp_path):
+    cal = fit_run(write_cpu_gemm_curve_run(tmp_path, np.random.default_rng(13)))
+    path = tmp_path / "c.json"
+    cal.save(path)
+    back = Calibration.load(path)
+    assert back.curve("eta_duty_by_m", "fp32") == cal.curve("eta_duty_by_m", "fp32")
+    assert back.curve("eta_duty_by_m", "bf16") is None
+    assert back.tiers()["eta_duty_by_m"] == "measured"
+    # an older file (no "curves") loads and has no curve
+    d = json.loads(path.read_text())
+    del d["curves"]
+    assert Calibration.from_dict(d).curves == {}
+    bad = json.loads(path.read_text())
+    bad["curves"]["eta_duty_by_n"] = bad["curves"].pop("eta_duty_by_m")
+    with pytest.raises(ConfigError, match="unknown curves entry 'eta_duty_by_n'.*eta_duty_by_m"):
+        Calibration.from_dict(bad)
+    bad = json.loads(path.read_text())
+    bad["curves"]["eta_duty_by_m"]["fp32"]["x"] = [1, 4, 2, 8, 64]
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        Calibration.from_dict(bad)
+    bad["curves"]["eta_duty_by_m"]["fp32"]["x"] = [1, 2, 4, 8]
+    with pytest.raises(ConfigError, match="equal length"):
+        Calibration.from_dict(bad)

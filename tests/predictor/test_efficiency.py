@@ -52,3 +52,30 @@ def test_every_known_arch_has_a_tile():
 
     for sku in gpu_skus().values():
         assert sku.arch in eff.TILE_SHAPES, sku.arch
+
+
+def test_eta_duty_at_reproduces_nodes_interpolates_and_clamps():
+    m_nodes = np.array([1.0, 2.0, 8.0, 64.0])
+    duty = np.array([0.5, 0.1, 0.3, 0.6])
+    lx, ly = np.log2(m_nodes), np.log(duty)
+    assert eff.eta_duty_at(m_nodes, lx, ly) == pytest.approx(duty, rel=1e-12)
+    # between 2 and 8 (log2 1 -> 3): power law, so M = 4 is the geometric mean of 0.1 and 0.3
+    assert float(eff.eta_duty_at(4.0, lx, ly)) == pytest.approx(np.sqrt(0.1 * 0.3), rel=1e-12)
+    # between 8 and 64: M = 16 is one third of the way in log2 M
+    assert float(eff.eta_duty_at(16.0, lx, ly)) == pytest.approx(0.3 * 2.0 ** (1 / 3), rel=1e-12)
+    # clamped outside the measured M (no extrapolation); M < 1 counts as 1
+    assert eff.eta_duty_at([4096.0, 1e6], lx, ly) == pytest.approx([0.6, 0.6])
+    assert float(eff.eta_duty_at(0.5, lx, ly)) == pytest.approx(0.5)
+
+
+def test_duty_time_envelope_keeps_time_monotone_not_efficiency():
+    m = np.array([1.0, 2.0, 4.0, 8.0])
+    # M = 1 beats M = 2 per FLOP (kept: time still rises); M = 4 -> 8 more than doubles the
+    # throughput, so an M = 4 GEMM would be slower than running it padded to M = 8: raised.
+    duty = np.array([0.5, 0.1, 0.1, 0.3])
+    env = eff.duty_time_envelope(m, duty)
+    assert env == pytest.approx([0.5, 0.1, 0.15, 0.3])
+    assert np.all(np.diff(m / env) >= 0)
+    assert np.all(env >= duty)
+    # already monotone in time: unchanged
+    assert eff.duty_time_envelope(m, [0.5, 0.1, 0.15, 0.3]) == pytest.approx([0.5, 0.1, 0.15, 0.3])

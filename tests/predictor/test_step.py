@@ -7,6 +7,7 @@ import pytest
 
 from gpubench.errors import ConfigError
 from predictor import HardwareSpec, StepModel
+from predictor import efficiency as eff
 
 SKUS = ("h100-sxm", "a100-80", "l40s", "h200", "cpu")
 MODELS = ("llama-3.1-8b", "smollm2-135m", "qwen2.5-7b")
@@ -148,3 +149,58 @@ def test_cpu_with_cores_scales_compute_only():
     assert t_one.compute_s == pytest.approx(t_all.compute_s * hw.num_sms, rel=0.05)
     with pytest.raises(ConfigError, match="CPU backend"):
         HardwareSpec.from_sku("h100").with_cores(1)
+
+
+def _curve_cal(duty_by_m, scalar_duty=0.05):
+    """A CPU calibration dict with a per-M eta_duty curve for fp32 (f_clk = eta_active = 1)."""
+    xs = sorted(duty_by_m)
+    return {"sku": "cpu", "backend": "cpu", "dtype": "fp32",
+            "params": {"f_clk": 1.0, "eta_active": 1.0, "eta_duty": scalar_duty},
+            "curves": {"eta_duty_by_m": {"fp32": {"x": xs, "value": [duty_by_m[x] for x in xs],
+                                                  "tier": "measured", "source": "test"}}}}
+
+
+def test_gemm_ops_use_the_per_m_duty_curve():
+    duty = {1: 0.6, 2: 0.08, 8: 0.2, 64: 0.7}
+    m = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=_curve_cal(duty))
+    old = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration={
+        k: v for k, v in _curve_cal(duty).items() if k != "curves"})  # an older file: scalar eta_duty for all M
+    assert m.calibration.tiers()["eta_duty_by_m"] == "measured" and old.duty_curve is None
+    peak, sms = m.hardware.peak("fp32"), m.hardware.num_sms
+    # measured M reproduce their duty; M = 4 is halfway in log2 M between 2 and 8 (power law);
+    # M = 500 is past the last measured M and is clamped to it
+    expect = {1: 0.6, 2: 0.08, 8: 0.2, 64: 0.7, 4: np.sqrt(0.08 * 0.2), 500: 0.7}
+    for batch, d in expect.items():
+        pred = m.predict([(1, 64)] * batch)
+        pred_old = old.predict([(1, 64)] * batch)
+        num_exact = 0
+        for name in ("qkv_proj", "gate_up", "down", "lm_head"):
+            op = pred.ops[name]
+            mm, n, k = op.gemm_mnk
+            assert mm == batch
+            cluster = float(eff.eta_cluster(mm, n, k, sms, eff.tile_shape("cpu")))
+            raw, raw_old = op.flops / (peak * cluster * d), op.flops / (peak * cluster * 0.05)
+            if cluster < 1:  # a partial last wave: the padding envelope may run it as a larger M
+                assert op.t_c_s <= raw * (1 + 1e-9) and pred_old.ops[name].t_c_s <= raw_old * (1 + 1e-9)
+                continue
+            assert op.t_c_s == pytest.approx(raw, rel=1e-9), (batch, name)
+            assert pred_old.ops[name].t_c_s == pytest.approx(raw_old, rel=1e-9)
+            num_exact += 1
+        assert num_exact >= 2
+        # attention is not a GEMM of weights: it keeps the scalar eta_duty
+        assert pred.ops["attention"].t_c_s == pytest.approx(pred_old.ops["attention"].t_c_s, rel=1e-12)
+        assert m.predict_time([(1, 64)] * batch) == pytest.approx(pred.total_s, rel=1e-12)
+        assert m.predict_decode([batch], [64 * batch])[0] == pytest.approx(pred.total_s, rel=1e-12)
+
+
+def test_duty_curve_model_stays_monotone_and_above_floor():
+    # M = 1 is a GEMV that beats M = 2 per FLOP, as on the development CPU; time still rises with M
+    cal = _curve_cal({1: 0.06, 2: 0.01, 4: 0.018, 8: 0.028, 64: 0.075, 256: 0.15, 2048: 0.07})
+    for form in ("additive", "max"):
+        m = StepModel.for_names(sku="cpu", model="llama-3.2-1b", calibration=cal, form=form)
+        batches = np.arange(1, 257)
+        assert np.all(np.diff(m.predict_decode(batches, batches * 512)) >= 0)
+        prefill = [m.predict_time([(n, 0)]) for n in (1, 2, 3, 16, 100, 1024, 4096)]
+        assert np.all(np.diff(prefill) >= 0)
+        for b in ([(1, 0)], [(1, 4096)] * 3, [(300, 0)], [(16, 64)] + [(1, 64)] * 5):
+            assert m.predict(b).total_s >= m.physical_floor_s(b)
