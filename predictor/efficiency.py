@@ -114,8 +114,8 @@ def eta_duty_at(m, log2_m_nodes, log_duty_nodes):
     from gemm rows, so that eta_c * P reproduces the measured throughput at every measured M).
 
     A BLAS picks a different kernel by M: on a CPU, M = 1 is a GEMV that streams the weights once,
-    while M = 2..8 runs a packed GEMM whose weight repacking is not amortized, so per FLOP it is
-    several times slower. Between measured M the curve is a power law (linear in log2 M of
+    while M = 2..8 runs a packed GEMM (weight packing not amortized over so few rows, as we read
+    the timings), so per FLOP it is several times slower. Between measured M the curve is a power law (linear in log2 M of
     log eta), which keeps time ~ M / eta_duty(M) monotone between nodes whenever it is at the
     nodes; outside the measured range it is clamped to the end values (no extrapolation).
     """
