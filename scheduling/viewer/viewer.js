@@ -157,7 +157,10 @@
     }
     const A = axes(g, x0, x1, 0, ymax * 1.05 || 1, { xlabel: 'time (s)' });
     const { ctx } = g;
-    const ends = opts.dur ? xs.map((x, i) => x + (opts.dur[i] || 0)) : null;
+    // Tokens happen during a step (draw over its duration; idle time stays empty); a state such
+    // as a block count holds until the next step changes it (draw up to the next step).
+    const ends = opts.dur ? xs.map((x, i) => x + (opts.dur[i] || 0))
+      : xs.map((x, i) => (i + 1 < xs.length ? xs[i + 1] : x1));
     let marks = 0;
     // stacked series: one column per pixel (mean over the steps in it) from the lower series' top
     let base = null;
@@ -203,14 +206,16 @@
     const total = sum(values) || 1;
     const rowH = Math.min(26, (h - 10) / Math.max(1, labels.length));
     const left = 110, maxV = Math.max(1, ...values);
+    const label = i => `${values[i].toLocaleString('en-US')} (${(100 * values[i] / total).toFixed(1)} %)`;
+    const labelW = Math.max(0, ...labels.map((_, i) => ctx.measureText(label(i)).width)) + 12;
     ctx.textBaseline = 'middle';
     labels.forEach((lab, i) => {
       const y = 5 + i * rowH;
-      const bw = (w - left - 90) * values[i] / maxV;
+      const bw = Math.max(0, w - left - labelW) * values[i] / maxV;
       ctx.fillStyle = cssVar('--prefill'); ctx.fillRect(left, y + 3, Math.max(1, bw), rowH - 6);
       ctx.fillStyle = cssVar('--ink'); ctx.textAlign = 'right'; ctx.fillText(lab, left - 6, y + rowH / 2);
       ctx.textAlign = 'left';
-      ctx.fillText(`${values[i].toLocaleString('en-US')} (${(100 * values[i] / total).toFixed(1)} %)`, left + bw + 6, y + rowH / 2);
+      ctx.fillText(label(i), left + bw + 6, y + rowH / 2);
     });
     viewer.charts[id] = { marks: labels.length };
   }
