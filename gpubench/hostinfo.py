@@ -66,7 +66,8 @@ class HostCPU:
         return d
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A small sysfs/procfs file stripped, or None when it cannot be read (absent on this kernel or VM)."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -90,10 +91,10 @@ def _caches(cpu: int = 0) -> tuple:
         if not name.startswith("index"):
             continue
         d = os.path.join(base, name)
-        size = _read(os.path.join(d, "size"))
-        level = _read(os.path.join(d, "level"))
-        kind = _read(os.path.join(d, "type")) or "Unified"
-        shared = _read(os.path.join(d, "shared_cpu_list")) or "0"
+        size = read_text(os.path.join(d, "size"))
+        level = read_text(os.path.join(d, "level"))
+        kind = read_text(os.path.join(d, "type")) or "Unified"
+        shared = read_text(os.path.join(d, "shared_cpu_list")) or "0"
         if not size or not level:
             continue
         out.append(CacheLevel(int(level), kind, _parse_size(size), _count_cpu_list(shared)))
@@ -112,7 +113,7 @@ def _count_cpu_list(text: str) -> int:
 
 
 def _cpuinfo() -> dict:
-    text = _read("/proc/cpuinfo") or ""
+    text = read_text("/proc/cpuinfo") or ""
     info = {}
     for line in text.splitlines():
         if ":" in line:
@@ -122,7 +123,7 @@ def _cpuinfo() -> dict:
 
 
 def _clock(info: dict) -> tuple[float, str]:
-    mx = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    mx = read_text("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     if mx:
         return int(mx) / 1000.0, "sysfs cpufreq/cpuinfo_max_freq"
     m = re.search(r"@\s*([\d.]+)\s*GHz", info.get("model name", ""))

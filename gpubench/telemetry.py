@@ -25,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gpubench.hostinfo import read_text
+
 SAMPLE_FIELDS = ("clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle_bits", "energy_j")
 LOW_CLOCK_FRACTION = 0.75  # samples under 75 % of the max clock are flagged (DESIGN section 4)
 
@@ -174,12 +176,6 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
 
 # ---------------------------------------------------------------- CPU -------------------------
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 class CpuTelemetry(TelemetrySource):
@@ -202,7 +198,7 @@ class CpuTelemetry(TelemetrySource):
         else:
             self._clock_source = "sysfs cpufreq scaling_cur_freq"
             self._reasons_clock = None
-        mx = _read(os.path.join(sysfs_root, "devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
+        mx = read_text(os.path.join(sysfs_root, "devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"))
         self._max_mhz = int(mx) / 1000.0 if mx else None
         if self._max_mhz is None:
             from gpubench.hostinfo import host_cpu
@@ -229,12 +225,12 @@ class CpuTelemetry(TelemetrySource):
         if not zones:
             return "no RAPL (no /sys/class/powercap/intel-rapl* zones: VM or unsupported CPU)"
         paths = [os.path.join(z, "energy_uj") for z in zones]
-        if any(_read(p) is None for p in paths):
+        if any(read_text(p) is None for p in paths):
             return "RAPL energy_uj is not readable by this user (root-only since Linux 5.10)"
         return paths
 
     def _cpuinfo_mhz(self) -> list[float]:
-        text = _read(self._proc_cpuinfo) or ""
+        text = read_text(self._proc_cpuinfo) or ""
         mhz, cpu = {}, None
         for line in text.splitlines():
             if line.startswith("processor"):
@@ -245,12 +241,12 @@ class CpuTelemetry(TelemetrySource):
 
     def sample(self) -> dict:
         if self._freq_paths is not None:
-            vals = [float(v) / 1000.0 for v in (_read(p) for p in self._freq_paths) if v]
+            vals = [float(v) / 1000.0 for v in (read_text(p) for p in self._freq_paths) if v]
         else:
             vals = self._cpuinfo_mhz()
         energy = None
         if self._rapl:
-            readings = [_read(p) for p in self._rapl]
+            readings = [read_text(p) for p in self._rapl]
             if all(readings):
                 energy = sum(int(r) for r in readings) / 1e6
         return {"clock_mhz": sum(vals) / len(vals) if vals else None, "mem_clock_mhz": None, "power_w": None,
