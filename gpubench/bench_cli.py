@@ -135,6 +135,9 @@ def _print_summary(s, console) -> None:
         console.print(f"  contention: the measuring process used {_fmt(tel.get('proc_cpu_util_median'))} CPUs "
                       f"(median over rows); load average at start {', '.join(f'{x:.1f}' for x in la) or '-'}",
                       markup=False, highlight=False)
+    if tel.get("droop_detail"):
+        console.print(f"  clock droop under the M=16384 bf16 GEMM: {_fmt(100 * tel['droop'] if tel.get('droop') is not None else None, 1)} % "
+                      f"({tel['droop_detail']})", markup=False, highlight=False)
     if tel.get("note"):
         console.print(f"  clock: {tel['note']}", markup=False, highlight=False)
     for f, why in (tel.get("null_reasons") or {}).items():

@@ -198,7 +198,15 @@ def telemetry_summary(run: Run) -> dict:
         if "telemetry_samples" in df:
             samples += int(df["telemetry_samples"].fillna(0).sum())
     t = run.manifest.get("telemetry", {})
+    droop = None
+    if run.backend == "cuda" and "gemm" in run.frames:
+        from gpubench.telemetry_nvml import clock_droop
+
+        droop = clock_droop(run.frames["gemm"])
     return {
+        "droop": None if droop is None else droop.droop,
+        "droop_detail": None if droop is None else (
+            droop.reason or f"1 - {droop.mean_clock_mhz:.0f} / {droop.max_clock_mhz:.0f} MHz over {droop.num_rows} GEMM rows"),
         "source": t.get("source"),
         "clock_source": t.get("clock_source"),
         "clock_mhz_mean": float(np.mean(clocks)) if clocks else None,

@@ -285,8 +285,11 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
     assert table["clock-event reasons during gemm"][2] == "sw_power_cap"
     assert "figure" in format_table(check_table(results.load(w.run_dir))).splitlines()[0]
 
-    # `gpubench show`'s summary reads the bandwidth and launch rows of a CUDA run.
+    # `gpubench show`'s summary reads the bandwidth and launch rows of a CUDA run, and its droop.
     from gpubench import report
+
+    tel = report.summarize_run(results.load(w.run_dir)).telemetry
+    assert tel["droop"] == pytest.approx(1 - 1420 / 1980) and "over 5 GEMM rows" in tel["droop_detail"]
 
     for probe in ("peak", "gemm"):  # the CPU-specific peak and gemm headlines are not part of this check
         (w.run_dir / f"{probe}.jsonl").unlink()
