@@ -92,7 +92,7 @@ def register(sub) -> None:
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required with --synthetic; with --trace it "
                         "replaces the trace's arrival times)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs and of the arrivals")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_options(p)
@@ -118,7 +118,7 @@ def load_jobs(args: argparse.Namespace):
             raise ConfigError("--synthetic needs --jps (job arrivals per second)")
         jobs = traces.synthetic_jobs(args.synthetic, seed=args.seed)
     else:
-        jobs = traces.load_trace(args.trace)
+        jobs = traces.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
     if args.jps is not None:
         if not args.jps > 0:
             raise ConfigError(f"--jps must be > 0, got {args.jps}")
