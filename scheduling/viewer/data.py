@@ -20,18 +20,9 @@ import numpy as np
 import pandas as pd
 
 from gpubench.errors import ResultsFormatError
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS
+from scheduling.outputs import TURN_CONTRACT_COLUMNS as TURN_COLUMNS
 
-STEP_COLUMNS = (
-    "step", "t_s", "dur_s", "num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_decode_seqs",
-    "num_running", "num_waiting", "kv_used_blocks", "kv_pinned_blocks", "kv_cached_blocks", "kv_total_blocks",
-    "pool_used_blocks", "pool_total_blocks", "break_reason", "num_preemptions", "num_prefix_hit_tokens",
-    "num_pool_load_tokens",
-)
-TURN_COLUMNS = (
-    "job_id", "turn", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "queue_s",
-    "prompt_tokens", "hit_tokens", "pool_hit_tokens", "computed_tokens", "output_tokens", "num_preemptions",
-)
-JOB_COLUMNS = ("job_id", "prefix_group", "arrival_s", "finish_s", "jct_s", "num_turns")
 # Columns a plot may do without (older or partial logs): filled with 0.
 OPTIONAL_STEP_COLUMNS = ("kv_pinned_blocks", "kv_cached_blocks", "pool_used_blocks", "pool_total_blocks",
                          "num_pool_load_tokens", "num_prefill_seqs", "num_decode_seqs")
