@@ -1,6 +1,7 @@
 // Shared pieces of the probes: device context, RAII device buffers with a free-memory check,
 // timing events and the spin-kernel gate. Small classes, one job each (STYLE.md section 1).
 #pragma once
+#include <algorithm>
 #include <cuda_runtime.h>
 #include <string>
 #include <vector>
@@ -64,6 +65,23 @@ public:
 private:
     cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
+
+// Iterations of a loop kernel so that one timed launch lasts about target_s (Triton's do_bench
+// turns a time budget into a count the same way): time a short launch, scale, at most 4 rounds.
+// launch(iters) must enqueue one launch on ctx's stream.
+template <class Launch>
+long long size_iters_for(const DeviceContext& ctx, EventPair& ev, long long iters, double target_s, Launch launch) {
+    for (int round = 0; round < 4; ++round) {
+        ev.start(ctx.stream());
+        launch(iters);
+        ev.stop(ctx.stream());
+        ctx.sync();
+        const double t = ev.seconds();
+        if (t >= 0.25 * target_s) break;
+        iters = static_cast<long long>(iters * std::min(64.0, target_s / std::max(t, 1e-7)));
+    }
+    return iters;
+}
 
 // The spin-kernel gate (nvbandwidth's latch): hold() enqueues a kernel that spins on a host-mapped
 // flag, so everything enqueued after it waits; release() sets the flag. Work queued between the two

@@ -198,16 +198,9 @@ ProbeResult peak_run(int device, const std::string& dtype, int num_reps, int num
     }
     // 2. Size a repetition from a short timed run so it lasts about target_s.
     EventPair ev;
-    long long iters = 256;
-    for (int probe_round = 0; probe_round < 4; ++probe_round) {
-        ev.start(s);
-        launch_loop(dt, grid, s, iters, true, start, start, bad, unsupported);
-        ev.stop(s);
-        ctx.sync();
-        const double t = ev.seconds();
-        if (t >= 0.25 * target_s) break;
-        iters = static_cast<long long>(iters * std::min(64.0, target_s / std::max(t, 1e-7)));
-    }
+    const long long iters = size_iters_for(ctx, ev, 256, target_s, [&](long long n) {
+        launch_loop(dt, grid, s, n, true, start, start, bad, unsupported);
+    });
     // 3. Timed repetitions (+B/-B: every accumulator must come back to its start value).
     CUDA_CHECK(cudaMemsetAsync(flags.as<void>(), 0, flags.bytes(), s));
     for (int rep = 0; rep < num_warmup + num_reps; ++rep) {

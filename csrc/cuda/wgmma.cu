@@ -145,16 +145,7 @@ ProbeResult peak_wgmma_run(int device, int num_reps, int num_warmup, double targ
     r.info["supported"] = 1.0;
     // 2. Size a repetition to about target_s.
     EventPair ev;
-    long long iters = 64;
-    for (int round = 0; round < 4; ++round) {
-        ev.start(s);
-        launch(iters, 1, start);
-        ev.stop(s);
-        ctx.sync();
-        const double t = ev.seconds();
-        if (t >= 0.25 * target_s) break;
-        iters = static_cast<long long>(iters * std::min(64.0, target_s / std::max(t, 1e-7)));
-    }
+    const long long iters = size_iters_for(ctx, ev, 64, target_s, [&](long long n) { launch(n, 1, start); });
     // 3. Timed repetitions.
     CUDA_CHECK(cudaMemsetAsync(flags.as<void>(), 0, flags.bytes(), s));
     for (int rep = 0; rep < num_warmup + num_reps; ++rep) {
