@@ -1,7 +1,8 @@
 """Build gpubench's compiled probes.
 
-Two pybind11 extensions:
+Three pybind11 extensions:
   gpubench._cpu   C++17 from csrc/cpu/  (always built; OpenMP; -march=native unless GPUBENCH_NATIVE=0)
+  scheduling._kvpool  C++17 from csrc/sim/ (always built): the replay engine's KV block pool
   gpubench._cuda  csrc/cuda/*.cu compiled by nvcc + csrc/cuda/*.cpp bindings compiled by the host
                   compiler, linked against cudart_static so that importing it needs no driver.
                   Built when nvcc is found (CUDA_HOME, then PATH); GPUBENCH_CUDA=1 makes a missing
@@ -109,6 +110,16 @@ def cpu_extension():
     )
 
 
+def sim_extension():
+    """The replay engine's KV block pool (portable flags: no -march=native, no OpenMP)."""
+    return Pybind11Extension(
+        "scheduling._kvpool",
+        ["csrc/sim/kvpool.cpp"],
+        extra_compile_args=["-O2"],
+        cxx_std=17,
+    )
+
+
 def cuda_extension():
     want = _env_flag("GPUBENCH_CUDA")
     if want is False:
@@ -175,7 +186,7 @@ def _find_cublas(cuda_home):
 
 # GPUBENCH_ONLY=cpu|cuda builds one extension (a developer's quick rebuild); default builds both.
 _only = os.environ.get("GPUBENCH_ONLY", "")
-ext_modules = [] if _only == "cuda" else [cpu_extension()]
+ext_modules = [] if _only == "cuda" else [cpu_extension(), sim_extension()]
 cuda_ext = cuda_extension() if _only != "cpu" else None
 if cuda_ext is not None:
     ext_modules.append(cuda_ext)

@@ -2,22 +2,31 @@
 
 Layout of the pool (``num_blocks`` slots, block 0 reserved as the null placeholder)::
 
-    blocks: [null][b1][b2] ... [bN-1]
-    free queue:  HEAD <-> bA <-> bB <-> ... <-> bZ <-> TAIL      (intrusive, no allocation per op)
+    blocks: [null][1][2] ... [N-1]
+    free queue:  HEAD <-> a <-> b <-> ... <-> z <-> TAIL      (intrusive: two int arrays)
                  ^ evicted first (least recently freed)   ^ freed last
 
 Eviction order: a block that reaches ref count 0 is appended at the tail; new blocks are taken
 from the head, so the least recently freed block is reused first. A finished request frees its
-blocks in *reverse* order (``free_blocks(reversed(blocks))``), so within one request its tail
+blocks in *reverse* order (``free_blocks(blocks, reverse=True)``), so within one request its tail
 blocks are evicted before its head blocks (heads are shared prefixes, more likely to hit again).
-A freed block keeps its hash (stays a prefix-cache hit) until it is popped for reuse.
+A freed block keeps its hash (stays a prefix-cache hit) until it is popped for reuse; every such
+eviction is logged in order (``evicted_since``), which the engine's lookup memo reads.
+
+Blocks are ints; a request's blocks are a Python list of them. Two implementations with one API:
+
+* ``scheduling._kvpool.BlockPool`` — C++ (csrc/sim/kvpool.cpp), what the engine uses;
+* :class:`PyBlockPool` — this file, the readable reference. A differential test drives both with
+  the same random operations and compares every observable (tests/scheduling/test_kv_cache.py).
+
+:data:`BlockPool` is the compiled one when the extension is built, else the reference.
 
 Only full blocks carry a hash. ``BlockHash`` values are Python ints chained over the parent hash
-(see :func:`chain_hash`).
+(see :func:`chain_hash`); they fit in 64 bits (``hash()`` of a tuple).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, NewType
+from typing import NewType
 
 BlockHash = NewType("BlockHash", int)
 
@@ -27,223 +36,187 @@ def chain_hash(parent: int | None, identity: tuple) -> BlockHash:
     return BlockHash(hash((parent, identity)))
 
 
-class KVBlock:
-    """One KV-cache block slot. ``prev_free``/``next_free`` link it into the free queue."""
-
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: BlockHash | None = None
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-
-    def __repr__(self) -> str:
-        return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
-
-
-class FreeBlockQueue:
-    """Intrusive doubly linked list of free blocks with fake head/tail sentinels (LRU order).
-
-    ``popleft`` takes the least recently freed block; ``append`` puts a freed block last; ``remove``
-    takes a block out of the middle in O(1) (a prefix hit on a free cached block).
-    """
-
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
-        self._head = KVBlock(-1)
-        self._tail = KVBlock(-2)
-        self.num_free_blocks = 0
-        prev = self._head
-        for b in blocks:
-            prev.next_free = b
-            b.prev_free = prev
-            prev = b
-            self.num_free_blocks += 1
-        prev.next_free = self._tail
-        self._tail.prev_free = prev
-
-    def popleft(self) -> KVBlock:
-        """Remove and return the least recently freed block; raises when empty."""
-        b = self._head.next_free
-        if b is self._tail:
-            raise RuntimeError("popleft from an empty free queue")
-        nxt = b.next_free
-        self._head.next_free = nxt
-        nxt.prev_free = self._head
-        b.prev_free = b.next_free = None
-        self.num_free_blocks -= 1
-        return b
-
-    def remove(self, b: KVBlock) -> None:
-        """Take ``b`` out of the queue wherever it is."""
-        prev, nxt = b.prev_free, b.next_free
-        if prev is None or nxt is None:
-            raise RuntimeError(f"remove of {b!r}, which is not in the free queue")
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        b.prev_free = b.next_free = None
-        self.num_free_blocks -= 1
-
-    def append(self, b: KVBlock) -> None:
-        """Put ``b`` at the tail (evicted last)."""
-        last = self._tail.prev_free
-        last.next_free = b
-        b.prev_free = last
-        b.next_free = self._tail
-        self._tail.prev_free = b
-        self.num_free_blocks += 1
-
-    def get_all_free_blocks(self) -> list[KVBlock]:
-        """Blocks head to tail (for tests and invariant checks)."""
-        out = []
-        b = self._head.next_free
-        while b is not self._tail:
-            out.append(b)
-            b = b.next_free
-        return out
-
-
-class BlockPool:
-    """All KV blocks of the GPU, the free queue and the hash -> cached block map.
+class PyBlockPool:
+    """All KV blocks of the GPU, the free queue and the hash -> cached block map (pure Python).
 
     Args:
         num_blocks: slots including the null block (so ``num_blocks - 1`` are usable).
-        on_evict: optional callback ``(block_hash) -> None`` when a cached block is reused.
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[BlockHash], None] | None = None) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"a block pool needs at least 2 blocks (null + 1), got {num_blocks}")
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.null_block = self.blocks[0]
-        self.null_block.ref_cnt = 1  # never freed, never handed out
-        self.free_queue = FreeBlockQueue(self.blocks[1:])
-        self.cached: dict[BlockHash, KVBlock] = {}
+        n = self._n = num_blocks
+        self._head, self._tail = n, n + 1
+        self._ref = [0] * n
+        self._ref[0] = 1  # the null block: never freed, never handed out
+        self._hash: list[int | None] = [None] * n
+        # Block b's neighbours in the free queue (-1: not in it). Sentinels HEAD = n, TAIL = n + 1.
+        self._prev = [-1] * (n + 2)
+        self._next = [-1] * (n + 2)
+        chain = [self._head, *range(1, n), self._tail]
+        for a, b in zip(chain, chain[1:]):
+            self._next[a] = b
+            self._prev[b] = a
+        self.num_free_blocks = n - 1
         self.num_cached_free = 0  # free blocks that still hold a hash (evictable prefix cache)
-        self.num_evictions = 0
-        self.evicted_log: list[BlockHash] = []  # every evicted hash, in order (lookup memo validation)
-        self._on_evict = on_evict
+        self._cached: dict[int, int] = {}
+        self._evicted: list[int] = []
 
     @property
     def num_total_blocks(self) -> int:
         """Usable blocks (the null block excluded)."""
-        return len(self.blocks) - 1
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.free_queue.num_free_blocks
+        return self._n - 1
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_total_blocks - self.free_queue.num_free_blocks
+        return self._n - 1 - self.num_free_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
-        return self.cached.get(block_hash)
+    @property
+    def num_evictions(self) -> int:
+        return len(self._evicted)
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVBlock] | None:
+    def get_new_blocks(self, num_blocks: int) -> list[int] | None:
         """Pop ``num_blocks`` from the free queue (evicting their cached hashes), ref count 1.
 
         Returns None when fewer are free (an expected shortage, not an error).
         """
-        fq = self.free_queue
-        if num_blocks > fq.num_free_blocks:
+        if num_blocks < 0:
+            raise ValueError("negative block count")
+        if num_blocks > self.num_free_blocks:
             return None
-        # NOTE(perf): FreeBlockQueue.popleft inlined; a recomputed prompt takes thousands at once.
-        head = fq._head
-        cached = self.cached
-        log = self.evicted_log
-        on_evict = self._on_evict
+        nxt_of, prv_of, ref, hsh = self._next, self._prev, self._ref, self._hash
         out = []
-        b = head.next_free
+        b = nxt_of[self._head]
         for _ in range(num_blocks):
-            nxt = b.next_free
-            b.prev_free = b.next_free = None
-            h = b.block_hash
+            nxt = nxt_of[b]
+            prv_of[b] = nxt_of[b] = -1
+            h = hsh[b]
             if h is not None:
                 self.num_cached_free -= 1
-                if cached.get(h) is b:
-                    del cached[h]
-                b.block_hash = None
-                log.append(h)
-                if on_evict is not None:
-                    on_evict(h)
-            b.ref_cnt = 1
+                del self._cached[h]
+                hsh[b] = None
+                self._evicted.append(h)
+            ref[b] = 1
             out.append(b)
             b = nxt
-        head.next_free = b
-        b.prev_free = head
-        fq.num_free_blocks -= num_blocks
-        self.num_evictions = len(log)
+        nxt_of[self._head] = b
+        prv_of[b] = self._head
+        self.num_free_blocks -= num_blocks
         return out
 
-    def touch(self, blocks: Iterable[KVBlock]) -> None:
+    def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones off the free queue."""
-        # NOTE(perf): FreeBlockQueue.remove inlined; a turn touches its whole prefix (thousands).
-        fq = self.free_queue
-        n_removed = n_cached = 0
+        nxt_of, prv_of, ref = self._next, self._prev, self._ref
         for b in blocks:
-            if b.ref_cnt == 0:
-                prev, nxt = b.prev_free, b.next_free
-                if prev is None or nxt is None:
-                    raise RuntimeError(f"touch of {b!r}: ref count 0 but not in the free queue")
-                prev.next_free = nxt
-                nxt.prev_free = prev
-                b.prev_free = b.next_free = None
-                n_removed += 1
-                if b.block_hash is not None:
-                    n_cached += 1
-            b.ref_cnt += 1
-        fq.num_free_blocks -= n_removed
-        self.num_cached_free -= n_cached
+            if ref[b] == 0:
+                p, nx = prv_of[b], nxt_of[b]
+                if p < 0 or nx < 0:
+                    raise RuntimeError(f"touch of block {b}: ref count 0 but not in the free queue")
+                nxt_of[p] = nx
+                prv_of[nx] = p
+                prv_of[b] = nxt_of[b] = -1
+                self.num_free_blocks -= 1
+                if self._hash[b] is not None:
+                    self.num_cached_free -= 1
+            ref[b] += 1
 
-    def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
-        """Drop one reference per block; blocks reaching 0 join the free queue in the given order."""
-        # NOTE(perf): FreeBlockQueue.append inlined (a finished turn frees its whole context).
-        fq = self.free_queue
-        tail = fq._tail
-        n_added = n_cached = 0
-        for b in ordered:
-            rc = b.ref_cnt - 1
-            if rc < 0:
-                raise RuntimeError(f"free of {b!r} with ref count {b.ref_cnt}")
-            b.ref_cnt = rc
-            if rc == 0:
-                last = tail.prev_free
-                last.next_free = b
-                b.prev_free = last
-                b.next_free = tail
-                tail.prev_free = b
-                n_added += 1
-                if b.block_hash is not None:
-                    n_cached += 1
-        fq.num_free_blocks += n_added
-        self.num_cached_free += n_cached
+    def free_blocks(self, blocks: list[int], reverse: bool = False) -> None:
+        """Drop one reference per block; blocks reaching 0 join the free queue in list order
+        (``reverse``: last to first)."""
+        nxt_of, prv_of, ref, tail = self._next, self._prev, self._ref, self._tail
+        for b in (reversed(blocks) if reverse else blocks):
+            if ref[b] <= 0 or b == 0:
+                raise RuntimeError(f"free of block {b} with ref count {ref[b]}")
+            ref[b] -= 1
+            if ref[b] == 0:
+                last = prv_of[tail]
+                nxt_of[last] = b
+                prv_of[b] = last
+                nxt_of[b] = tail
+                prv_of[tail] = b
+                self.num_free_blocks += 1
+                if self._hash[b] is not None:
+                    self.num_cached_free += 1
 
-    def cache_block(self, b: KVBlock, block_hash: BlockHash) -> None:
+    def count_free(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` have ref count 0 (touching them takes them off the free queue)."""
+        ref = self._ref
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def cache_block(self, block: int, block_hash: int) -> None:
         """Mark a full, in-use block as holding ``block_hash``.
 
         If another block already caches that hash (two requests computed the same block at once),
-        the first stays the cached one and ``b`` stays uncached, as in vLLM.
+        the first stays the cached one and ``block`` stays uncached, as in vLLM.
         """
-        if b.block_hash is not None:
-            return
-        if block_hash in self.cached:
-            return
-        b.block_hash = block_hash
-        self.cached[block_hash] = b
+        if self._hash[block] is None and block_hash not in self._cached:
+            self._hash[block] = block_hash
+            self._cached[block_hash] = block
+
+    def cache_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
+        """:meth:`cache_block` for ``blocks[k]`` with ``hashes[k]``, ``k`` in ``[start, stop)``."""
+        if start < 0 or stop > len(blocks) or stop > len(hashes):
+            raise IndexError("cache_blocks range outside the lists")
+        for k in range(start, stop):
+            self.cache_block(blocks[k], hashes[k])
+
+    def lookup(self, hashes: list[int], start: int, stop: int) -> list[int]:
+        """Cached blocks for ``hashes[start:stop]``, in order, up to the first miss."""
+        out = []
+        get = self._cached.get
+        for h in hashes[start:stop]:
+            b = get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def get_cached_block(self, block_hash: int) -> int | None:
+        return self._cached.get(block_hash)
+
+    def evicted_since(self, pos: int) -> list[int]:
+        """Hashes evicted since position ``pos`` of the eviction log, in order."""
+        return self._evicted[max(pos, 0):]
+
+    def ref_cnt(self, block: int) -> int:
+        return self._ref[block]
+
+    def block_hash(self, block: int) -> int | None:
+        return self._hash[block]
+
+    def free_queue_ids(self) -> list[int]:
+        """Blocks head to tail (for tests and invariant checks)."""
+        out = []
+        b = self._next[self._head]
+        while b != self._tail:
+            out.append(b)
+            b = self._next[b]
+        return out
 
     def check_invariants(self) -> None:
-        """Assert free + used = total, ref counts >= 0, free blocks have ref 0, cache map consistent."""
-        free = self.free_queue.get_all_free_blocks()
-        assert len(free) == self.free_queue.num_free_blocks, (len(free), self.free_queue.num_free_blocks)
-        free_ids = {b.block_id for b in free}
-        assert len(free_ids) == len(free), "a block appears twice in the free queue"
-        used = [b for b in self.blocks[1:] if b.ref_cnt > 0]
-        assert len(used) + len(free) == self.num_total_blocks, (len(used), len(free), self.num_total_blocks)
-        for b in self.blocks[1:]:
-            assert b.ref_cnt >= 0, b
-            assert (b.ref_cnt == 0) == (b.block_id in free_ids), b
-        for h, b in self.cached.items():
-            assert b.block_hash == h, (h, b)
-        assert self.num_cached_free == sum(1 for b in free if b.block_hash is not None)
+        """Raise RuntimeError unless free + used = total, ref counts >= 0, free blocks have ref 0
+        and the cache map agrees with the blocks' hashes."""
+        free = self.free_queue_ids()
+        free_set = set(free)
+        if len(free_set) != len(free) or 0 in free_set:
+            raise RuntimeError("free queue corrupt")
+        if len(free) != self.num_free_blocks:
+            raise RuntimeError(f"free count {self.num_free_blocks} but {len(free)} blocks in the queue")
+        if self.num_cached_free != sum(1 for b in free if self._hash[b] is not None):
+            raise RuntimeError("cached-free count is off")
+        for b in range(1, self._n):
+            if self._ref[b] < 0 or (self._ref[b] == 0) != (b in free_set):
+                raise RuntimeError(f"block {b}: ref count and free queue disagree")
+        for h, b in self._cached.items():
+            if self._hash[b] != h:
+                raise RuntimeError("hash map corrupt")
+
+
+try:
+    from scheduling._kvpool import BlockPool  # the compiled pool (csrc/sim/kvpool.cpp)
+
+    COMPILED = True
+except ImportError:  # pragma: no cover - the extension is built by `pip install -e .`
+    BlockPool = PyBlockPool  # type: ignore[misc,assignment]
+    COMPILED = False

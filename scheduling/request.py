@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from scheduling.kv_cache import BlockHash, KVBlock, chain_hash
+from scheduling.kv_cache import BlockHash, chain_hash
 from scheduling.traces import Job
 
 BLOCK_SIZE = 16
@@ -43,7 +43,7 @@ class JobState:
         self._group_blocks = job.system_tokens // BLOCK_SIZE
         self.finish_s: float | None = None
         self.waiting_request: Request | None = None  # arrived, not admitted yet
-        self.pin_blocks: list[KVBlock] | None = None  # continuum: blocks held across the tool gap
+        self.pin_blocks: list[int] | None = None  # continuum: blocks held across the tool gap
         self.pin_deadline_s = 0.0
         self.num_turns_done = 0
 
@@ -84,7 +84,7 @@ class Request:
         self.num_tokens = prompt_tokens
         self.num_output = 0
         self.num_computed = 0
-        self.blocks: list[KVBlock] = []
+        self.blocks: list[int] = []
         self.num_cached_blocks = 0
         self.status = Status.WAITING
         self.arrival_s = arrival_s
@@ -104,7 +104,7 @@ class Request:
         # num_admission_tokens = adm_lag + step index; the other counters follow (see Engine).
         self.lag = 0
         self.adm_lag = 0
-        self.hit_memo: list[KVBlock] | None = None  # last prefix lookup (Engine._prefix_hit)
+        self.hit_memo: list[int] | None = None  # last prefix lookup (Engine._prefix_hit)
         self.hit_log_pos = 0
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 from abc import ABC, abstractmethod
 from typing import Mapping
 
@@ -22,17 +23,24 @@ QUANT_EXACT_BELOW = 64
 QUANT_STEPS_PER_OCTAVE = 32
 
 
+_QUANT_SHIFT = 1 + int(math.log2(QUANT_STEPS_PER_OCTAVE))
+
+
 def quantize(x: int) -> int:
     """Round a token count up onto a geometric grid (exact below 64, then <= 3.1 % coarser).
 
     Why: decode context sums grow by one token per sequence per step, so an exact key would
     never repeat; step time is smooth in these counts, so a 3 % grid changes it by well under 3 %.
-    Rounding up keeps the estimate on the slow (conservative) side.
+    Rounding up keeps the estimate on the slow (conservative) side. The map is monotone and
+    ``quantize(quantize(x)) == quantize(x)``, so every count in ``[x, quantize(x)]`` has the same
+    key (what :meth:`StepCost.decode_quantum` relies on).
     """
     if x <= QUANT_EXACT_BELOW:
         return x
-    step = 1 << max(0, x.bit_length() - 1 - int(math.log2(QUANT_STEPS_PER_OCTAVE)))
-    return -(-x // step) * step
+    shift = x.bit_length() - _QUANT_SHIFT
+    if shift <= 0:
+        return x
+    return -(-x >> shift) << shift
 
 
 class StepCost(ABC):
@@ -51,6 +59,17 @@ class StepCost(ABC):
             decode_context_tokens: context length summed over the decode sequences.
         """
 
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        """``(seconds, dmax)``: the duration of a step that only decodes ``num_decode_seqs``
+        sequences with ``decode_context_tokens`` of summed context, and the largest summed context
+        up to which the same ``num_decode_seqs`` gives the same seconds. The engine's pure-decode
+        loop asks again only when the context passes ``dmax``. Exact by default (``dmax`` is the
+        context itself); a cost that is constant over a range may say so.
+        """
+        return (self.step_s(num_prefill_tokens=0, num_prefill_seqs=0, prefill_context_tokens=0,
+                            num_decode_seqs=num_decode_seqs, decode_context_tokens=decode_context_tokens),
+                decode_context_tokens)
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -66,6 +85,9 @@ class ConstantStepCost(StepCost):
     def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
                num_decode_seqs: int, decode_context_tokens: int) -> float:
         return self.seconds
+
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        return self.seconds, sys.maxsize
 
     def describe(self) -> str:
         return f"constant:{self.seconds}"
@@ -93,6 +115,12 @@ class TableStepCost(StepCost):
         if i == len(self._keys):
             return self._vals[-1] * n / self._keys[-1]
         return self._vals[i]
+
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        # Only the token count (here: the number of decodes) matters, not the context.
+        return (self.step_s(num_prefill_tokens=0, num_prefill_seqs=0, prefill_context_tokens=0,
+                            num_decode_seqs=num_decode_seqs, decode_context_tokens=decode_context_tokens),
+                sys.maxsize)
 
     def describe(self) -> str:
         return f"table:{dict(zip(self._keys, self._vals))}"
@@ -127,6 +155,15 @@ class PredictorStepCost(StepCost):
         if t is None:
             t = self._memo[key] = self._predict(*key)
         return t
+
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        # The memo key of a pure-decode step; every context up to quantize(context) shares it.
+        q = quantize(decode_context_tokens)
+        key = (0, 0, 0, num_decode_seqs, q)
+        t = self._memo.get(key)
+        if t is None:
+            t = self._memo[key] = self._predict(*key)
+        return t, q
 
     def _predict(self, pt: int, ps: int, pctx: int, nd: int, dctx: int) -> float:
         batch: list[tuple[int, int]] = []

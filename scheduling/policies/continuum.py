@@ -130,7 +130,7 @@ class ContinuumPolicy(KVPolicy):
         js.pin_blocks = None
         self._pins.pop(js.index, None)
         self._num_pinned_blocks -= len(blocks)
-        self.engine.pool.free_blocks(reversed(blocks))
+        self.engine.pool.free_blocks(blocks, True)
 
     def relieve_pressure(self, now_s: float, num_other_running: int) -> bool:
         if num_other_running > 0 or not self._pins:

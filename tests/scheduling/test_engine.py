@@ -7,7 +7,7 @@ import pytest
 from gpubench.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig, Event
 from scheduling.policies import make_policy
-from scheduling.step_cost import ConstantStepCost, TableStepCost
+from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
 from scheduling.traces import Job, SyntheticParams, Turn, synthetic_jobs, with_poisson_arrivals
 
 
@@ -95,6 +95,36 @@ def test_fast_path_is_identical_to_the_exact_loop():
         _, exact = run(jobs, 300, policy, max_num_batched_tokens=256, fast_path=False)
         assert fast.num_preemptions > 0  # the scenario exercises preemption
         assert fast.steps == exact.steps and fast.turns == exact.turns
+
+
+class _ContextCost(TableStepCost):
+    """Step time grows with the decode context, so every decode step differs (exact quantum)."""
+
+    def __init__(self):
+        super().__init__({1 << 20: 0.0})
+
+    def step_s(self, *, num_prefill_tokens, num_prefill_seqs, prefill_context_tokens, num_decode_seqs,
+               decode_context_tokens):
+        return 1e-3 + 2e-6 * num_prefill_tokens + 1e-4 * num_decode_seqs + 3e-8 * decode_context_tokens
+
+    decode_quantum = StepCost.decode_quantum
+
+
+@pytest.mark.parametrize("cost", ["context", "predictor"])
+def test_inline_decode_run_is_identical_to_stepping_through_events(cost):
+    """The pure-decode loop (taken when the step log is off) changes nothing but speed."""
+    jobs = small_workload(n=12, seed=4, jps=4.0)  # long stretches of decode only, and a tight pool
+    for policy in ("fcfs", "continuum"):
+        results = []
+        for record in (True, False):
+            c = _ContextCost() if cost == "context" else PredictorStepCost("h100-sxm", "llama-3.1-8b")
+            results.append(run(jobs, 200, policy, cost=c, max_num_batched_tokens=256, record_steps=record)[1])
+        logged, inline = results
+        assert logged.num_inline_decode_steps == 0 and inline.num_inline_decode_steps > logged.num_steps / 4
+        assert inline.turns == logged.turns and inline.jobs == logged.jobs
+        assert (inline.num_steps, inline.num_preemptions, inline.sim_time_s) == \
+            (logged.num_steps, logged.num_preemptions, logged.sim_time_s)
+        assert logged.num_preemptions > 0  # blocks run out, so the loop's block check is exercised
 
 
 def test_deterministic_for_a_seed():

@@ -1,77 +1,78 @@
-"""Block pool and free queue: order, ref counts, eviction, invariants (CPU only, no engine)."""
+"""Block pool: order, ref counts, eviction, invariants (no engine).
+
+Every behavioural test runs on both implementations: the compiled pool the engine uses and the
+pure-Python reference. A differential test drives both with the same random operations and
+compares everything they expose after each one.
+"""
+import random
+
 import pytest
 
-from scheduling.kv_cache import BlockPool, FreeBlockQueue, KVBlock, chain_hash
+from scheduling import kv_cache
+from scheduling.kv_cache import PyBlockPool, chain_hash
+
+_kvpool = pytest.importorskip("scheduling._kvpool", reason="the compiled pool is built by pip install -e .")
+IMPLS = {"compiled": _kvpool.BlockPool, "python": PyBlockPool}
 
 
-def ids(blocks):
-    return [b.block_id for b in blocks]
+@pytest.fixture(params=sorted(IMPLS))
+def Pool(request):
+    return IMPLS[request.param]
 
 
-def test_free_queue_order_and_links():
-    blocks = [KVBlock(i) for i in range(5)]
-    q = FreeBlockQueue(blocks)
-    # HEAD <-> 0 <-> 1 <-> 2 <-> 3 <-> 4 <-> TAIL
-    assert q.num_free_blocks == 5 and ids(q.get_all_free_blocks()) == [0, 1, 2, 3, 4]
-    q.remove(blocks[2])
-    # HEAD <-> 0 <-> 1 <-> 3 <-> 4 <-> TAIL
-    assert blocks[1].next_free is blocks[3] and blocks[3].prev_free is blocks[1]
-    assert blocks[2].prev_free is None and blocks[2].next_free is None
-    assert q.popleft() is blocks[0]
-    q.append(blocks[2])
-    # HEAD <-> 1 <-> 3 <-> 4 <-> 2 <-> TAIL
-    assert ids(q.get_all_free_blocks()) == [1, 3, 4, 2] and q.num_free_blocks == 4
-    with pytest.raises(RuntimeError, match="not in the free queue"):
-        q.remove(blocks[0])
+def test_engine_uses_the_compiled_pool():
+    assert kv_cache.COMPILED and kv_cache.BlockPool is _kvpool.BlockPool
 
 
-def test_popleft_empty_raises():
-    q = FreeBlockQueue([])
-    with pytest.raises(RuntimeError, match="empty"):
-        q.popleft()
+def test_needs_two_blocks(Pool):
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        Pool(1)
 
 
-def test_null_block_never_handed_out_and_shortage_returns_none():
-    pool = BlockPool(4)
+def test_null_block_never_handed_out_and_shortage_returns_none(Pool):
+    pool = Pool(4)
     assert pool.num_total_blocks == 3
     got = pool.get_new_blocks(3)
-    assert 0 not in ids(got) and pool.null_block.block_id == 0
+    assert sorted(got) == [1, 2, 3] and pool.ref_cnt(0) == 1
     assert pool.get_new_blocks(1) is None  # an expected shortage, not an error
+    assert pool.num_free_blocks == 0 and pool.num_used_blocks == 3
     pool.check_invariants()
 
 
-def test_reverse_free_evicts_tail_blocks_first_and_hash_survives_until_reuse():
-    pool = BlockPool(7)  # 6 usable
-    req = pool.get_new_blocks(4)  # blocks 1..4
-    hashes = []
-    parent = None
-    for i, b in enumerate(req):
+def test_reverse_free_evicts_tail_blocks_first_and_hash_survives_until_reuse(Pool):
+    pool = Pool(7)  # 6 usable
+    req = pool.get_new_blocks(4)
+    assert req == [1, 2, 3, 4]
+    hashes, parent = [], None
+    for i in range(4):
         parent = chain_hash(parent, ("j", "a", i))
         hashes.append(parent)
-        pool.cache_block(b, parent)
-    pool.free_blocks(reversed(req))
+    pool.cache_blocks(req, hashes, 0, 4)
+    pool.free_blocks(req, True)
     # free queue: 5, 6 (never used), then 4, 3, 2, 1 (the request's tail first)
-    assert ids(pool.free_queue.get_all_free_blocks()) == [5, 6, 4, 3, 2, 1]
-    assert pool.num_cached_free == 4 and all(pool.get_cached_block(h) is not None for h in hashes)
-    new = pool.get_new_blocks(3)
-    assert ids(new) == [5, 6, 4]
+    assert pool.free_queue_ids() == [5, 6, 4, 3, 2, 1]
+    assert pool.num_cached_free == 4 and pool.lookup(hashes, 0, 4) == [1, 2, 3, 4]
+    assert pool.get_new_blocks(3) == [5, 6, 4]
     assert pool.get_cached_block(hashes[3]) is None  # the tail block was evicted...
-    assert pool.get_cached_block(hashes[0]) is req[0]  # ...the head block still hits
-    assert pool.num_evictions == 1 and pool.evicted_log == [hashes[3]]
+    assert pool.get_cached_block(hashes[0]) == 1      # ...the head block still hits
+    assert pool.num_evictions == 1 and pool.evicted_since(0) == [hashes[3]] and pool.evicted_since(1) == []
+    assert pool.lookup(hashes, 0, 4) == [1, 2, 3]  # up to the first miss
+    assert pool.lookup(hashes, 1, 3) == [2, 3]
     pool.check_invariants()
 
 
-def test_touch_takes_free_cached_blocks_off_the_queue_and_ref_counts():
-    pool = BlockPool(5)
+def test_touch_takes_free_cached_blocks_off_the_queue_and_ref_counts(Pool):
+    pool = Pool(5)
     a = pool.get_new_blocks(2)
     pool.cache_block(a[0], chain_hash(None, ("g", "x", 0)))
-    pool.free_blocks(reversed(a))
-    assert pool.num_free_blocks == 4
+    pool.free_blocks(a, True)
+    assert pool.num_free_blocks == 4 and pool.count_free(a) == 2
     pool.touch([a[0]])
     pool.touch([a[0]])  # a second sharer
-    assert a[0].ref_cnt == 2 and pool.num_free_blocks == 3 and pool.num_cached_free == 0
+    assert pool.ref_cnt(a[0]) == 2 and pool.num_free_blocks == 3 and pool.num_cached_free == 0
+    assert pool.count_free(a) == 1
     pool.free_blocks([a[0]])
-    assert a[0].ref_cnt == 1 and pool.num_used_blocks == 1
+    assert pool.ref_cnt(a[0]) == 1 and pool.num_used_blocks == 1
     pool.free_blocks([a[0]])
     assert pool.num_used_blocks == 0 and pool.num_cached_free == 1
     with pytest.raises(RuntimeError, match="ref count 0"):
@@ -79,32 +80,85 @@ def test_touch_takes_free_cached_blocks_off_the_queue_and_ref_counts():
     pool.check_invariants()
 
 
-def test_duplicate_hash_keeps_first_block_cached():
-    pool = BlockPool(4)
+def test_duplicate_hash_keeps_first_block_cached(Pool):
+    pool = Pool(4)
     a, b = pool.get_new_blocks(2)
     h = chain_hash(None, ("g", "x", 0))
     pool.cache_block(a, h)
     pool.cache_block(b, h)
-    assert pool.get_cached_block(h) is a and b.block_hash is None
+    assert pool.get_cached_block(h) == a and pool.block_hash(b) is None and pool.block_hash(a) == h
+    pool.cache_block(a, h + 1)  # a block keeps the hash it has
+    assert pool.block_hash(a) == h
 
 
-def test_invariants_hold_through_random_operations():
-    import random
+def test_bad_ids_and_ranges_are_errors_not_corruption(Pool):
+    pool = Pool(4)
+    with pytest.raises((IndexError, RuntimeError)):
+        pool.free_blocks([0])  # the null block is never freed
+    with pytest.raises(IndexError):
+        pool.cache_blocks([1], [5], 0, 2)
+    pool.check_invariants()
 
-    rng = random.Random(0)
-    pool = BlockPool(33)
-    held: list[list] = []
-    for step in range(400):
-        if held and rng.random() < 0.45:
+
+def _state(pool, hashes):
+    return (pool.free_queue_ids(), [pool.ref_cnt(b) for b in range(pool.num_total_blocks + 1)],
+            [pool.block_hash(b) for b in range(pool.num_total_blocks + 1)], pool.num_free_blocks,
+            pool.num_used_blocks, pool.num_cached_free, pool.num_evictions, pool.evicted_since(0),
+            [pool.get_cached_block(h) for h in hashes])
+
+
+def test_compiled_pool_matches_the_reference_under_random_operations():
+    """Requests over a few hash chains (shared prefixes, hits, reverse frees, evictions)."""
+    rng = random.Random(7)
+    fast, ref = _kvpool.BlockPool(41), PyBlockPool(41)
+    chains = []
+    for c in range(6):
+        parent, chain = None, []
+        for i in range(30):
+            parent = chain_hash(parent, ("g" if i < 4 else "j", c if i >= 4 else 0, i))
+            chain.append(parent)
+        chains.append(chain)
+    all_hashes = [h for ch in chains for h in ch]
+    held: list[list[int]] = []
+    for step in range(3000):
+        op = rng.random()
+        if held and op < 0.4:
             blocks = held.pop(rng.randrange(len(held)))
-            pool.free_blocks(reversed(blocks))
+            rev = rng.random() < 0.8
+            fast.free_blocks(blocks, rev)
+            ref.free_blocks(blocks, rev)
         else:
-            got = pool.get_new_blocks(rng.randint(1, 6))
-            if got is None:
+            chain = rng.choice(chains)
+            n = rng.randint(1, 12)
+            hit = ref.lookup(chain, 0, n)
+            assert fast.lookup(chain, 0, n) == hit
+            assert fast.count_free(hit) == ref.count_free(hit)
+            if n - len(hit) > ref.num_free_blocks:
+                assert fast.get_new_blocks(n - len(hit)) is None and ref.get_new_blocks(n - len(hit)) is None
                 continue
-            for b in got:
-                if rng.random() < 0.5:
-                    pool.cache_block(b, chain_hash(step, ("j", "r", b.block_id)))
-            held.append(got)
+            if n - len(hit) + ref.count_free(hit) > ref.num_free_blocks:
+                continue  # touching the hit would leave too few (the engine checks the same)
+            fast.touch(hit)
+            ref.touch(hit)
+            new = ref.get_new_blocks(n - len(hit))
+            assert fast.get_new_blocks(n - len(hit)) == new
+            blocks = hit + new
+            full = rng.randint(len(hit), n)  # the blocks computed so far get their hashes
+            fast.cache_blocks(blocks, chain, len(hit), full)
+            ref.cache_blocks(blocks, chain, len(hit), full)
+            held.append(blocks)
+        if step % 50 == 0:
+            fast.check_invariants()
+            ref.check_invariants()
+        assert fast.num_free_blocks == ref.num_free_blocks and fast.num_evictions == ref.num_evictions
+    assert _state(fast, all_hashes) == _state(ref, all_hashes)
+    assert ref.num_evictions > 50  # the test did exercise eviction
+
+
+def test_invariant_check_catches_corruption():
+    pool = PyBlockPool(5)
+    (b,) = pool.get_new_blocks(1)
+    pool.check_invariants()
+    pool._ref[b] = 0  # in use but ref 0: not in the free queue
+    with pytest.raises(RuntimeError, match="disagree"):
         pool.check_invariants()
-        assert pool.num_free_blocks + pool.num_used_blocks == pool.num_total_blocks

@@ -1,0 +1,268 @@
+// scheduling._kvpool: the replay engine's paged KV block pool (vLLM V1 semantics), compiled.
+//
+// Same behaviour, block for block, as the pure-Python reference scheduling.kv_cache.PyBlockPool
+// (a differential test drives both with the same random operations). Why compiled: every turn of
+// every agent touches, frees and re-hashes its whole context (thousands of blocks), and a replay
+// under overload recomputes tens of millions of tokens; in Python those per-block loops were
+// most of a sweep's time.
+//
+// Blocks are ints 0..N-1; block 0 is the null block (never handed out). The free queue is an
+// intrusive doubly linked list over two int arrays with head/tail sentinels at N and N+1:
+// popped from the head (least recently freed), appended at the tail. A freed block keeps its
+// hash (a prefix-cache hit) until it is popped for reuse; every such eviction is logged in order.
+// Lists passed in and returned are Python lists of ints (the engine's Request.blocks).
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+class BlockPool {
+ public:
+  explicit BlockPool(int64_t num_blocks) {
+    if (num_blocks < 2)
+      throw std::invalid_argument("a block pool needs at least 2 blocks (null + 1), got " +
+                                  std::to_string(num_blocks));
+    n_ = static_cast<int32_t>(num_blocks);
+    head_ = n_;
+    tail_ = n_ + 1;
+    ref_.assign(n_, 0);
+    has_hash_.assign(n_, 0);
+    hash_.assign(n_, 0);
+    prev_.assign(n_ + 2, -1);
+    next_.assign(n_ + 2, -1);
+    ref_[0] = 1;  // the null block: never freed, never handed out
+    int32_t p = head_;
+    for (int32_t b = 1; b < n_; ++b) {
+      next_[p] = b;
+      prev_[b] = p;
+      p = b;
+    }
+    next_[p] = tail_;
+    prev_[tail_] = p;
+    num_free_ = n_ - 1;
+    cached_.reserve(static_cast<size_t>(n_) * 2);
+  }
+
+  int64_t num_total_blocks() const { return n_ - 1; }
+  int64_t num_free_blocks() const { return num_free_; }
+  int64_t num_used_blocks() const { return n_ - 1 - num_free_; }
+  int64_t num_cached_free() const { return num_cached_free_; }
+  int64_t num_evictions() const { return static_cast<int64_t>(evicted_.size()); }
+
+  // Pop k blocks (evicting their hashes), ref count 1; None when fewer than k are free.
+  py::object get_new_blocks(int64_t k) {
+    if (k < 0) throw std::invalid_argument("negative block count");
+    if (k > num_free_) return py::none();
+    PyObject* out = PyList_New(k);
+    if (!out) throw py::error_already_set();
+    int32_t b = next_[head_];
+    for (int64_t i = 0; i < k; ++i) {
+      int32_t nxt = next_[b];
+      prev_[b] = next_[b] = -1;
+      if (has_hash_[b]) {
+        --num_cached_free_;
+        cached_.erase(hash_[b]);
+        has_hash_[b] = 0;
+        evicted_.push_back(hash_[b]);
+      }
+      ref_[b] = 1;
+      PyList_SET_ITEM(out, i, PyLong_FromLong(b));
+      b = nxt;
+    }
+    next_[head_] = b;
+    prev_[b] = head_;
+    num_free_ -= k;
+    return py::reinterpret_steal<py::object>(out);
+  }
+
+  // Take a reference on each block (prefix hits), pulling free ones off the free queue.
+  void touch(const py::list& blocks) {
+    const Py_ssize_t n = PyList_GET_SIZE(blocks.ptr());
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      int32_t b = id_at(blocks, i);
+      if (ref_[b] == 0) {
+        int32_t p = prev_[b], nx = next_[b];
+        if (p < 0 || nx < 0) throw std::runtime_error("touch of block " + std::to_string(b) +
+                                                      ": ref count 0 but not in the free queue");
+        next_[p] = nx;
+        prev_[nx] = p;
+        prev_[b] = next_[b] = -1;
+        --num_free_;
+        if (has_hash_[b]) --num_cached_free_;
+      }
+      ++ref_[b];
+    }
+  }
+
+  // Drop one reference per block; blocks reaching 0 join the free queue in list order
+  // (reverse=true: from the last block to the first, so a request's tail is evicted first).
+  void free_blocks(const py::list& blocks, bool reverse) {
+    const Py_ssize_t n = PyList_GET_SIZE(blocks.ptr());
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      int32_t b = id_at(blocks, reverse ? n - 1 - j : j);
+      if (ref_[b] <= 0 || b == 0)
+        throw std::runtime_error("free of block " + std::to_string(b) + " with ref count " +
+                                 std::to_string(ref_[b]));
+      if (--ref_[b] == 0) {
+        int32_t last = prev_[tail_];
+        next_[last] = b;
+        prev_[b] = last;
+        next_[b] = tail_;
+        prev_[tail_] = b;
+        ++num_free_;
+        if (has_hash_[b]) ++num_cached_free_;
+      }
+    }
+  }
+
+  // How many of the blocks have ref count 0 (touching them would take them off the free queue).
+  int64_t count_free(const py::list& blocks) const {
+    const Py_ssize_t n = PyList_GET_SIZE(blocks.ptr());
+    int64_t c = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) c += ref_[id_at(blocks, i)] == 0;
+    return c;
+  }
+
+  // Give blocks[k] the hash hashes[k] for k in [start, stop), unless the block already has one or
+  // another block caches that hash (vLLM keeps the first).
+  void cache_blocks(const py::list& blocks, const py::list& hashes, int64_t start, int64_t stop) {
+    if (start < 0 || stop > PyList_GET_SIZE(blocks.ptr()) || stop > PyList_GET_SIZE(hashes.ptr()))
+      throw std::out_of_range("cache_blocks range outside the lists");
+    for (int64_t k = start; k < stop; ++k) {
+      int32_t b = id_at(blocks, k);
+      if (has_hash_[b]) continue;
+      int64_t h = hash_at(hashes, k);
+      if (cached_.emplace(h, b).second) {
+        has_hash_[b] = 1;
+        hash_[b] = h;
+      }
+    }
+  }
+
+  void cache_block(int64_t b, int64_t h) {
+    check_id(b);
+    if (has_hash_[b]) return;
+    if (cached_.emplace(h, static_cast<int32_t>(b)).second) {
+      has_hash_[b] = 1;
+      hash_[b] = h;
+    }
+  }
+
+  // Cached blocks for hashes[start:stop], in order, up to the first miss.
+  py::list lookup(const py::list& hashes, int64_t start, int64_t stop) const {
+    if (stop > PyList_GET_SIZE(hashes.ptr())) stop = PyList_GET_SIZE(hashes.ptr());
+    py::list out;
+    for (int64_t k = start; k < stop; ++k) {
+      auto it = cached_.find(hash_at(hashes, k));
+      if (it == cached_.end()) break;
+      PyObject* v = PyLong_FromLong(it->second);
+      if (!v || PyList_Append(out.ptr(), v) != 0) {
+        Py_XDECREF(v);
+        throw py::error_already_set();
+      }
+      Py_DECREF(v);
+    }
+    return out;
+  }
+
+  py::object get_cached_block(int64_t h) const {
+    auto it = cached_.find(h);
+    if (it == cached_.end()) return py::none();
+    return py::int_(it->second);
+  }
+
+  // Hashes evicted since position pos of the eviction log, in order.
+  py::list evicted_since(int64_t pos) const {
+    py::list out;
+    for (size_t i = pos < 0 ? 0 : static_cast<size_t>(pos); i < evicted_.size(); ++i) out.append(evicted_[i]);
+    return out;
+  }
+
+  int64_t ref_cnt(int64_t b) const { check_id(b); return ref_[b]; }
+  py::object block_hash(int64_t b) const {
+    check_id(b);
+    return has_hash_[b] ? py::object(py::int_(hash_[b])) : py::none();
+  }
+
+  py::list free_queue_ids() const {
+    py::list out;
+    for (int32_t b = next_[head_]; b != tail_; b = next_[b]) out.append(b);
+    return out;
+  }
+
+  void check_invariants() const {
+    std::vector<char> in_queue(n_, 0);
+    int64_t count = 0, cached_free = 0;
+    for (int32_t b = next_[head_]; b != tail_; b = next_[b]) {
+      if (b <= 0 || b >= n_ || in_queue[b]) throw std::runtime_error("free queue corrupt at block " + std::to_string(b));
+      in_queue[b] = 1;
+      ++count;
+      cached_free += has_hash_[b];
+    }
+    if (count != num_free_) throw std::runtime_error("free count " + std::to_string(num_free_) + " but " +
+                                                     std::to_string(count) + " blocks in the queue");
+    if (cached_free != num_cached_free_) throw std::runtime_error("cached-free count is off");
+    for (int32_t b = 1; b < n_; ++b)
+      if (ref_[b] < 0 || (ref_[b] == 0) != static_cast<bool>(in_queue[b]))
+        throw std::runtime_error("block " + std::to_string(b) + ": ref count and free queue disagree");
+    for (const auto& kv : cached_)
+      if (!has_hash_[kv.second] || hash_[kv.second] != kv.first) throw std::runtime_error("hash map corrupt");
+  }
+
+ private:
+  int32_t id_at(const py::list& blocks, Py_ssize_t i) const {
+    long v = PyLong_AsLong(PyList_GET_ITEM(blocks.ptr(), i));
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (v < 0 || v >= n_) throw std::out_of_range("block id " + std::to_string(v) + " outside the pool");
+    return static_cast<int32_t>(v);
+  }
+  static int64_t hash_at(const py::list& hashes, Py_ssize_t i) {
+    long long v = PyLong_AsLongLong(PyList_GET_ITEM(hashes.ptr(), i));
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return v;
+  }
+  void check_id(int64_t b) const {
+    if (b < 0 || b >= n_) throw std::out_of_range("block id " + std::to_string(b) + " outside the pool");
+  }
+
+  int32_t n_, head_, tail_;
+  std::vector<int32_t> ref_, prev_, next_;
+  std::vector<char> has_hash_;
+  std::vector<int64_t> hash_;
+  std::unordered_map<int64_t, int32_t> cached_;
+  std::vector<int64_t> evicted_;
+  int64_t num_free_ = 0, num_cached_free_ = 0;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_kvpool, m) {
+  m.doc() = "Compiled paged-KV block pool for the replay engine (see scheduling/kv_cache.py).";
+  py::class_<BlockPool>(m, "BlockPool")
+      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def_property_readonly("num_total_blocks", &BlockPool::num_total_blocks)
+      .def_property_readonly("num_free_blocks", &BlockPool::num_free_blocks)
+      .def_property_readonly("num_used_blocks", &BlockPool::num_used_blocks)
+      .def_property_readonly("num_cached_free", &BlockPool::num_cached_free)
+      .def_property_readonly("num_evictions", &BlockPool::num_evictions)
+      .def("get_new_blocks", &BlockPool::get_new_blocks)
+      .def("touch", &BlockPool::touch)
+      .def("free_blocks", &BlockPool::free_blocks, py::arg("blocks"), py::arg("reverse") = false)
+      .def("count_free", &BlockPool::count_free)
+      .def("cache_blocks", &BlockPool::cache_blocks)
+      .def("cache_block", &BlockPool::cache_block)
+      .def("lookup", &BlockPool::lookup)
+      .def("get_cached_block", &BlockPool::get_cached_block)
+      .def("evicted_since", &BlockPool::evicted_since)
+      .def("ref_cnt", &BlockPool::ref_cnt)
+      .def("block_hash", &BlockPool::block_hash)
+      .def("free_queue_ids", &BlockPool::free_queue_ids)
+      .def("check_invariants", &BlockPool::check_invariants);
+}
