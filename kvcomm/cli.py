@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import KVCommError
 
 DEFAULT_TASKS = "keycode,twoagent"
@@ -28,7 +29,7 @@ def register(sub) -> None:
                     "receiving the notes under each protocol. Writes results.jsonl (one row per task, example "
                     "and protocol; a rerun with the same --out resumes), summary.csv/.md/.png and COMMAND. "
                     f"Protocols: {', '.join(PROTOCOLS)}. Tasks: {', '.join(TASKS)}.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated task names")
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,

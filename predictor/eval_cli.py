@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpubench.clihelp import DefaultsHelpFormatter
+
 
 def register(sub) -> None:
     """Add the ``profile`` and ``evaluate`` sub-commands."""
@@ -13,7 +15,7 @@ def register(sub) -> None:
         description="Run real forward steps (input preparation + forward + greedy sampling + synchronize) of a "
                     "model built from a config with random weights, over a grid of batch, context and phase. "
                     "Rows are appended as measured; rerunning the same command resumes where it stopped.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="shipped config name (e.g. smollm2-135m) or path to a config.json")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
@@ -33,7 +35,7 @@ def register(sub) -> None:
                     "hardware scales fitted on training rows), a Vidur-style baseline (sum of per-op profiled "
                     "medians) and a random forest on step rows, with held-out splits by batch, context and model. "
                     "Writes CSV and Markdown tables, PNG plots, calibrations and a COMMAND file into --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     e.add_argument("rows", nargs="+", type=Path, help="step-row files written by `gpubench profile`")
     e.add_argument("--calibration", type=Path, default=None,
                    help="calibration.json from `gpubench fit` (default: spec/published tier)")

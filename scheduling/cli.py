@@ -8,6 +8,7 @@ import argparse
 import shlex
 import sys
 
+from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import ConfigError
 from scheduling.policies import POLICY_NAMES
 
@@ -84,7 +85,7 @@ def register(sub) -> None:
         description="Replay multi-turn agent jobs (a trace file or a synthetic workload with Poisson arrivals) "
                     "through a simulated vLLM V1 engine whose step times come from the predictor, under one "
                     "KV-cache policy; write summary.json, steps.csv, turns.csv and jobs.csv to --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
     src.add_argument("--synthetic", type=int, metavar="N", help="generate N synthetic SWE-agent jobs")

@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpubench.clihelp import DefaultsHelpFormatter
 from scheduling.sweep import (
     DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS, SweepSpec,
     metric_column, parse_assignments, run_sweep,
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(or Ray), appending one row per run to OUT/sweep.csv and drawing OUT/*.png. "
                     "Finished cells are skipped, so an interrupted sweep resumes where it stopped. "
                     "Lists take commas or spaces: --jps 0.1,0.2 or --jps 0.1 0.2.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--policies", nargs="+", type=_csv_list(str), default=None, metavar="P",
                    help=f"policies (default: {','.join(DEFAULT_POLICIES)})")

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import GpubenchError
 
 
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "view", help="draw a replay's step log (batch mix, KV pressure, preemptions, per-job timelines)",
         description="Serve a self-contained page on 127.0.0.1 that draws the step log of a "
                     "`gpubench replay --out DIR` directory, or export it as one HTML file.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a replay output directory (summary.json, steps.csv, ...)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")

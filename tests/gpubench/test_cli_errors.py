@@ -66,3 +66,13 @@ def test_help_lists_options():
     assert res.returncode == 0
     for opt in ("--sku", "--device", "--probes", "--quick", "--out", "--resume", "--force"):
         assert opt in res.stdout
+
+
+@pytest.mark.parametrize("cmd", [("sweep",), ("replay",), ("view",), ("evaluate",), ("kvcomm", "eval")])
+def test_help_names_each_default_once(cmd):
+    res = run_cli(*cmd, "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for line in res.stdout.split("\n  -")[1:]:
+        assert " ".join(line.split()).count("(default:") <= 1, line
