@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 import sys
+from collections import OrderedDict
 from abc import ABC, abstractmethod
 from typing import Mapping
 
@@ -134,17 +135,36 @@ class PredictorStepCost(StepCost):
     and the lm_head rows). The batch handed to the predictor is the representative one for the key:
     the prefill tokens and their context split evenly over the prefill sequences, and each decode
     sequence at the mean decode context.
+
+    Built from names (no ``step_model``), instances with the same SKU, model, calibration and
+    graph mode share one StepModel and one memo per process: a sweep worker replays many cells
+    per SKU, and a prediction is a pure function of the key, so the next cell starts warm.
+    (A calibration file is read once per process.)
     """
+
+    _SHARED: "OrderedDict[tuple, tuple]" = OrderedDict()  # names -> (StepModel, memo), LRU
+    _SHARED_MAX = 8
 
     def __init__(self, sku: str, model: str, *, calibration: str | None = None, cuda_graphs: bool = True,
                  step_model=None) -> None:
         if step_model is None:
-            from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
+            names = (sku, model, calibration, cuda_graphs)
+            shared = self._SHARED.get(names)
+            if shared is None:
+                from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
 
-            step_model = StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs)
+                shared = (StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs),
+                          {})
+                self._SHARED[names] = shared
+                if len(self._SHARED) > self._SHARED_MAX:
+                    self._SHARED.popitem(last=False)
+            self._SHARED.move_to_end(names)
+            step_model, memo = shared
+        else:
+            memo = {}
         self.sku, self.model_name = sku, model
         self._model = step_model
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, float] = memo
         self.num_predictor_calls = 0
 
     def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
