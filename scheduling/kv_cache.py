@@ -19,13 +19,16 @@ Blocks are ints; a request's blocks are a Python list of them. Two implementatio
 * :class:`PyBlockPool` — this file, the readable reference. A differential test drives both with
   the same random operations and compares every observable (tests/scheduling/test_kv_cache.py).
 
-:data:`BlockPool` is the compiled one when the extension is built, else the reference.
+:data:`BlockPool` is the compiled one when the extension is built, else the reference. The same
+holds for :data:`HashLRU` / :class:`PyHashLRU`, the cpu-offload policy's host pool.
 
 Only full blocks carry a hash. ``BlockHash`` values are Python ints chained over the parent hash
 (see :func:`chain_hash`); they fit in 64 bits (``hash()`` of a tuple).
 """
 from __future__ import annotations
 
+from collections import deque
+from itertools import islice
 from typing import NewType
 
 BlockHash = NewType("BlockHash", int)
@@ -213,10 +216,77 @@ class PyBlockPool:
                 raise RuntimeError("hash map corrupt")
 
 
+class PyHashLRU:
+    """An LRU set of block hashes with a fixed capacity (the cpu-offload host pool), reference
+    implementation of the compiled ``HashLRU``.
+
+    ``store`` is defined one hash at a time (refresh to the MRU end if held, else insert there and
+    evict the LRU entry while over capacity). That always ends as: the entries not stored now, in
+    their order, then the stored hashes in order, trimmed from the LRU end to the capacity (the
+    stored ones sit at the MRU end and evictions take the LRU end), which is built here with
+    C-level bulk dict operations.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError("negative capacity")
+        self.capacity = capacity
+        self._d: dict[int, None] = {}  # insertion order = LRU first
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._d
+
+    def store(self, hashes: list[int], n: int) -> int:
+        """Store ``hashes[:n]`` in order; return how many were not held before."""
+        if n > len(hashes):
+            raise IndexError("store past the end of the list")
+        d = self._d
+        chain = dict.fromkeys(hashes[:n])
+        held = list(filter(d.__contains__, chain))
+        _drain(map(d.__delitem__, held))
+        d.update(chain)
+        excess = len(d) - self.capacity
+        if excess > 0:
+            _drain(map(d.__delitem__, list(islice(d, excess))))
+        return len(chain) - len(held)
+
+    def count_prefix(self, hashes: list[int], first: int, last: int) -> int:
+        """How many of ``hashes[first:last]`` are held, from ``first`` up to the first miss."""
+        n = 0
+        for h in hashes[first:last]:
+            if h not in self._d:
+                break
+            n += 1
+        return n
+
+    def refresh(self, hashes: list[int], first: int, n: int) -> None:
+        """Move ``hashes[first:first + n]`` (all held) to the MRU end, in order."""
+        d = self._d
+        for h in hashes[first:first + n]:
+            if h not in d:
+                raise RuntimeError("refresh of a hash the pool does not hold")
+            del d[h]
+            d[h] = None
+
+    def keys(self) -> list[int]:
+        """LRU first."""
+        return list(self._d)
+
+
+def _drain(it) -> None:
+    """Run an iterator of side effects to its end at C speed."""
+    deque(it, maxlen=0)
+
+
 try:
-    from scheduling._kvpool import BlockPool  # the compiled pool (csrc/sim/kvpool.cpp)
+    # the compiled pool and host LRU (csrc/sim/kvpool.cpp)
+    from scheduling._kvpool import BlockPool, HashLRU
 
     COMPILED = True
 except ImportError:  # pragma: no cover - the extension is built by `pip install -e .`
     BlockPool = PyBlockPool  # type: ignore[misc,assignment]
+    HashLRU = PyHashLRU  # type: ignore[misc,assignment]
     COMPILED = False

@@ -16,12 +16,111 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
 
 namespace {
+
+// Open-addressing map int64 -> int32 (linear probing, backward-shift deletion, power-of-two size).
+// Why not std::unordered_map: one node allocation per insert and a free per erase; a replay under
+// overload caches and evicts millions of block hashes.
+class FlatMap {
+ public:
+  explicit FlatMap(size_t expected = 16) { rehash(capacity_for(expected)); }
+
+  size_t size() const { return size_; }
+
+  // Insert if absent; true when inserted.
+  bool emplace(int64_t key, int32_t value) {
+    if ((size_ + 1) * 4 > slots_.size() * 3) rehash(slots_.size() * 2);
+    size_t i = home(key);
+    while (used_[i]) {
+      if (slots_[i].key == key) return false;
+      i = (i + 1) & mask_;
+    }
+    used_[i] = 1;
+    slots_[i] = {key, value};
+    ++size_;
+    return true;
+  }
+
+  const int32_t* find(int64_t key) const {
+    size_t i = home(key);
+    while (used_[i]) {
+      if (slots_[i].key == key) return &slots_[i].value;
+      i = (i + 1) & mask_;
+    }
+    return nullptr;
+  }
+
+  bool erase(int64_t key) {
+    size_t i = home(key);
+    while (used_[i]) {
+      if (slots_[i].key == key) {
+        // Backward shift: pull later members of the probe run into the hole, so lookups never
+        // need tombstones.
+        size_t hole = i;
+        size_t j = (i + 1) & mask_;
+        while (used_[j]) {
+          size_t h = home(slots_[j].key);
+          if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+            slots_[hole] = slots_[j];
+            hole = j;
+          }
+          j = (j + 1) & mask_;
+        }
+        used_[hole] = 0;
+        --size_;
+        return true;
+      }
+      i = (i + 1) & mask_;
+    }
+    return false;
+  }
+
+  template <class F>
+  void for_each(F f) const {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (used_[i]) f(slots_[i].key, slots_[i].value);
+  }
+
+ private:
+  struct Slot {
+    int64_t key;
+    int32_t value;
+  };
+  static size_t capacity_for(size_t n) {
+    size_t c = 16;
+    while (c * 3 < n * 4 + 4) c <<= 1;
+    return c;
+  }
+  size_t home(int64_t key) const {
+    uint64_t x = static_cast<uint64_t>(key);  // splitmix64 finalizer: spread any key over the table
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return static_cast<size_t>(x) & mask_;
+  }
+  void rehash(size_t cap) {
+    std::vector<Slot> old_slots;
+    std::vector<char> old_used;
+    old_slots.swap(slots_);
+    old_used.swap(used_);
+    slots_.assign(cap, Slot{0, 0});
+    used_.assign(cap, 0);
+    mask_ = cap - 1;
+    size_ = 0;
+    for (size_t i = 0; i < old_slots.size(); ++i)
+      if (old_used[i]) emplace(old_slots[i].key, old_slots[i].value);
+  }
+
+  std::vector<Slot> slots_;
+  std::vector<char> used_;
+  size_t mask_ = 0, size_ = 0;
+};
 
 class BlockPool {
  public:
@@ -47,7 +146,7 @@ class BlockPool {
     next_[p] = tail_;
     prev_[tail_] = p;
     num_free_ = n_ - 1;
-    cached_.reserve(static_cast<size_t>(n_) * 2);
+    cached_ = FlatMap(static_cast<size_t>(n_));
   }
 
   int64_t num_total_blocks() const { return n_ - 1; }
@@ -139,7 +238,7 @@ class BlockPool {
       int32_t b = id_at(blocks, k);
       if (has_hash_[b]) continue;
       int64_t h = hash_at(hashes, k);
-      if (cached_.emplace(h, b).second) {
+      if (cached_.emplace(h, b)) {
         has_hash_[b] = 1;
         hash_[b] = h;
       }
@@ -149,7 +248,7 @@ class BlockPool {
   void cache_block(int64_t b, int64_t h) {
     check_id(b);
     if (has_hash_[b]) return;
-    if (cached_.emplace(h, static_cast<int32_t>(b)).second) {
+    if (cached_.emplace(h, static_cast<int32_t>(b))) {
       has_hash_[b] = 1;
       hash_[b] = h;
     }
@@ -160,9 +259,9 @@ class BlockPool {
     if (stop > PyList_GET_SIZE(hashes.ptr())) stop = PyList_GET_SIZE(hashes.ptr());
     py::list out;
     for (int64_t k = start; k < stop; ++k) {
-      auto it = cached_.find(hash_at(hashes, k));
-      if (it == cached_.end()) break;
-      PyObject* v = PyLong_FromLong(it->second);
+      const int32_t* b = cached_.find(hash_at(hashes, k));
+      if (b == nullptr) break;
+      PyObject* v = PyLong_FromLong(*b);
       if (!v || PyList_Append(out.ptr(), v) != 0) {
         Py_XDECREF(v);
         throw py::error_already_set();
@@ -173,9 +272,9 @@ class BlockPool {
   }
 
   py::object get_cached_block(int64_t h) const {
-    auto it = cached_.find(h);
-    if (it == cached_.end()) return py::none();
-    return py::int_(it->second);
+    const int32_t* b = cached_.find(h);
+    if (b == nullptr) return py::none();
+    return py::int_(*b);
   }
 
   // Hashes evicted since position pos of the eviction log, in order.
@@ -212,8 +311,12 @@ class BlockPool {
     for (int32_t b = 1; b < n_; ++b)
       if (ref_[b] < 0 || (ref_[b] == 0) != static_cast<bool>(in_queue[b]))
         throw std::runtime_error("block " + std::to_string(b) + ": ref count and free queue disagree");
-    for (const auto& kv : cached_)
-      if (!has_hash_[kv.second] || hash_[kv.second] != kv.first) throw std::runtime_error("hash map corrupt");
+    size_t hashed = 0;
+    for (int32_t b = 1; b < n_; ++b) hashed += has_hash_[b] != 0;
+    if (hashed != cached_.size()) throw std::runtime_error("hash map corrupt: size");
+    cached_.for_each([this](int64_t h, int32_t b) {
+      if (b <= 0 || b >= n_ || !has_hash_[b] || hash_[b] != h) throw std::runtime_error("hash map corrupt");
+    });
   }
 
  private:
@@ -236,9 +339,116 @@ class BlockPool {
   std::vector<int32_t> ref_, prev_, next_;
   std::vector<char> has_hash_;
   std::vector<int64_t> hash_;
-  std::unordered_map<int64_t, int32_t> cached_;
+  FlatMap cached_;
   std::vector<int64_t> evicted_;
   int64_t num_free_ = 0, num_cached_free_ = 0;
+};
+
+// An LRU set of block hashes with a fixed capacity: the cpu-offload policy's host pool.
+// Same results as the dict-based reference in scheduling/policies/cpu_offload.py (tested).
+class HashLRU {
+ public:
+  explicit HashLRU(int64_t capacity) : cap_(capacity), map_(capacity > 0 ? static_cast<size_t>(capacity) : 16) {
+    if (capacity < 0) throw std::invalid_argument("negative capacity");
+    const size_t slots = static_cast<size_t>(capacity) + 2;
+    key_.assign(slots, 0);
+    prev_.assign(slots, -1);
+    next_.assign(slots, -1);
+    head_ = static_cast<int32_t>(capacity);
+    tail_ = head_ + 1;
+    next_[head_] = tail_;
+    prev_[tail_] = head_;
+    for (int32_t i = head_ - 1; i >= 0; --i) free_.push_back(i);
+  }
+
+  int64_t size() const { return static_cast<int64_t>(map_.size()); }
+  int64_t capacity() const { return cap_; }
+  bool contains(int64_t h) const { return map_.find(h) != nullptr; }
+
+  // For each hash in order: refresh it to the MRU end if held, else insert it there and evict
+  // the LRU entry while over capacity. Returns how many were not held when the call began (a
+  // held hash that is evicted by this call's own inserts before its turn, then re-inserted, is
+  // not new: the counters are net). The hashes of one call are distinct (one job's chain).
+  int64_t store(const py::list& hashes, int64_t n) {
+    if (n > PyList_GET_SIZE(hashes.ptr())) throw std::out_of_range("store past the end of the list");
+    int64_t num_new = n;
+    for (int64_t k = 0; k < n; ++k) num_new -= map_.find(hash_at(hashes, k)) != nullptr;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t h = hash_at(hashes, k);
+      const int32_t* slot = map_.find(h);
+      if (slot != nullptr) {
+        move_to_end(*slot);
+        continue;
+      }
+      if (cap_ == 0) continue;
+      if (static_cast<int64_t>(map_.size()) >= cap_) evict_lru();
+      const int32_t s = free_.back();
+      free_.pop_back();
+      key_[s] = h;
+      link_at_end(s);
+      map_.emplace(h, s);
+    }
+    return num_new;
+  }
+
+  // How many of hashes[first:last] are held, counting from first up to the first miss.
+  int64_t count_prefix(const py::list& hashes, int64_t first, int64_t last) const {
+    if (last > PyList_GET_SIZE(hashes.ptr())) last = PyList_GET_SIZE(hashes.ptr());
+    int64_t n = 0;
+    for (int64_t k = first; k < last && map_.find(hash_at(hashes, k)) != nullptr; ++k) ++n;
+    return n;
+  }
+
+  // Move hashes[first:first+n] (all held) to the MRU end, in order.
+  void refresh(const py::list& hashes, int64_t first, int64_t n) {
+    if (first < 0 || first + n > PyList_GET_SIZE(hashes.ptr())) throw std::out_of_range("refresh range");
+    for (int64_t k = first; k < first + n; ++k) {
+      const int32_t* slot = map_.find(hash_at(hashes, k));
+      if (slot == nullptr) throw std::runtime_error("refresh of a hash the pool does not hold");
+      move_to_end(*slot);
+    }
+  }
+
+  py::list keys() const {  // LRU first
+    py::list out;
+    for (int32_t s = next_[head_]; s != tail_; s = next_[s]) out.append(key_[s]);
+    return out;
+  }
+
+ private:
+  static int64_t hash_at(const py::list& hashes, Py_ssize_t i) {
+    long long v = PyLong_AsLongLong(PyList_GET_ITEM(hashes.ptr(), i));
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return v;
+  }
+  void unlink(int32_t s) {
+    next_[prev_[s]] = next_[s];
+    prev_[next_[s]] = prev_[s];
+  }
+  void link_at_end(int32_t s) {
+    const int32_t last = prev_[tail_];
+    next_[last] = s;
+    prev_[s] = last;
+    next_[s] = tail_;
+    prev_[tail_] = s;
+  }
+  void move_to_end(int32_t s) {
+    if (next_[s] == tail_) return;
+    unlink(s);
+    link_at_end(s);
+  }
+  void evict_lru() {
+    const int32_t s = next_[head_];
+    unlink(s);
+    map_.erase(key_[s]);
+    free_.push_back(s);
+  }
+
+  int64_t cap_;
+  FlatMap map_;
+  std::vector<int64_t> key_;
+  std::vector<int32_t> prev_, next_, free_;
+  int32_t head_, tail_;
 };
 
 }  // namespace
@@ -265,4 +475,13 @@ PYBIND11_MODULE(_kvpool, m) {
       .def("block_hash", &BlockPool::block_hash)
       .def("free_queue_ids", &BlockPool::free_queue_ids)
       .def("check_invariants", &BlockPool::check_invariants);
+  py::class_<HashLRU>(m, "HashLRU")
+      .def(py::init<int64_t>(), py::arg("capacity"))
+      .def("__len__", &HashLRU::size)
+      .def("__contains__", &HashLRU::contains)
+      .def_property_readonly("capacity", &HashLRU::capacity)
+      .def("store", &HashLRU::store)
+      .def("count_prefix", &HashLRU::count_prefix)
+      .def("refresh", &HashLRU::refresh)
+      .def("keys", &HashLRU::keys);
 }

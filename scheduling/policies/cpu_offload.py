@@ -11,19 +11,13 @@ evicted first and the chained prefix lookup stops at the first missing block.
 """
 from __future__ import annotations
 
-from collections import deque
-from itertools import islice
 from dataclasses import asdict, dataclass
 
+from scheduling.kv_cache import HashLRU
 from scheduling.policies.base import ExternalLoad, KVPolicy
 from scheduling.request import BLOCK_SIZE, Request
 
 GIB = 1 << 30
-
-
-def _drain(it) -> None:
-    """Run an iterator of side effects to the end at C speed."""
-    deque(it, maxlen=0)
 
 
 @dataclass(frozen=True)
@@ -46,9 +40,7 @@ class CPUOffloadPolicy(KVPolicy):
     def __init__(self, params: CPUOffloadParams | None = None) -> None:
         super().__init__()
         self.p = params or CPUOffloadParams()
-        # block hash -> None, LRU first (a plain dict keeps insertion order and, unlike
-        # OrderedDict, inserts and deletes in bulk at C speed)
-        self._pool: dict[int, None] = {}
+        self._pool = HashLRU(0)  # block hashes, LRU first; sized in attach()
         self._capacity_blocks = 0
         self._link_bytes_per_s = 0.0
         self._block_bytes = 0
@@ -63,6 +55,7 @@ class CPUOffloadPolicy(KVPolicy):
         super().attach(engine)
         self._block_bytes = engine.config.block_bytes
         self._capacity_blocks = int(self.p.cpu_gib * GIB // self._block_bytes)
+        self._pool = HashLRU(self._capacity_blocks)
         gbs = self.p.link_gbs if self.p.link_gbs is not None else engine.config.host_link_gbs
         self._link_bytes_per_s = gbs * 1e9
 
@@ -72,22 +65,9 @@ class CPUOffloadPolicy(KVPolicy):
         Counters are net: ``stored`` counts blocks the pool did not hold when the turn ended,
         ``evicted`` the blocks that left it.
         """
-        n = req.num_cached_blocks
-        hashes = req.job_state.hashes[:n]
-        pool, cap = self._pool, self._capacity_blocks
+        pool = self._pool
         before = len(pool)
-        # NOTE(perf): storing hashes one by one (move_to_end if held, else insert and evict the LRU
-        # head when over capacity) always ends as: the entries not stored now, in their order,
-        # then the stored chain in order, trimmed from the LRU end to `cap` (evictions only ever
-        # take the head, and the stored chain is at the tail). Built here with C-level loops;
-        # tests/scheduling/test_policies.py checks it against the block-by-block loop.
-        held = list(filter(pool.__contains__, hashes))
-        num_new = n - len(held)
-        _drain(map(pool.__delitem__, held))
-        pool.update(dict.fromkeys(hashes))
-        excess = len(pool) - cap
-        if excess > 0:
-            _drain(map(pool.__delitem__, list(islice(pool, excess))))
+        num_new = pool.store(req.job_state.hashes, req.num_cached_blocks)
         self.num_stored_blocks += num_new
         self.num_evicted_blocks += before + num_new - len(pool)
         if num_new:
@@ -102,13 +82,7 @@ class CPUOffloadPolicy(KVPolicy):
         memo = self._memo.get(req.seq)
         if memo is not None and memo[0] == key:
             return memo[1]
-        hashes = req.job_state.block_hashes(last)
-        pool = self._pool
-        n = 0
-        for i in range(first, last):
-            if hashes[i] not in pool:
-                break
-            n += 1
+        n = self._pool.count_prefix(req.job_state.block_hashes(last), first, last)
         self._memo[req.seq] = (key, n * BLOCK_SIZE)
         return n * BLOCK_SIZE
 
@@ -116,11 +90,7 @@ class CPUOffloadPolicy(KVPolicy):
         self._memo.pop(req.seq, None)
         first = gpu_hit_tokens // BLOCK_SIZE
         n = num_tokens // BLOCK_SIZE
-        hashes = req.job_state.hashes
-        pool = self._pool
-        for i in range(first, first + n):  # refresh: to the MRU end
-            del pool[hashes[i]]
-            pool[hashes[i]] = None
+        self._pool.refresh(req.job_state.hashes, first, n)
         self.num_loaded_blocks += n
         transfer_s = n * self._block_bytes / self._link_bytes_per_s + self.p.load_latency_s
         start_s = max(now_s, self._link_free_s)  # one host link: loads queue behind each other

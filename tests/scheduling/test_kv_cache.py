@@ -107,14 +107,16 @@ def _state(pool, hashes):
             [pool.get_cached_block(h) for h in hashes])
 
 
-def test_compiled_pool_matches_the_reference_under_random_operations():
-    """Requests over a few hash chains (shared prefixes, hits, reverse frees, evictions)."""
+@pytest.mark.parametrize("num_blocks, num_chains, chain_len, max_req", [(41, 6, 30, 12), (3001, 40, 400, 300)])
+def test_compiled_pool_matches_the_reference_under_random_operations(num_blocks, num_chains, chain_len, max_req):
+    """Requests over hash chains (shared prefixes, hits, reverse frees, evictions); the large case
+    fills the compiled hash map's tables through several growths and many deletions."""
     rng = random.Random(7)
-    fast, ref = _kvpool.BlockPool(41), PyBlockPool(41)
+    fast, ref = _kvpool.BlockPool(num_blocks), PyBlockPool(num_blocks)
     chains = []
-    for c in range(6):
+    for c in range(num_chains):
         parent, chain = None, []
-        for i in range(30):
+        for i in range(chain_len):
             parent = chain_hash(parent, ("g" if i < 4 else "j", c if i >= 4 else 0, i))
             chain.append(parent)
         chains.append(chain)
@@ -129,7 +131,7 @@ def test_compiled_pool_matches_the_reference_under_random_operations():
             ref.free_blocks(blocks, rev)
         else:
             chain = rng.choice(chains)
-            n = rng.randint(1, 12)
+            n = rng.randint(1, max_req)
             hit = ref.lookup(chain, 0, n)
             assert fast.lookup(chain, 0, n) == hit
             assert fast.count_free(hit) == ref.count_free(hit)

@@ -162,26 +162,47 @@ def test_factory_names_and_parameters():
         make_policy("continuum", {"ttl_rule": "forever"})
 
 
-def test_cpu_pool_bulk_store_equals_block_by_block_lru():
+@pytest.mark.parametrize("impl", ["compiled", "python"])
+def test_cpu_pool_store_equals_block_by_block_lru(impl):
     import random
     from types import SimpleNamespace
 
+    from scheduling import kv_cache
     from scheduling.policies.cpu_offload import CPUOffloadPolicy
 
+    lru = kv_cache.HashLRU if impl == "compiled" else kv_cache.PyHashLRU
+    if impl == "compiled":
+        assert kv_cache.COMPILED
     rng = random.Random(0)
     for trial in range(200):
-        cap = rng.randint(1, 30)
+        cap = rng.randint(0, 30)
         pol = CPUOffloadPolicy()
         pol._capacity_blocks = cap
+        pol._pool = lru(cap)
         ref: dict = {}
         for _ in range(10):
-            chain = list(dict.fromkeys(rng.randint(0, 80) for _ in range(rng.randint(0, 60))))
-            req = SimpleNamespace(num_cached_blocks=len(chain), job_state=SimpleNamespace(hashes=chain))
+            chain = list(dict.fromkeys(rng.randint(-80, 80) * 7919 ** 3 for _ in range(rng.randint(0, 60))))
+            n = rng.randint(0, len(chain))
+            req = SimpleNamespace(num_cached_blocks=n, job_state=SimpleNamespace(hashes=chain))
+            stored = pol.num_stored_blocks
             pol.on_turn_finish(req, 0.0)
-            for h in chain:  # the LRU written out: refresh or insert, evict the oldest
+            # net counters: new = not held when the turn ended (even if evicted and re-inserted on the way)
+            assert pol.num_stored_blocks - stored == sum(1 for h in chain[:n] if h not in ref)
+            for h in chain[:n]:  # the LRU written out: refresh or insert, evict the oldest
                 ref.pop(h, None)
                 ref[h] = None
                 if len(ref) > cap:
                     del ref[next(iter(ref))]
-            assert list(pol._pool) == list(ref), trial
+            assert pol._pool.keys() == list(ref), trial
+            first = rng.randint(0, len(chain))
+            run = 0
+            while first + run < len(chain) and chain[first + run] in ref:
+                run += 1
+            assert pol._pool.count_prefix(chain, first, len(chain)) == run
+            if run:
+                pol._pool.refresh(chain, first, run)
+                for h in chain[first:first + run]:
+                    del ref[h]
+                    ref[h] = None
+                assert pol._pool.keys() == list(ref)
         assert pol.num_stored_blocks - pol.num_evicted_blocks == len(pol._pool)
