@@ -1,9 +1,10 @@
 """Simulator speed (benchmarks, not tests): engine steps per second.
 
-- ``test_engine_steps_batch64``: 64 one-turn jobs (1024 shared system tokens + 512 own, 4000
-  output tokens) with ``max_num_seqs=64`` and a budget that prefills all 64 prompts in the first
-  step: after it every step is a decode
-  of a running batch of 64. Figure of merit: steps per second, wall clock and per CPU-second of
+- ``test_engine_steps_batch64[step-log|no-step-log]``: 64 one-turn jobs (1024 shared system
+  tokens + 512 own, 4000 output tokens) with ``max_num_seqs=64`` and a budget that prefills all 64
+  prompts in the first step: after it every step is a decode of a running batch of 64. With the
+  step log every step runs the event loop and scheduler; without it (as in sweeps) the engine's
+  inline pure-decode loop runs them. Figure of merit: steps per second, wall clock and per CPU-second of
   this process (the 2 cores here are shared by many jobs; CPU seconds measure what one core
   does). Target: >= 20,000 steps/s on one core.
 - ``test_replay_agent_workload``: a realistic replay (synthetic SWE-agent jobs, Poisson arrivals,
@@ -50,13 +51,16 @@ BATCH = 64
 DECODE_JOBS = [Job(f"j{i}", "g0", 1024, (Turn(512, 4000),)) for i in range(BATCH)]
 
 
-def test_engine_steps_batch64(benchmark):
+@pytest.mark.parametrize("record_steps", [True, False], ids=["step-log", "no-step-log"])
+def test_engine_steps_batch64(benchmark, record_steps):
+    """With the step log (``gpubench replay``) every step goes through the event loop and the
+    scheduler; without it (sweeps) pure-decode steps run in the engine's inline loop."""
     samples = []
 
     def run():
         # a budget that prefills all 64 prompts (64 x 1536 tokens) in the first step
         engine = Engine(DECODE_JOBS, EngineConfig(num_gpu_blocks=BATCH * 400, max_num_seqs=BATCH,
-                                                  max_num_batched_tokens=BATCH * 1536, record_steps=False),
+                                                  max_num_batched_tokens=BATCH * 1536, record_steps=record_steps),
                         make_policy("fcfs"), ConstantStepCost(0.02))
         res, wall_s, cpu_s = _timed(engine.run)
         samples.append((res.num_steps, wall_s, cpu_s))
@@ -69,7 +73,8 @@ def test_engine_steps_batch64(benchmark):
     cpu = sorted(n / c for n, _, c in samples)
     benchmark.extra_info.update(_env())
     benchmark.extra_info.update({
-        "running_batch": BATCH, "num_steps": res.num_steps,
+        "running_batch": BATCH, "num_steps": res.num_steps, "record_steps": record_steps,
+        "num_inline_decode_steps": res.num_inline_decode_steps,
         "steps_per_s_wall_median": wall[len(wall) // 2], "steps_per_s_wall_best": wall[-1],
         "steps_per_cpu_s_median": cpu[len(cpu) // 2], "rounds": len(samples),
     })
