@@ -166,6 +166,8 @@ class PyBlockPool:
 
     def lookup(self, hashes: list[int], start: int, stop: int) -> list[int]:
         """Cached blocks for ``hashes[start:stop]``, in order, up to the first miss."""
+        if start < 0:
+            raise IndexError("negative start")
         out = []
         get = self._cached.get
         for h in hashes[start:stop]:
@@ -255,6 +257,8 @@ class PyHashLRU:
 
     def count_prefix(self, hashes: list[int], first: int, last: int) -> int:
         """How many of ``hashes[first:last]`` are held, from ``first`` up to the first miss."""
+        if first < 0:
+            raise IndexError("negative start")
         n = 0
         for h in hashes[first:last]:
             if h not in self._d:

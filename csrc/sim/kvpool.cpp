@@ -22,6 +22,13 @@ namespace py = pybind11;
 
 namespace {
 
+// Item i of a list of block hashes (Python ints that fit in 64 bits: hash() of a tuple).
+int64_t hash_at(const py::list& hashes, Py_ssize_t i) {
+  long long v = PyLong_AsLongLong(PyList_GET_ITEM(hashes.ptr(), i));
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
 // Open-addressing map int64 -> int32 (linear probing, backward-shift deletion, power-of-two size).
 // Why not std::unordered_map: one node allocation per insert and a free per erase; a replay under
 // overload caches and evicts millions of block hashes.
@@ -256,6 +263,7 @@ class BlockPool {
 
   // Cached blocks for hashes[start:stop], in order, up to the first miss.
   py::list lookup(const py::list& hashes, int64_t start, int64_t stop) const {
+    if (start < 0) throw std::out_of_range("negative start");
     if (stop > PyList_GET_SIZE(hashes.ptr())) stop = PyList_GET_SIZE(hashes.ptr());
     py::list out;
     for (int64_t k = start; k < stop; ++k) {
@@ -326,11 +334,6 @@ class BlockPool {
     if (v < 0 || v >= n_) throw std::out_of_range("block id " + std::to_string(v) + " outside the pool");
     return static_cast<int32_t>(v);
   }
-  static int64_t hash_at(const py::list& hashes, Py_ssize_t i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(hashes.ptr(), i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    return v;
-  }
   void check_id(int64_t b) const {
     if (b < 0 || b >= n_) throw std::out_of_range("block id " + std::to_string(b) + " outside the pool");
   }
@@ -393,6 +396,7 @@ class HashLRU {
 
   // How many of hashes[first:last] are held, counting from first up to the first miss.
   int64_t count_prefix(const py::list& hashes, int64_t first, int64_t last) const {
+    if (first < 0) throw std::out_of_range("negative start");
     if (last > PyList_GET_SIZE(hashes.ptr())) last = PyList_GET_SIZE(hashes.ptr());
     int64_t n = 0;
     for (int64_t k = first; k < last && map_.find(hash_at(hashes, k)) != nullptr; ++k) ++n;
@@ -416,11 +420,6 @@ class HashLRU {
   }
 
  private:
-  static int64_t hash_at(const py::list& hashes, Py_ssize_t i) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(hashes.ptr(), i));
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    return v;
-  }
   void unlink(int32_t s) {
     next_[prev_[s]] = next_[s];
     prev_[next_[s]] = prev_[s];

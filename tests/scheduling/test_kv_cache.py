@@ -97,6 +97,10 @@ def test_bad_ids_and_ranges_are_errors_not_corruption(Pool):
         pool.free_blocks([0])  # the null block is never freed
     with pytest.raises(IndexError):
         pool.cache_blocks([1], [5], 0, 2)
+    with pytest.raises(IndexError):
+        pool.lookup([5], -1, 1)
+    with pytest.raises(IndexError):
+        pool.touch([4])  # outside a 4-slot pool
     pool.check_invariants()
 
 
