@@ -14,8 +14,8 @@ from __future__ import annotations
 import bisect
 import math
 import sys
-from collections import OrderedDict
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from typing import Mapping
 
 # Relative granularity of the memo key: counts above QUANT_EXACT_BELOW are rounded *up* to
