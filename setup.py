@@ -1,4 +1,4 @@
-"""Build gpubench's compiled probes.
+"""Build gpubench's compiled probes and the replay engine's block pool.
 
 Three pybind11 extensions:
   gpubench._cpu   C++17 from csrc/cpu/  (always built; OpenMP; -march=native unless GPUBENCH_NATIVE=0)
@@ -184,7 +184,8 @@ def _find_cublas(cuda_home):
     return None
 
 
-# GPUBENCH_ONLY=cpu|cuda builds one extension (a developer's quick rebuild); default builds both.
+# GPUBENCH_ONLY=cpu builds the C++ extensions only, =cuda the CUDA one only (a developer's quick
+# rebuild); the default builds all three.
 _only = os.environ.get("GPUBENCH_ONLY", "")
 ext_modules = [] if _only == "cuda" else [cpu_extension(), sim_extension()]
 cuda_ext = cuda_extension() if _only != "cpu" else None

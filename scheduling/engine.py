@@ -316,12 +316,7 @@ class Engine:
             g += 1
             t = end
             if due is not None:
-                del alloc_due[g]
-                for r in due:
-                    r.blocks.extend(pool.get_new_blocks(1))
-                    nxt = g + BLOCK_SIZE
-                    if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:
-                        alloc_due.setdefault(nxt, []).append(r)
+                self._give_due_blocks(g)
             dctx = lag_sum + nd * g
             if dctx > dmax:
                 dur_s, dmax = quantum(nd, dctx)
@@ -363,11 +358,8 @@ class Engine:
             nd = len(self._dec)
             dctx = self._lag_sum + nd * g
             budget -= nd
-            for r in self._alloc_due.pop(g, ()):
-                r.blocks.extend(pool.get_new_blocks(1))
-                nxt = g + BLOCK_SIZE
-                if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
-                    self._alloc_due.setdefault(nxt, []).append(r)
+            if g in self._alloc_due:
+                self._give_due_blocks(g)
             running = self._prefilling
         else:
             running = self.running
@@ -495,6 +487,16 @@ class Engine:
         if self._progress and not res.num_steps & 511:
             self._progress(self._num_jobs_done, len(self.jobs), now_s)
         return dur_s
+
+    def _give_due_blocks(self, g: int) -> None:
+        """Step ``g`` of the decode group: a new block for each member whose next token starts one
+        (the caller checked they are free), and its next due step if it is still decoding then."""
+        alloc_due, get_new = self._alloc_due, self.pool.get_new_blocks
+        for r in alloc_due.pop(g):
+            r.blocks.extend(get_new(1))
+            nxt = g + BLOCK_SIZE
+            if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
+                alloc_due.setdefault(nxt, []).append(r)
 
     def _fast_plan(self) -> bool:
         """True when this step can run on the decode-group fast path (see the NOTE above)."""
