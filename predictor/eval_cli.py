@@ -17,15 +17,23 @@ def register(sub) -> None:
                     "Rows are appended as measured; rerunning the same command resumes where it stopped.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="shipped config name (e.g. smollm2-135m) or path to a config.json")
+    p.add_argument("--engine", default="torch", choices=("torch", "vllm"),
+                   help="torch: our engine loop; vllm: a real vLLM V1 engine (set it up with `gpubench vllm setup`); "
+                        "smollm2-135m runs the real converted model, other configs random weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
-    p.add_argument("--grid", default="default", choices=("quick", "default"), help="grid of points")
+    p.add_argument("--grid", default="default", choices=("tiny", "quick", "default"),
+                   help="grid of points (tiny: --engine vllm only, a CI smoke run)")
     p.add_argument("--ops-subset", type=int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--max-points", type=int, default=None, help="stop after the first N grid points")
+    v = p.add_argument_group("vLLM engine options (--engine vllm)")
+    v.add_argument("--block-size", type=int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
+    v.add_argument("--max-num-batched-tokens", type=int, default=4096, help="token budget per step (vLLM's CPU default)")
+    v.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.set_defaults(func=_profile)
 
@@ -44,6 +52,8 @@ def register(sub) -> None:
     e.add_argument("--seed", type=int, default=0, help="random forest seed")
     e.add_argument("--target", default="wall_s", choices=("wall_s", "thread_cpu_s"),
                    help="measured time to score against: engine-step wall time, or the step thread CPU time")
+    e.add_argument("--allow-contended", action="store_true",
+                   help="score files that hold rows taken under contention (those rows are dropped)")
     e.set_defaults(func=_evaluate)
 
 
@@ -55,6 +65,10 @@ def _profile(args) -> int:
     from predictor.profile import GRIDS, ProfileConfig, build_grid, run_profile
 
     cfg = load_model_config(args.model)
+    if args.engine == "vllm":
+        return _profile_vllm(args, cfg)
+    if args.grid == "tiny":
+        raise ConfigError("--grid tiny is a vLLM smoke grid; use quick or default with --engine torch")
     if args.list:
         dtype_bytes = 2 if (args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")) != "fp32" else 4
         for pt in build_grid(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)[: args.max_points]:
@@ -81,11 +95,45 @@ def _profile(args) -> int:
     return 0
 
 
+def _profile_vllm(args, cfg) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpubench.errors import ConfigError
+    from predictor.vllm_profile import (MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios,
+                                        contention_summary, run_vllm_profile)
+
+    if args.list:
+        for s in build_scenarios(VLLM_GRIDS[args.grid], cfg, block_size=args.block_size):
+            print(s["name"], len(s["requests"]), "requests")
+        return 0
+    if args.out is None or args.out.suffix != ".parquet":
+        raise ConfigError("profile: --out ROWS.parquet is required (or --list to print the scenarios)")
+    pc = VllmProfileConfig(model=args.model, grid=args.grid, num_threads=args.threads or 2,
+                           block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                           max_num_seqs=args.max_num_seqs, command=["gpubench"] + sys.argv[1:])
+    with Progress(TextColumn("[bold]profile vllm {task.fields[model]}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
+        task = bar.add_task("profile", total=None, model=cfg.name, point="starting the engine")
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, point=what)
+
+        rows = run_vllm_profile(cfg, pc, args.out, progress=progress)
+    contended, total = contention_summary(rows)
+    print(f"{total} engine-step rows in {args.out}")
+    if contended:
+        print(f"warning: {contended} of {total} steps were taken under contention (CPU share < {MIN_CPU_SHARE} or "
+              f"load above the core count + 1): not ground truth; `gpubench evaluate` refuses them unless "
+              f"--allow-contended")
+    return 0
+
+
 def _evaluate(args) -> int:
     from predictor.evaluate import EvalConfig, run_evaluation
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
-                    sku=args.sku, out=str(args.out), seed=args.seed, target=args.target)
+                    sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,
+                    allow_contended=args.allow_contended)
     summary = run_evaluation(ec)
     print(summary)
     return 0

@@ -83,8 +83,13 @@ def fit_host_residual(num_seqs, residual_s, measured_s) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------- rows
-def load_rows(paths) -> pd.DataFrame:
-    """Concatenate step-row files (parquet from ``gpubench profile``); checks the columns it needs."""
+def load_rows(paths, *, allow_contended: bool = False) -> pd.DataFrame:
+    """Concatenate step-row files (parquet from ``gpubench profile``); checks the columns it needs.
+
+    Rows flagged ``contended`` (taken while the host gave the engine less CPU than it asked for:
+    ``gpubench profile --engine vllm`` marks them) are not ground truth: a file with any is refused
+    unless ``allow_contended``, and then those rows are dropped rather than scored.
+    """
     from predictor.profile import read_rows
 
     frames = []
@@ -99,6 +104,13 @@ def load_rows(paths) -> pd.DataFrame:
         missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
         if missing:
             raise ResultsFormatError(f"{p}: not step rows (missing columns: {', '.join(missing)})")
+        if "contended" in df.columns and df["contended"].fillna(False).astype(bool).any():
+            bad = int(df["contended"].fillna(False).astype(bool).sum())
+            if not allow_contended:
+                raise ResultsFormatError(f"{p}: {bad} of {len(df)} rows were taken under contention (low CPU share or "
+                                         f"high load): re-take them on a quiet machine, or pass --allow-contended to "
+                                         f"score the other rows only")
+            df = df[~df["contended"].fillna(False).astype(bool)]
         df["source_file"] = str(p)
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
@@ -328,6 +340,7 @@ class EvalConfig:
     sku: str = "cpu"
     seed: int = 0
     target: str = "wall_s"
+    allow_contended: bool = False
     command: list[str] = field(default_factory=list)
 
 
@@ -636,7 +649,7 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
 
 def run_evaluation(ec: EvalConfig) -> str:
     """Load rows, score, write tables, plots, the calibration and COMMAND into ``ec.out``; return the headline."""
-    df = load_rows(ec.rows)
+    df = load_rows(ec.rows, allow_contended=ec.allow_contended)
     res = evaluate_rows(df, sku=ec.sku, calibration=ec.calibration, target=ec.target, seed=ec.seed)
     out = Path(ec.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -66,12 +66,16 @@ def policy_params_from_args(args: argparse.Namespace, policy: str) -> dict:
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine options")
     g.add_argument("--sku", default="h100-sxm", help="GPU SKU (default h100-sxm; see gpubench skus)")
-    g.add_argument("--model", default="llama-3.1-8b", help="model name or config.json path (default llama-3.1-8b)")
+    g.add_argument("--model", default=None,
+                   help="model name or config.json path (default llama-3.1-8b; smollm2-135m with --engine vllm)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's share of GPU memory (0.9)")
     g.add_argument("--activation-reserve-gib", type=float, default=2.0,
                    help="memory kept for activations and CUDA graphs (default 2 GiB)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step (8192)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (default 8192, vLLM's on large GPUs; 4096 with --engine vllm, its CPU default)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most running requests (256)")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block (default 16, vLLM's GPU default; 128 with --engine vllm, its CPU default)")
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the computed KV pool size")
     g.add_argument("--step-cost", default="predictor",
                    help="'predictor' (predictor.StepModel, default) or 'constant:SECONDS'")
@@ -89,6 +93,13 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
     src.add_argument("--synthetic", type=int, metavar="N", help="generate N synthetic SWE-agent jobs")
+    p.add_argument("--preset", default="swe", choices=("swe", "scaled-cpu"),
+                   help="synthetic agent: swe (the full-size software-engineering agent) or scaled-cpu "
+                        "(3-8 short turns, ~1 s tool gaps: what a real engine on 2 cores replays in minutes)")
+    p.add_argument("--engine", default="sim", choices=("sim", "vllm"),
+                   help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
+                        "(closed loop, prefix caching on; set it up with `gpubench vllm setup`)")
+    p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
     p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache policy")
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required with --synthetic; with --trace it "
@@ -99,6 +110,17 @@ def register(sub) -> None:
     add_engine_options(p)
     add_policy_options(p)
     p.set_defaults(func=cmd_replay)
+    c = sub.add_parser(
+        "compare-replay", help="two replays of the same jobs side by side (e.g. the simulator vs live vLLM)",
+        description="Match the turns of two replay directories on (job, turn) and print per-turn TTFT, TPOT, "
+                    "JCT, prefix-hit tokens, preemptions and KV usage side by side, with the relative error of "
+                    "the first against the second (the reference, e.g. `replay --engine vllm`).",
+        formatter_class=DefaultsHelpFormatter)
+    c.add_argument("replay", metavar="REPLAY", help="replay directory to score (e.g. the simulator's)")
+    c.add_argument("reference", metavar="REFERENCE", help="reference replay directory (e.g. live vLLM)")
+    c.add_argument("--out", default=None, help="also write comparison.json/.md, joined turns.csv/jobs.csv and a plot here")
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    c.set_defaults(func=cmd_compare_replay)
     try:
         from scheduling import sweep_cli
     except ModuleNotFoundError as exc:
@@ -117,7 +139,7 @@ def load_jobs(args: argparse.Namespace):
             raise ConfigError(f"--synthetic needs at least 1 job, got {args.synthetic}")
         if args.jps is None:
             raise ConfigError("--synthetic needs --jps (job arrivals per second)")
-        jobs = traces.synthetic_jobs(args.synthetic, seed=args.seed)
+        jobs = traces.synthetic_jobs(args.synthetic, seed=args.seed, params=traces.PRESETS[getattr(args, "preset", "swe")]())
     else:
         jobs = traces.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
     if args.jps is not None:
@@ -130,12 +152,16 @@ def load_jobs(args: argparse.Namespace):
 def config_from_args(args: argparse.Namespace):
     from scheduling.replay import ReplayConfig
 
+    for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     return ReplayConfig(
-        sku=args.sku, model=args.model, policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
+        sku=args.sku, model=args.model or "llama-3.1-8b", policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or 8192, max_num_seqs=args.max_num_seqs,
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
-        cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+        cuda_graphs=not args.no_cuda_graphs, seed=args.seed, block_size=args.block_size or 16)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -144,6 +170,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from scheduling.replay import run_replay, write_outputs
 
+    if args.engine == "vllm":
+        return cmd_replay_live(args)
     config = config_from_args(args)
     jobs = load_jobs(args)
     console = Console(stderr=True)
@@ -165,6 +193,60 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare_replay(args: argparse.Namespace) -> int:
+    import json
+
+    from scheduling import compare
+
+    result = compare.compare(compare.load_replay(args.replay), compare.load_replay(args.reference))
+    if args.out:
+        command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+        compare.write(result, args.out, command=command)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k not in ("turns", "jobs")}, indent=2))
+    else:
+        print(f"{result['a']['label']} ({args.replay}) vs {result['b']['label']} ({args.reference})")
+        print(compare.to_markdown(result), end="")
+        if args.out:
+            print(f"wrote {args.out}/comparison.md, comparison.json, turns.csv, jobs.csv, comparison.png")
+    return 0
+
+
+def cmd_replay_live(args: argparse.Namespace) -> int:
+    """``replay --engine vllm``: the jobs through a real vLLM engine, in real time."""
+    from rich.console import Console
+
+    from scheduling.live import LiveReplayConfig, run_live_replay, validate
+    from scheduling.replay import write_outputs
+    from vllmref import env
+
+    if args.policy != "fcfs":
+        raise ConfigError(f"--engine vllm runs vLLM's own scheduler (fcfs); --policy {args.policy} is simulator-only")
+    def given(value, default):
+        return default if value is None else value
+
+    config = LiveReplayConfig(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
+                              num_gpu_blocks=given(args.num_gpu_blocks, 64),
+                              max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
+                              max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed)
+    jobs = load_jobs(args)
+    validate(config, jobs)
+    env.require_env()
+    console = Console(stderr=True)
+    console.print(f"live replay: {len(jobs)} jobs, {sum(j.num_turns for j in jobs)} turns through vLLM "
+                  f"({config.model}, {config.num_gpu_blocks} blocks of {config.block_size}) in real time")
+
+    def progress(line: str) -> None:
+        if not args.no_progress:
+            console.print(f"  {line}")
+
+    result, _ = run_live_replay(jobs, config, progress=progress)
+    command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    out = write_outputs(result, args.out, command=command)
+    print_summary(result.summary, config, out)
+    return 0
+
+
 def print_summary(m: dict, config, out) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -172,7 +254,8 @@ def print_summary(m: dict, config, out) -> None:
     def f(v, fmt="{:.3f}"):
         return "-" if v is None else fmt.format(v)
 
-    t = Table(title=f"replay: {config.policy} · {config.sku} · {config.model}")
+    where = getattr(config, "sku", None) or f"vLLM {m.get('engine', {}).get('vllm_version', '')} (live)"
+    t = Table(title=f"replay: {config.policy} · {where} · {config.model}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [

@@ -43,6 +43,8 @@ class EngineConfig:
         host_link_gbs: GPU<->host bandwidth in GB/s (connectors' default bandwidth).
         record_steps: keep the per-step log (the benchmark turns it off to time the core only).
         fast_path: use the decode-group fast path (identical results; off only to test that).
+        block_size: tokens per KV block (vLLM's GPU default 16; its CPU build uses 128 and needs a
+            multiple of 32).
     """
 
     num_gpu_blocks: int
@@ -52,14 +54,15 @@ class EngineConfig:
     host_link_gbs: float = 64.0
     record_steps: bool = True
     fast_path: bool = True
+    block_size: int = BLOCK_SIZE
 
-    @property
-    def block_size(self) -> int:
-        return BLOCK_SIZE
+    def __post_init__(self) -> None:
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
 
     @property
     def block_bytes(self) -> int:
-        return self.kv_bytes_per_token * BLOCK_SIZE
+        return self.kv_bytes_per_token * self.block_size
 
 
 class EventPriority(IntEnum):
@@ -166,7 +169,8 @@ class Engine:
         self.queue = policy.make_queue()
         self.running: list[Request] = []
         self.loading: dict[int, Request] = {}
-        self.jobs = [JobState(j, i) for i, j in enumerate(jobs)]
+        self.block_size = config.block_size
+        self.jobs = [JobState(j, i, config.block_size) for i, j in enumerate(jobs)]
         self._progress = progress
         self._heap: list = []
         self._seq = itertools.count()
@@ -176,7 +180,7 @@ class Engine:
         self.now_s = 0.0
         self.result = EngineResult(num_gpu_blocks=config.num_gpu_blocks)
         self._num_jobs_done = 0
-        self._max_request_tokens = config.num_gpu_blocks * BLOCK_SIZE
+        self._max_request_tokens = config.num_gpu_blocks * config.block_size
         # The batch of the step in flight (reused lists: a step allocates nothing for them).
         self._sched_reqs: list[Request] = []
         self._sched_n: list[int] = []
@@ -245,7 +249,8 @@ class Engine:
     def on_arrival(self, js: JobState, turn: int, now_s: float) -> list:
         prompt = js.prompt_tokens(turn)
         total = prompt + js.job.turns[turn].output_tokens - 1  # the last sampled token gets no KV
-        if (total + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE > self._max_request_tokens:
+        bs = self.block_size
+        if -(-total // bs) * bs > self._max_request_tokens:
             raise ConfigError(f"job {js.job.job_id} turn {turn} needs {total} tokens of KV cache, more than the "
                               f"whole GPU pool ({self._max_request_tokens} tokens); use a larger SKU or smaller model")
         req = Request(js, turn, next(self._req_seq), now_s, prompt)
@@ -333,7 +338,7 @@ class Engine:
     # NOTE(perf): steady decoding must cost little per request. Requests in the decode state
     # (prompt computed, one token per step) form the *decode group*: their counters are kept as
     # offsets from the step index ``_g`` (``num_computed = lag + _g``), so a step touches only
-    # the members that need a new block (every 16 steps) or finish, found in ``_alloc_due`` /
+    # the members that need a new block (every block_size steps) or finish, found in ``_alloc_due`` /
     # ``_fin_due`` keyed by step index. A step takes this fast path only when it is provably
     # identical to the exact loop: every decode gets its token (the budget covers them, and the
     # prefills either fit too or all come after the decodes in running order) and every block
@@ -349,6 +354,7 @@ class Engine:
         sreqs.clear()
         sns.clear()
         budget = cfg.max_num_batched_tokens
+        bs = self.block_size
         pt = ps = pctx = nd = dctx = 0
         extra_s = 0.0
         num_preempted = hit_tokens = pool_tokens = 0
@@ -375,7 +381,7 @@ class Engine:
             n = r.num_tokens - c
             if n > budget:
                 n = budget
-            need = ((c + n + 15) >> 4) - len(r.blocks)
+            need = -(-(c + n) // bs) - len(r.blocks)
             if need > 0:
                 new = pool.get_new_blocks(need)
                 while new is None:
@@ -494,7 +500,7 @@ class Engine:
         alloc_due, get_new = self._alloc_due, self.pool.get_new_blocks
         for r in alloc_due.pop(g):
             r.blocks.extend(get_new(1))
-            nxt = g + BLOCK_SIZE
+            nxt = g + self.block_size
             if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
                 alloc_due.setdefault(nxt, []).append(r)
 
@@ -516,6 +522,7 @@ class Engine:
             if min(r.run_pos for r in pre) < self._dec_max_pos:
                 return False
         need = len(self._alloc_due.get(self._g, ()))
+        bs = self.block_size
         for r in pre:
             if left == 0:
                 break
@@ -523,7 +530,7 @@ class Engine:
             n = r.num_tokens - c
             if n > left:
                 n = left
-            k = ((c + n + 15) >> 4) - len(r.blocks)
+            k = -(-(c + n) // bs) - len(r.blocks)
             if k > 0:
                 need += k
             left -= n
@@ -540,7 +547,7 @@ class Engine:
             self._dec_max_pos = r.run_pos
         fin = r.output_tokens + r.prompt_tokens - 2 - lag  # step after which it has all its tokens
         self._fin_due.setdefault(fin, []).append(r)
-        alloc = (len(r.blocks) << 4) - lag  # step at which computed + 1 overflows its blocks
+        alloc = len(r.blocks) * self.block_size - lag  # step at which computed + 1 overflows its blocks
         if alloc < next_g:
             alloc = next_g  # (cannot happen: blocks cover the computed tokens + 1)
         if alloc <= fin:
@@ -577,25 +584,25 @@ class Engine:
         Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
         step)``, or None when the blocks it needs are not free (the request stays queued).
         """
-        pool, policy = self.pool, self.policy
+        pool, policy, bs = self.pool, self.policy, self.block_size
         h = e = 0
         hit_blocks: list[int] = []
         if r.status == Status.WAITING:
-            max_tokens = ((r.num_tokens - 1) >> 4) << 4  # hit capped at known tokens - 1, whole blocks
+            max_tokens = (r.num_tokens - 1) // bs * bs  # hit capped at known tokens - 1, whole blocks
             hit_blocks = self._prefix_hit(r, max_tokens)
-            h = len(hit_blocks) << 4
+            h = len(hit_blocks) * bs
             e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
             c0 = h + e
             is_async = bool(e) and policy.asynchronous_load
             n = 0 if is_async else min(r.num_tokens - c0, budget)
-            need = ((c0 + n + 15) >> 4) - len(hit_blocks)
+            need = -(-(c0 + n) // bs) - len(hit_blocks)
             if need > pool.num_free_blocks:
                 return None
             if r.job_state.pin_blocks is None:
                 # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
                 # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
                 # that rejects a queue head retried every step without counting its whole prefix.
-                used_max = min(len(hit_blocks), r.job_state.job.system_tokens >> 4)
+                used_max = min(len(hit_blocks), r.job_state.job.system_tokens // bs)
                 if need + len(hit_blocks) - used_max > pool.num_free_blocks:
                     return None
             free_hits = pool.count_free(hit_blocks)  # touching takes them off the free queue
@@ -625,7 +632,7 @@ class Engine:
         else:  # WAITING_LOADED: blocks are held; continue the prefill
             c0 = r.num_computed
             n = min(r.num_tokens - c0, budget)
-            need = ((c0 + n + 15) >> 4) - len(r.blocks)
+            need = -(-(c0 + n) // bs) - len(r.blocks)
             if need > pool.num_free_blocks:
                 return None
             self.queue.pop()
@@ -673,7 +680,7 @@ class Engine:
         since (a cached block is never replaced while cached, so the others are unchanged), then
         extends it block by block as a fresh lookup would.
         """
-        num = max_tokens >> 4
+        num = max_tokens // self.block_size
         if num == 0:
             return []
         js = r.job_state
@@ -715,7 +722,7 @@ class Engine:
 
     def _cache_full_blocks(self, r: Request) -> None:
         """Give the request's newly full blocks their hashes (``BlockPool.cache_block`` semantics)."""
-        full = r.num_computed >> 4
+        full = r.num_computed // self.block_size
         if full > r.num_cached_blocks:
             self.pool.cache_blocks(r.blocks, r.job_state.block_hashes(full), r.num_cached_blocks, full)
             r.num_cached_blocks = full
@@ -724,16 +731,17 @@ class Engine:
     def _finish_step(self, now_s: float) -> None:
         """Apply the step in flight: computed tokens, sampled tokens, finished turns."""
         g = self._g
+        bs = self.block_size
         finished = None
         joined = None
         for r, n in zip(self._sched_reqs, self._sched_n):
             c = r.num_computed
             if r.num_output and n == 1 and c == r.num_tokens - 1:
-                # A decode outside the group (exact mode): one token, a full block every 16 steps.
+                # A decode outside the group (exact mode): one token, a full block every bs steps.
                 c += 1
                 r.num_computed = c
                 r.num_admission_tokens += 1
-                if not c & 15:
+                if not c % bs:
                     self._cache_full_blocks(r)
             else:
                 p = r.prompt_tokens

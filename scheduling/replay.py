@@ -55,6 +55,7 @@ class ReplayConfig:
         cuda_graphs: whether the predicted engine replays decode steps as CUDA graphs.
         seed: the seed the jobs were made with (recorded; the engine itself draws nothing).
         record_steps: keep the step log.
+        block_size: tokens per KV block (vLLM's GPU default 16; its CPU build 128).
     """
 
     sku: str = "h100-sxm"
@@ -71,6 +72,7 @@ class ReplayConfig:
     cuda_graphs: bool = True
     seed: int = 0
     record_steps: bool = True
+    block_size: int = BLOCK_SIZE
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,7 +88,7 @@ class ReplayResult:
 
 
 def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
-                   activation_reserve_gib: float = 2.0) -> tuple[int, int, float]:
+                   activation_reserve_gib: float = 2.0, block_size: int = BLOCK_SIZE) -> tuple[int, int, float]:
     """``(num_gpu_blocks, kv_bytes_per_token, host_link_gbs)`` for an SKU and model.
 
     Raises:
@@ -101,7 +103,7 @@ def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     kv_per_token = m.kv_bytes_per_token(DTYPE_BYTES)
     usable = s.memory_bytes * gpu_memory_utilization - m.weight_bytes(DTYPE_BYTES) - activation_reserve_gib * GIB
-    num_blocks = math.floor(usable / (kv_per_token * BLOCK_SIZE)) if usable > 0 else 0
+    num_blocks = math.floor(usable / (kv_per_token * block_size)) if usable > 0 else 0
     if num_blocks < 1:
         raise ConfigError(f"{m.name} ({m.weight_bytes(DTYPE_BYTES) / 1e9:.1f} GB of bf16 weights) leaves no room for a "
                           f"KV cache on {s.id} ({s.memory_gb} GB × {gpu_memory_utilization})")
@@ -111,11 +113,12 @@ def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
 def engine_config(cfg: ReplayConfig) -> EngineConfig:
     num_blocks, kv_per_token, link_gbs = kv_pool_blocks(
         cfg.sku, cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization,
-        activation_reserve_gib=cfg.activation_reserve_gib)
+        activation_reserve_gib=cfg.activation_reserve_gib, block_size=cfg.block_size)
     return EngineConfig(
         num_gpu_blocks=cfg.num_gpu_blocks if cfg.num_gpu_blocks is not None else num_blocks,
         max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
-        kv_bytes_per_token=kv_per_token, host_link_gbs=link_gbs, record_steps=cfg.record_steps)
+        kv_bytes_per_token=kv_per_token, host_link_gbs=link_gbs, record_steps=cfg.record_steps,
+        block_size=cfg.block_size)
 
 
 def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost | None = None,

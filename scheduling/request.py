@@ -34,13 +34,13 @@ class JobState:
     __slots__ = ("job", "index", "next_turn", "hashes", "hash_index", "_group_blocks", "finish_s",
                  "waiting_request", "pin_blocks", "pin_deadline_s", "num_turns_done")
 
-    def __init__(self, job: Job, index: int) -> None:
+    def __init__(self, job: Job, index: int, block_size: int = BLOCK_SIZE) -> None:
         self.job = job
         self.index = index  # arrival order of the job (ties broken by trace order)
         self.next_turn = 0
         self.hashes: list[BlockHash] = []
         self.hash_index: dict[BlockHash, int] = {}  # hash -> block index in this job's chain
-        self._group_blocks = job.system_tokens // BLOCK_SIZE
+        self._group_blocks = job.system_tokens // block_size
         self.finish_s: float | None = None
         self.waiting_request: Request | None = None  # arrived, not admitted yet
         self.pin_blocks: list[int] | None = None  # continuum: blocks held across the tool gap

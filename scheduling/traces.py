@@ -34,7 +34,7 @@ from gpubench.errors import TraceFormatError
 __all__ = [
     "Turn", "Job", "SyntheticParams", "ToolTimeModel", "DEFAULT_TOOL_MODELS",
     "load_trace", "save_trace", "job_from_dict", "job_to_dict", "validate_job",
-    "with_poisson_arrivals", "synthetic_jobs", "trace_stats",
+    "with_poisson_arrivals", "synthetic_jobs", "trace_stats", "scaled_cpu_params", "PRESETS",
 ]
 
 
@@ -356,6 +356,27 @@ class SyntheticParams:
 
     def __hash__(self) -> int:  # dict fields: hash by value so params can key caches
         return hash(json.dumps(asdict(self), sort_keys=True, default=str))
+
+
+def scaled_cpu_params() -> SyntheticParams:
+    """A software-engineering agent scaled down to what a real engine on 2 CPU cores replays in minutes.
+
+    The shape of the default agent (a shared system prompt per group, a task, then observations and
+    short outputs, a tool gap after each turn) at about 1/10 of its size: 3-8 turns, system prompts
+    of 256-512 tokens, observations of ~120 tokens, outputs of ~16 tokens, and tool gaps of about a
+    second (no minute-long tail: a live replay waits them out in real time). Contexts reach a few
+    thousand tokens, so a pool of a few dozen 128-token blocks evicts during tool gaps.
+    """
+    quick = {name: ToolTimeModel(median_s=median, sigma=0.4, max_s=4.0) for name, median in
+             (("view", 0.6), ("search", 0.8), ("edit", 0.6), ("bash", 1.2), ("test", 1.8), ("python", 1.0), ("submit", 0.3))}
+    return SyntheticParams(turns_mean=5.0, turns_dispersion=6.0, turns_min=3, turns_max=8, num_prefix_groups=2,
+                           system_tokens_min=256, system_tokens_max=512, task_tokens_median=200.0, task_sigma=0.3,
+                           obs_tokens_median=120.0, obs_sigma=0.6, obs_tokens_min=16, obs_tokens_max=600,
+                           out_tokens_median=16.0, out_sigma=0.4, out_tokens_min=4, out_tokens_max=48,
+                           tool_models={**DEFAULT_TOOL_MODELS, **quick})
+
+
+PRESETS = {"swe": SyntheticParams, "scaled-cpu": scaled_cpu_params}
 
 
 def _lognormal_int(rng: np.random.Generator, median: float, sigma: float, size: int, lo: int, hi: int) -> np.ndarray:

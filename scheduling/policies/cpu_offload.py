@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from scheduling.kv_cache import HashLRU
 from scheduling.policies.base import ExternalLoad, KVPolicy
-from scheduling.request import BLOCK_SIZE, Request
+from scheduling.request import Request
 
 GIB = 1 << 30
 
@@ -54,6 +54,7 @@ class CPUOffloadPolicy(KVPolicy):
     def attach(self, engine) -> None:
         super().attach(engine)
         self._block_bytes = engine.config.block_bytes
+        self._block_size = engine.config.block_size
         self._capacity_blocks = int(self.p.cpu_gib * GIB // self._block_bytes)
         self._pool = HashLRU(self._capacity_blocks)
         gbs = self.p.link_gbs if self.p.link_gbs is not None else engine.config.host_link_gbs
@@ -75,7 +76,7 @@ class CPUOffloadPolicy(KVPolicy):
         return True
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
-        first, last = gpu_hit_tokens // BLOCK_SIZE, max_tokens // BLOCK_SIZE
+        first, last = gpu_hit_tokens // self._block_size, max_tokens // self._block_size
         if last <= first:
             return 0
         key = (self._version, first, last)
@@ -83,13 +84,13 @@ class CPUOffloadPolicy(KVPolicy):
         if memo is not None and memo[0] == key:
             return memo[1]
         n = self._pool.count_prefix(req.job_state.block_hashes(last), first, last)
-        self._memo[req.seq] = (key, n * BLOCK_SIZE)
-        return n * BLOCK_SIZE
+        self._memo[req.seq] = (key, n * self._block_size)
+        return n * self._block_size
 
     def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
         self._memo.pop(req.seq, None)
-        first = gpu_hit_tokens // BLOCK_SIZE
-        n = num_tokens // BLOCK_SIZE
+        first = gpu_hit_tokens // self._block_size
+        n = num_tokens // self._block_size
         self._pool.refresh(req.job_state.hashes, first, n)
         self.num_loaded_blocks += n
         transfer_s = n * self._block_bytes / self._link_bytes_per_s + self.p.load_latency_s

@@ -42,11 +42,7 @@ class LMCachePolicy(KVPolicy):
     def __init__(self, params: LMCacheParams | None = None) -> None:
         super().__init__()
         self.p = params or LMCacheParams()
-        if self.p.chunk_tokens % BLOCK_SIZE:
-            from gpubench.errors import ConfigError
-
-            raise ConfigError(f"lmcache chunk_tokens must be a multiple of {BLOCK_SIZE}, got {self.p.chunk_tokens}")
-        self._blocks_per_chunk = self.p.chunk_tokens // BLOCK_SIZE
+        self._blocks_per_chunk = self.p.chunk_tokens // BLOCK_SIZE  # set again from the engine in attach()
         self._store: OrderedDict = OrderedDict()  # chunk key -> None, LRU first
         self._capacity_chunks = 0
         self._chunk_bytes = 0
@@ -57,6 +53,13 @@ class LMCachePolicy(KVPolicy):
 
     def attach(self, engine) -> None:
         super().attach(engine)
+        block_size = engine.config.block_size
+        if self.p.chunk_tokens % block_size:
+            from gpubench.errors import ConfigError
+
+            raise ConfigError(f"lmcache chunk_tokens must be a multiple of the block size {block_size}, "
+                              f"got {self.p.chunk_tokens}")
+        self._blocks_per_chunk = self.p.chunk_tokens // block_size
         self._chunk_bytes = engine.config.kv_bytes_per_token * self.p.chunk_tokens
         self._capacity_chunks = int(self.p.cpu_gb * 1e9 // self._chunk_bytes)
         link = engine.config.host_link_gbs

@@ -1,0 +1,245 @@
+"""Step rows from a real vLLM engine (``gpubench profile --engine vllm``), in the torch rows' schema.
+
+Scenarios (decode batches, prefills with and without a cached prefix, a prefill joining running
+decodes) are sent to an in-process vLLM V1 engine in its own environment (:mod:`vllmref`); every
+engine step they cause becomes one row. The batch of a row is what vLLM's scheduler chose (tokens
+per request and each request's context before the step), read by a recording scheduler: a decode
+scenario's first steps are chunked prefills, and a joining prefill shares its step with decodes,
+exactly as the engine ran them. The phase is derived from that batch: ``decode`` (every request
+decodes one token), ``prefill`` (none does), ``mixed``.
+
+Timing is the engine-core step (schedule -> forward -> sample -> update) on the host clock;
+``process_cpu_s`` is the CPU time of all the engine's threads over the step and ``cpu_share`` =
+process_cpu_s / (wall * threads). A row is ``contended`` when its CPU share is below
+:data:`MIN_CPU_SHARE` or the 1-minute load average exceeded the core count by more than one: such
+rows are not ground truth, and ``gpubench evaluate`` refuses them unless told otherwise.
+
+Resume: the worker appends its records to ``<out>.vllm.partial.jsonl``; a scenario with a
+``scenario_done`` record there is not run again. At the end all rows go to ``<out>`` (parquet).
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gpubench.errors import ConfigError
+from predictor.config import ModelConfig
+from predictor.profile import (SCHEMA_VERSION, GridPoint, point_features, read_rows, write_parquet)
+
+MIN_CPU_SHARE = 0.8
+DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU
+
+
+@dataclass(frozen=True)
+class VllmGrid:
+    """Scenarios to send. Scenarios over a cap are dropped so one grid serves small and big models.
+
+    ``max_prefill_gflop``: FLOPs of a scenario's prompt tokens (2 per weight per token), which keeps
+    a 1B model's prefills to seconds on 2 cores; ``max_kv_gib``: the KV pool the engine gets.
+    """
+    name: str
+    batch_sizes: tuple[int, ...]
+    contexts: tuple[int, ...]
+    prefill_tokens: tuple[int, ...]
+    decode_steps: int = 8
+    max_prefill_gflop: float = 2000.0
+    max_kv_gib: int = 2
+
+
+VLLM_GRIDS = {
+    "tiny": VllmGrid("tiny", batch_sizes=(1, 3), contexts=(128,), prefill_tokens=(64,), decode_steps=3),
+    "quick": VllmGrid("quick", batch_sizes=(1, 4, 16), contexts=(128, 512), prefill_tokens=(64, 256), decode_steps=6),
+    "default": VllmGrid("default", batch_sizes=(1, 2, 4, 8, 16, 32), contexts=(128, 512, 1024, 2048),
+                        prefill_tokens=(64, 256, 1024), decode_steps=10),
+}
+
+
+@dataclass
+class VllmProfileConfig:
+    model: str
+    grid: str = "quick"
+    num_threads: int = 2
+    block_size: int = 128
+    max_num_batched_tokens: int = 4096
+    max_num_seqs: int = 256
+    seed: int = 0
+    command: list[str] = field(default_factory=list)
+
+
+def _seg_unique(n: int) -> list:
+    return ["unique", n]
+
+
+def build_scenarios(grid: VllmGrid, cfg: ModelConfig, *, block_size: int) -> list[dict]:
+    """The scenarios of ``grid`` that fit its caps, warm-up first."""
+    flop_per_token = 2.0 * cfg.num_layers * cfg.layer_params()
+    kv_cap = grid.max_kv_gib * (1 << 30)
+    kv_per_token = cfg.kv_bytes_per_token(DTYPE_BYTES)
+
+    def fits(prompt_tokens: int, kv_tokens: int) -> bool:
+        return (prompt_tokens * flop_per_token <= grid.max_prefill_gflop * 1e9
+                and kv_tokens * kv_per_token <= 0.8 * kv_cap)
+
+    out: list[dict] = [{"name": "warmup", "requests": [
+        {"name": "w0", "prompt": [_seg_unique(32)], "max_tokens": 4}]}]
+    steps = grid.decode_steps
+    for b in grid.batch_sizes:
+        for c in grid.contexts:
+            if fits(b * c, b * (c + steps + block_size)):
+                out.append({"name": f"decode-b{b}-c{c}", "requests": [
+                    {"name": f"r{i}", "prompt": [_seg_unique(c)], "max_tokens": steps + 1} for i in range(b)]})
+    for n in grid.prefill_tokens:
+        for c in (0,) + tuple(grid.contexts[:: max(1, len(grid.contexts) - 1)]):
+            cached = c // block_size * block_size  # only whole blocks are cached
+            if c and not cached:
+                continue
+            if not fits(n + cached, n + cached + block_size):
+                continue
+            if not cached:
+                out.append({"name": f"prefill-n{n}", "requests": [
+                    {"name": "r0", "prompt": [_seg_unique(n)], "max_tokens": 1}]})
+                continue
+            # The first request fills the prefix; the second hits it and prefills only n tokens.
+            out.append({"name": f"prefill-n{n}-cached{cached}", "requests": [
+                {"name": "fill", "prompt": [["shared", f"p{n}-{cached}", cached]], "max_tokens": 1},
+                {"name": "r0", "prompt": [["shared", f"p{n}-{cached}", cached], _seg_unique(n)], "max_tokens": 1,
+                 "after_finish": "fill"}]})
+    for b in grid.batch_sizes[1:]:
+        for n in grid.prefill_tokens[:2]:
+            c = grid.contexts[0]
+            if not fits((b - 1) * c + n, (b - 1) * (c + 3 * steps) + n + b * block_size):
+                continue
+            # b-1 requests reach decode; then a prefill joins them: a mixed chunked-prefill step.
+            warm = math.ceil((b - 1) * c / 4096) + 2
+            reqs = [{"name": f"d{i}", "prompt": [_seg_unique(c)], "max_tokens": warm + 2 * steps} for i in range(b - 1)]
+            reqs += [{"name": f"p{k}", "prompt": [_seg_unique(n)], "max_tokens": 2, "after_step": warm + k * 2}
+                     for k in range(max(1, steps // 3))]
+            out.append({"name": f"mixed-b{b}-n{n}-c{c}", "requests": reqs})
+    return out
+
+
+def batch_of(step: dict) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """``(phase, ((num_new_tokens, num_cached_tokens), ...))`` of a recorded step, decodes first."""
+    decodes = [(1, r["num_computed_before"]) for r in step["batch"] if r["decode"]]
+    prefills = [(r["num_new_tokens"], r["num_computed_before"]) for r in step["batch"] if not r["decode"]]
+    phase = "decode" if not prefills else ("prefill" if not decodes else "mixed")
+    return phase, tuple(decodes + prefills)
+
+
+def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]:
+    """Rows in the torch rows' schema (plus the vLLM fields) from the worker's step records."""
+    rows = []
+    threads = static["num_threads"]
+    ncpu = os.cpu_count() or 1
+    for rec in records:
+        if rec.get("kind") != "step" or rec["scenario"] == "warmup":
+            continue
+        phase, batch = batch_of(rec)
+        wall = rec["t_end"] - rec["t_start"]
+        if wall <= 0:
+            continue
+        share = rec["process_cpu_s"] / (wall * threads)
+        load = max(rec["loadavg_1m_before"], rec["loadavg_1m_after"])
+        point = GridPoint(phase, batch)
+        row = {
+            "key": f"{cfg.name}|vllm|fp32|{rec['scenario']}|step{rec['scenario_step']}", **static, "phase": phase,
+            **point_features(cfg, point, DTYPE_BYTES),
+            "wall_s": wall, "wall_min_s": wall, "wall_p20_s": wall, "wall_p80_s": wall, "wall_max_s": wall,
+            "wall_cv": 0.0, "num_repeats": 1, "wall_times_s": [wall],
+            "prep_s": float("nan"), "forward_s": float("nan"), "sampling_s": float("nan"),
+            "forward_times_s": [], "sampling_times_s": [],
+            # One engine thread: its CPU time is the process's (other threads idle), as torch rows count it.
+            "thread_cpu_s": rec["process_cpu_s"] if threads == 1 else float("nan"),
+            "thread_cpu_times_s": [rec["process_cpu_s"]] if threads == 1 else [],
+            "process_cpu_s": rec["process_cpu_s"], "cpu_share": share,
+            "ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "op_sum_cpu_s": float("nan"),
+            "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0,
+            "loadavg_1m_before": rec["loadavg_1m_before"], "loadavg_1m_after": rec["loadavg_1m_after"],
+            "contended": bool(share < MIN_CPU_SHARE or load > ncpu + 1),
+            "scenario": rec["scenario"], "engine_step": rec["scenario_step"],
+            "kv_free_blocks": rec["kv_free_blocks"], "kv_total_blocks": rec["kv_total_blocks"],
+            "num_preempted": len(rec["preempted"]),
+        }
+        rows.append(row)
+    return rows
+
+
+def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
+                     progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
+    """Run the remaining scenarios of the grid in the vLLM worker; write all rows to ``out``."""
+    from vllmref import env
+
+    if pc.grid not in VLLM_GRIDS:
+        raise ConfigError(f"--grid '{pc.grid}': use one of {', '.join(VLLM_GRIDS)} with --engine vllm")
+    if pc.block_size < 32 or pc.block_size % 32:
+        raise ConfigError(f"--block-size {pc.block_size}: vLLM's CPU attention needs a multiple of 32")
+    if pc.num_threads < 1 or pc.max_num_batched_tokens < 1 or pc.max_num_seqs < 1:
+        raise ConfigError("--threads, --max-num-batched-tokens and --max-num-seqs must be >= 1")
+    python = env.require_env()
+    model_dir, real_weights, model_name = env.resolve_model(pc.model)
+    grid = VLLM_GRIDS[pc.grid]
+    scenarios = build_scenarios(grid, cfg, block_size=pc.block_size)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".vllm.partial.jsonl")
+    existing = read_rows(out)
+    done_keys = {r["key"] for r in existing}
+    records = env.read_records(partial)
+    done = {r["scenario"] for r in records if r.get("kind") == "scenario_done"}
+    done |= {k.split("|")[3] for k in done_keys if k.count("|") >= 4}
+    todo = [s for s in scenarios if s["name"] not in done or s["name"] == "warmup"]
+    if len(todo) > 1:  # more than the warm-up
+        max_len = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in todo for r in s["requests"])
+        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo, "engine": {
+            "model": str(model_dir), "real_weights": real_weights, "block_size": pc.block_size,
+            "max_num_batched_tokens": pc.max_num_batched_tokens, "max_num_seqs": pc.max_num_seqs,
+            "max_model_len": max(2048, 1 << math.ceil(math.log2(max_len + pc.block_size))),
+            "enable_prefix_caching": True, "seed": pc.seed}}
+        total = len(todo)
+
+        def on_line(line: str) -> None:
+            if progress:
+                num, _, rest = line.partition(" ")
+                progress(int(num.split("/")[0]), total, rest)
+
+        records += env.run_worker("worker_profile", spec, threads=pc.num_threads, kv_cache_gib=grid.max_kv_gib,
+                                  on_line=on_line, out_path=partial)
+    facts = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
+    static = {
+        "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
+        "device_name": _cpu_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
+        "num_threads": pc.num_threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
+        "command": " ".join(pc.command), "engine": "vllm", "vllm_version": facts.get("vllm_version"),
+        "block_size": facts.get("block_size", pc.block_size),
+        "token_budget": facts.get("max_num_batched_tokens", pc.max_num_batched_tokens),
+        "max_num_seqs": facts.get("max_num_seqs", pc.max_num_seqs), "real_weights": real_weights,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    # A scenario cut short by a kill and run again records its steps twice: the last run wins.
+    by_key = {r["key"]: r for r in step_rows(records, cfg, static) if r["key"] not in done_keys}
+    new_rows = list(by_key.values())
+    rows = existing + new_rows
+    write_parquet(rows, out)
+    if partial.exists():
+        partial.unlink()
+    return rows
+
+
+def contention_summary(rows: list[dict]) -> tuple[int, int]:
+    """``(contended rows, rows)``."""
+    return sum(1 for r in rows if r.get("contended")), len(rows)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"

@@ -1,0 +1,216 @@
+"""Two replays of the same jobs side by side (``gpubench compare-replay SIM LIVE``).
+
+Typically the simulator's replay and a live replay through real vLLM (``replay --engine vllm``),
+but any two replay directories of the same jobs work. Turns are matched on ``(job_id, turn)``;
+a job or turn present in one only is an error (they are not replays of the same trace).
+
+Per turn: TTFT (first token - arrival), TPOT (finish - first token over output tokens - 1, the
+mean inter-token latency of the turn), prefix-hit tokens, preemptions; per job: JCT. KV usage is
+the time-weighted mean share of the pool held by requests over the replay, and its peak. Every
+relative error is ``(A - B) / B``: B (the second directory, e.g. live vLLM) is the reference.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpubench.errors import ResultsFormatError
+
+
+@dataclass
+class Replay:
+    path: Path
+    summary: dict
+    turns: pd.DataFrame
+    jobs: pd.DataFrame
+    steps: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        cfg = self.summary.get("config", {})
+        return "vllm (live)" if cfg.get("engine") == "vllm" else f"sim {cfg.get('sku', '')}".strip()
+
+    @property
+    def block_size(self) -> int:
+        return int(self.summary.get("config", {}).get("block_size") or 16)
+
+
+def load_replay(path: str | Path) -> Replay:
+    path = Path(path)
+    files = {name: path / name for name in ("summary.json", "turns.csv", "jobs.csv", "steps.csv")}
+    for name, f in files.items():
+        if not f.is_file():
+            raise ResultsFormatError(f"{path}: not a replay directory (no {name}; write one with `gpubench replay --out`)")
+    try:
+        summary = json.loads(files["summary.json"].read_text(encoding="utf-8"))
+        turns = pd.read_csv(files["turns.csv"])
+        jobs = pd.read_csv(files["jobs.csv"])
+        steps = pd.read_csv(files["steps.csv"])
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise ResultsFormatError(f"{path}: unreadable replay output ({type(e).__name__}: {e})") from None
+    for frame, cols, name in ((turns, ("job_id", "turn", "arrival_s", "first_token_s", "finish_s", "hit_tokens",
+                                       "output_tokens", "num_preemptions"), "turns.csv"),
+                              (jobs, ("job_id", "jct_s"), "jobs.csv"),
+                              (steps, ("t_s", "dur_s", "kv_used_blocks", "kv_total_blocks"), "steps.csv")):
+        missing = [c for c in cols if c not in frame.columns]
+        if missing:
+            raise ResultsFormatError(f"{path / name}: missing columns {', '.join(missing)}")
+    if turns.duplicated(["job_id", "turn"]).any():
+        raise ResultsFormatError(f"{path / 'turns.csv'}: a (job_id, turn) appears twice")
+    return Replay(path, summary, turns, jobs, steps)
+
+
+def _tpot(turns: pd.DataFrame) -> pd.Series:
+    n = turns["output_tokens"] - 1
+    return ((turns["finish_s"] - turns["first_token_s"]) / n).where(n > 0)
+
+
+def _kv_usage(steps: pd.DataFrame) -> tuple[float | None, float | None]:
+    if steps.empty:
+        return None, None
+    share = steps["kv_used_blocks"] / steps["kv_total_blocks"].clip(lower=1)
+    weights = steps["dur_s"].clip(lower=0)
+    mean = float(np.average(share, weights=weights)) if weights.sum() > 0 else float(share.mean())
+    return mean, float(share.max())
+
+
+def _rel(a, b):
+    if a is None or b is None or not np.isfinite(a) or not np.isfinite(b) or b == 0:
+        return None
+    return (a - b) / b
+
+
+def compare(a: Replay, b: Replay) -> dict:
+    """The comparison of replay ``a`` against reference ``b`` (see the module docstring)."""
+    keys_a = set(zip(a.turns["job_id"], a.turns["turn"]))
+    keys_b = set(zip(b.turns["job_id"], b.turns["turn"]))
+    if keys_a != keys_b:
+        only_a, only_b = sorted(keys_a - keys_b)[:3], sorted(keys_b - keys_a)[:3]
+        raise ResultsFormatError(f"{a.path} and {b.path} are not replays of the same jobs "
+                                 f"(turns only in the first: {only_a or 'none'}; only in the second: {only_b or 'none'})")
+    ta = a.turns.assign(ttft_s=a.turns["first_token_s"] - a.turns["arrival_s"], tpot_s=_tpot(a.turns))
+    tb = b.turns.assign(ttft_s=b.turns["first_token_s"] - b.turns["arrival_s"], tpot_s=_tpot(b.turns))
+    cols = ["job_id", "turn", "prompt_tokens", "ttft_s", "tpot_s", "hit_tokens", "num_preemptions", "arrival_s", "finish_s"]
+    joined = ta[cols].merge(tb[cols], on=["job_id", "turn"], suffixes=("_a", "_b"))
+    joined["ttft_rel_err"] = (joined["ttft_s_a"] - joined["ttft_s_b"]) / joined["ttft_s_b"]
+    joined["hit_diff_tokens"] = joined["hit_tokens_a"] - joined["hit_tokens_b"]
+    jobs = a.jobs[["job_id", "jct_s"]].merge(b.jobs[["job_id", "jct_s"]], on="job_id", suffixes=("_a", "_b"))
+    block = max(a.block_size, b.block_size)
+
+    def stat(series: pd.Series, how: str) -> float | None:
+        s = series.dropna().to_numpy(float)
+        if not len(s):
+            return None
+        return float(np.mean(s)) if how == "mean" else float(np.percentile(s, float(how[1:])))
+
+    rows = []
+    for name, col, how in (("JCT mean (s)", "jct", "mean"), ("JCT p50 (s)", "jct", "p50"), ("JCT p90 (s)", "jct", "p90"),
+                           ("TTFT mean (s)", "ttft", "mean"), ("TTFT p50 (s)", "ttft", "p50"),
+                           ("TTFT p90 (s)", "ttft", "p90"), ("TPOT mean (s)", "tpot", "mean"),
+                           ("TPOT p50 (s)", "tpot", "p50")):
+        src = jobs if col == "jct" else joined
+        va, vb = stat(src[f"{col}_s_a"], how), stat(src[f"{col}_s_b"], how)
+        rows.append({"metric": name, "a": va, "b": vb, "rel_err": _rel(va, vb)})
+    for name, col in (("prefix-hit tokens (sum)", "hit_tokens"), ("preemptions (sum)", "num_preemptions")):
+        va, vb = float(joined[f"{col}_a"].sum()), float(joined[f"{col}_b"].sum())
+        rows.append({"metric": name, "a": va, "b": vb, "rel_err": _rel(va, vb)})
+    prompt = float(joined["prompt_tokens_b"].sum())
+    ha, hb = float(joined["hit_tokens_a"].sum()) / prompt, float(joined["hit_tokens_b"].sum()) / prompt
+    rows.append({"metric": "prefix-hit rate", "a": ha, "b": hb, "rel_err": _rel(ha, hb)})
+    for label, idx in (("KV usage, time-weighted mean share", 0), ("KV usage, peak share", 1)):
+        va, vb = _kv_usage(a.steps)[idx], _kv_usage(b.steps)[idx]
+        rows.append({"metric": label, "a": va, "b": vb, "rel_err": _rel(va, vb)})
+    rows.append({"metric": "engine steps", "a": float(len(a.steps)), "b": float(len(b.steps)),
+                 "rel_err": _rel(float(len(a.steps)), float(len(b.steps)))})
+    rows.append({"metric": "step duration mean (s)", "a": stat(a.steps["dur_s"], "mean"), "b": stat(b.steps["dur_s"], "mean"),
+                 "rel_err": _rel(stat(a.steps["dur_s"], "mean"), stat(b.steps["dur_s"], "mean"))})
+    within_block = float((joined["hit_diff_tokens"].abs() <= block).mean())
+    return {
+        "a": {"path": str(a.path), "label": a.label}, "b": {"path": str(b.path), "label": b.label},
+        "num_jobs": int(len(jobs)), "num_turns": int(len(joined)), "block_size": block,
+        "metrics": rows,
+        "per_turn": {
+            "ttft_median_abs_rel_err": stat(joined["ttft_rel_err"].abs(), "p50"),
+            "hit_tokens_max_abs_diff": int(joined["hit_diff_tokens"].abs().max()) if len(joined) else 0,
+            "turns_hit_within_one_block": within_block,
+        },
+        "turns": joined,
+        "jobs": jobs,
+    }
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 1000 or (float(v).is_integer() and abs(v) >= 10):
+        return f"{v:,.0f}"
+    return f"{v:.3f}"
+
+
+def to_markdown(result: dict) -> str:
+    a, b = result["a"]["label"], result["b"]["label"]
+    lines = [f"| metric | {a} | {b} | rel. error |", "|---|---|---|---|"]
+    for r in result["metrics"]:
+        err = "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"
+        lines.append(f"| {r['metric']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {err} |")
+    pt = result["per_turn"]
+    lines += ["", f"{result['num_jobs']} jobs, {result['num_turns']} turns. Per turn: median |TTFT error| "
+              f"{_fmt(pt['ttft_median_abs_rel_err'] * 100 if pt['ttft_median_abs_rel_err'] is not None else None)} %; "
+              f"prefix-hit tokens within one block ({result['block_size']} tokens) on "
+              f"{pt['turns_hit_within_one_block']:.0%} of turns, largest difference {pt['hit_tokens_max_abs_diff']} tokens."]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out: str | Path, *, command: str | None = None) -> Path:
+    """comparison.json, comparison.md, turns.csv (joined), jobs.csv and comparison.png into ``out``."""
+    import os
+    import tempfile
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {k: v for k, v in result.items() if k not in ("turns", "jobs")} | {"command": command}
+
+    def atomic(name: str, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
+
+    atomic("comparison.json", json.dumps(doc, indent=2) + "\n")
+    atomic("comparison.md", (f"<!-- {command} -->\n" if command else "") + to_markdown(result))
+    atomic("turns.csv", result["turns"].to_csv(index=False))
+    atomic("jobs.csv", result["jobs"].to_csv(index=False))
+    _plot(result, out / "comparison.png")
+    return out
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    turns, jobs = result["turns"], result["jobs"]
+    a, b = result["a"]["label"], result["b"]["label"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, (xa, xb, title) in zip(axes, ((turns["ttft_s_b"], turns["ttft_s_a"], "TTFT per turn (s)"),
+                                          (jobs["jct_s_b"], jobs["jct_s_a"], "JCT per job (s)"),
+                                          (turns["hit_tokens_b"], turns["hit_tokens_a"], "prefix-hit tokens per turn"))):
+        ax.scatter(xa, xb, s=18, alpha=0.75)
+        hi = float(max(xa.max(), xb.max(), 1e-9)) * 1.05
+        ax.plot([0, hi], [0, hi], color="grey", lw=1, ls="--")
+        ax.set_xlim(0, hi)
+        ax.set_ylim(0, hi)
+        ax.set_xlabel(b)
+        ax.set_ylabel(a)
+        ax.set_title(title)
+    fig.suptitle(f"{a} vs {b}: {result['num_jobs']} jobs, {result['num_turns']} turns (dashed: equal)")
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

