@@ -45,6 +45,9 @@ class EngineConfig:
         fast_path: use the decode-group fast path (identical results; off only to test that).
         block_size: tokens per KV block (vLLM's GPU default 16; its CPU build uses 128 and needs a
             multiple of 32).
+        reserve_full_sequence: admit a waiting request only when the free blocks hold its whole
+            known sequence (vLLM's ``scheduler_reserve_full_isl``, on by default in vLLM 0.32);
+            False admits on its first chunk alone, as older vLLM did.
     """
 
     num_gpu_blocks: int
@@ -55,6 +58,7 @@ class EngineConfig:
     record_steps: bool = True
     fast_path: bool = True
     block_size: int = BLOCK_SIZE
+    reserve_full_sequence: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
@@ -412,7 +416,10 @@ class Engine:
                         break
                     new = pool.get_new_blocks(need)
                 if new is None:
-                    continue  # r itself was preempted; running[i] is now the next request
+                    # r itself was preempted (nothing else was left to preempt): like vLLM, stop
+                    # scheduling running requests for this step.
+                    reason = "no_blocks"
+                    break
                 r.blocks.extend(new)
             sreqs.append(r)
             sns.append(n)
@@ -421,6 +428,9 @@ class Engine:
                 nd += 1
                 dctx += c
             else:
+                # vLLM caches a request's full blocks when it allocates them (schedule time), so a
+                # request admitted later in this same pass can hit blocks this step computes.
+                self._cache_full_blocks(r, c + n)
                 pt += n
                 ps += 1
                 pctx += c
@@ -596,17 +606,20 @@ class Engine:
             is_async = bool(e) and policy.asynchronous_load
             n = 0 if is_async else min(r.num_tokens - c0, budget)
             need = -(-(c0 + n) // bs) - len(hit_blocks)
-            if need > pool.num_free_blocks:
+            # vLLM's admission gate (scheduler_reserve_full_isl, on by default): the free blocks must
+            # hold the request's whole known sequence, not only its first chunk.
+            gate = -(-r.num_tokens // bs) - len(hit_blocks) if self.config.reserve_full_sequence else need
+            if gate > pool.num_free_blocks:
                 return None
             if r.job_state.pin_blocks is None:
                 # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
                 # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
                 # that rejects a queue head retried every step without counting its whole prefix.
                 used_max = min(len(hit_blocks), r.job_state.job.system_tokens // bs)
-                if need + len(hit_blocks) - used_max > pool.num_free_blocks:
+                if gate + len(hit_blocks) - used_max > pool.num_free_blocks:
                     return None
             free_hits = pool.count_free(hit_blocks)  # touching takes them off the free queue
-            if need + free_hits > pool.num_free_blocks:
+            if gate + free_hits > pool.num_free_blocks:
                 return None
             r.hit_memo = None  # admitted: the blocks become the request's own
             self.queue.pop()
@@ -617,6 +630,8 @@ class Engine:
             r.pool_hit_tokens = min(c0, r.prompt_tokens) - r.hit_tokens
             r.prompt_computed_tokens = 0
             r.num_computed = h
+            if not is_async:
+                self._cache_full_blocks(r, c0 + n)  # at schedule time, as vLLM (see the running loop)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now_s
             load_s = 0.0
@@ -638,6 +653,7 @@ class Engine:
             self.queue.pop()
             if need > 0:
                 r.blocks.extend(pool.get_new_blocks(need))
+            self._cache_full_blocks(r, c0 + n)
             load_s = 0.0
         r.status = Status.RUNNING
         r.job_state.waiting_request = None
@@ -720,9 +736,10 @@ class Engine:
         r.status = Status.WAITING
         self.queue.prepend(r)
 
-    def _cache_full_blocks(self, r: Request) -> None:
-        """Give the request's newly full blocks their hashes (``BlockPool.cache_block`` semantics)."""
-        full = r.num_computed // self.block_size
+    def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None:
+        """Give the request's blocks that are full at ``num_tokens`` (default: its computed tokens)
+        their hashes (``BlockPool.cache_full_blocks`` semantics)."""
+        full = (r.num_computed if num_tokens is None else num_tokens) // self.block_size
         if full > r.num_cached_blocks:
             self.pool.cache_blocks(r.blocks, r.job_state.block_hashes(full), r.num_cached_blocks, full)
             r.num_cached_blocks = full

@@ -125,22 +125,33 @@ class PyBlockPool:
             ref[b] += 1
 
     def free_blocks(self, blocks: list[int], reverse: bool = False) -> None:
-        """Drop one reference per block; blocks reaching 0 join the free queue in list order
-        (``reverse``: last to first)."""
-        nxt_of, prv_of, ref, tail = self._next, self._prev, self._ref, self._tail
+        """Drop one reference per block (in list order; ``reverse``: last to first). As vLLM's
+        ``BlockPool.free_blocks``: a block reaching 0 with a hash joins the tail of the free queue
+        (evicted last, it may still be hit); one without a hash goes to the head (evicted first),
+        the hash-less blocks of one call keeping their order there."""
+        nxt_of, prv_of, ref, tail, head = self._next, self._prev, self._ref, self._tail, self._head
+        uncached = []
         for b in (reversed(blocks) if reverse else blocks):
             if ref[b] <= 0 or b == 0:
                 raise RuntimeError(f"free of block {b} with ref count {ref[b]}")
             ref[b] -= 1
             if ref[b] == 0:
+                self.num_free_blocks += 1
+                if self._hash[b] is None:
+                    uncached.append(b)
+                    continue
+                self.num_cached_free += 1
                 last = prv_of[tail]
                 nxt_of[last] = b
                 prv_of[b] = last
                 nxt_of[b] = tail
                 prv_of[tail] = b
-                self.num_free_blocks += 1
-                if self._hash[b] is not None:
-                    self.num_cached_free += 1
+        for b in reversed(uncached):
+            first = nxt_of[head]
+            nxt_of[head] = b
+            prv_of[b] = head
+            nxt_of[b] = first
+            prv_of[first] = b
 
     def count_free(self, blocks: list[int]) -> int:
         """How many of ``blocks`` have ref count 0 (touching them takes them off the free queue)."""

@@ -209,22 +209,37 @@ class BlockPool {
 
   // Drop one reference per block; blocks reaching 0 join the free queue in list order
   // (reverse=true: from the last block to the first, so a request's tail is evicted first).
+  // As vLLM's BlockPool.free_blocks: a block reaching ref count 0 with a hash joins the tail (evicted
+  // last: it may still be hit); one without a hash is worth nothing and goes to the head (evicted
+  // first), the hash-less blocks of one call keeping their order there.
   void free_blocks(const py::list& blocks, bool reverse) {
     const Py_ssize_t n = PyList_GET_SIZE(blocks.ptr());
+    uncached_.clear();
     for (Py_ssize_t j = 0; j < n; ++j) {
       int32_t b = id_at(blocks, reverse ? n - 1 - j : j);
       if (ref_[b] <= 0 || b == 0)
         throw std::runtime_error("free of block " + std::to_string(b) + " with ref count " +
                                  std::to_string(ref_[b]));
       if (--ref_[b] == 0) {
+        ++num_free_;
+        if (!has_hash_[b]) {
+          uncached_.push_back(b);
+          continue;
+        }
+        ++num_cached_free_;
         int32_t last = prev_[tail_];
         next_[last] = b;
         prev_[b] = last;
         next_[b] = tail_;
         prev_[tail_] = b;
-        ++num_free_;
-        if (has_hash_[b]) ++num_cached_free_;
       }
+    }
+    for (auto it = uncached_.rbegin(); it != uncached_.rend(); ++it) {
+      int32_t b = *it, first = next_[head_];
+      next_[head_] = b;
+      prev_[b] = head_;
+      next_[b] = first;
+      prev_[first] = b;
     }
   }
 
@@ -340,6 +355,7 @@ class BlockPool {
 
   int32_t n_, head_, tail_;
   std::vector<int32_t> ref_, prev_, next_;
+  std::vector<int32_t> uncached_;  // scratch of free_blocks (kept to avoid an allocation per call)
   std::vector<char> has_hash_;
   std::vector<int64_t> hash_;
   FlatMap cached_;

@@ -26,9 +26,12 @@ def run(jobs, num_blocks, policy, params=None, cost=0.01, **cfg):
 
 # Job "a": a 1600-token prompt, 16 output tokens (1615 computed -> 100 full blocks + 1 partial),
 # then a 1 s tool call and a second turn. While "a" waits for its tool, "b" runs and finishes
-# (its freed blocks go to the LRU tail *after* a's), then "c" needs 101 blocks. The pool has 250:
-#   fcfs:      free queue = 48 never-used blocks, a's 101 (tail first), b's 101 -> c evicts 53 of
-#              a's blocks, a keeps its first 48 -> turn 1 hits 48 * 16 = 768 tokens;
+# (its freed blocks go to the LRU tail *after* a's), then "c" needs 101 blocks. The pool has 250.
+# As in vLLM, a freed block without a hash (a's and b's partial last block) goes to the *head* of
+# the free queue, a block with one to the tail:
+#   fcfs:      free queue = b's partial, a's partial, 48 never-used blocks, a's 100 full (tail
+#              first), b's 100 -> c takes 50 + 51 of a's full blocks, a keeps its first 49 ->
+#              turn 1 hits 49 * 16 = 784 tokens;
 #   continuum: a's 101 blocks are pinned (TTL 5 s > 1 s gap) -> c takes b's blocks instead ->
 #              turn 1 hits all 100 full blocks = 1600 tokens.
 TTL_SCENARIO = [
@@ -44,13 +47,13 @@ def test_continuum_keeps_the_whole_prefix_across_a_short_tool_gap_fcfs_recompute
     a1_fcfs = next(t for t in fcfs if t["job_id"] == "a" and t["turn"] == 1)
     a1_cont = next(t for t in cont if t["job_id"] == "a" and t["turn"] == 1)
     assert a1_cont["hit_tokens"] == 1600 and a1_cont["computed_tokens"] == 1632 - 1600
-    assert a1_fcfs["hit_tokens"] == 768 and a1_fcfs["computed_tokens"] == 1632 - 768
+    assert a1_fcfs["hit_tokens"] == 784 and a1_fcfs["computed_tokens"] == 1632 - 784
 
 
 def test_continuum_pin_expires_when_the_tool_outlasts_the_ttl():
     _, cont, res = run(TTL_SCENARIO, 250, "continuum", {"ttl_rule": "fixed", "ttl_s": 0.2})
     a1 = next(t for t in cont if t["job_id"] == "a" and t["turn"] == 1)
-    assert a1["hit_tokens"] == 768  # pin released at its deadline (0.2 s < 1 s gap): like fcfs
+    assert a1["hit_tokens"] == 784  # pin released at its deadline (0.2 s < 1 s gap): like fcfs
     assert res.policy_stats["num_pin_expired"] == 1 and res.policy_stats["num_pin_hits"] == 0
 
 
@@ -98,7 +101,7 @@ def test_cpu_offload_load_waits_for_the_host_link():
     # The TTL scenario: c evicts 53 of a's GPU blocks; the host pool has them all (1 GiB).
     _, turns, res = run(TTL_SCENARIO, 250, "cpu-offload", {"cpu_gib": 1.0, "link_gbs": 1.0})
     a1 = next(t for t in turns if t["job_id"] == "a" and t["turn"] == 1)
-    assert a1["hit_tokens"] == 768 and a1["pool_hit_tokens"] == 1600 - 768
+    assert a1["hit_tokens"] == 784 and a1["pool_hit_tokens"] == 1600 - 784
     # 52 blocks x 2 MiB over 1 GB/s ~ 0.109 s of waiting before the first token
     load_s = 52 * 16 * 131072 / 1e9
     assert a1["ttft_s"] >= load_s
@@ -108,7 +111,7 @@ def test_lmcache_stores_only_full_chunks_and_retrieves_them():
     _, turns, res = run(TTL_SCENARIO, 250, "lmcache")
     a1 = next(t for t in turns if t["job_id"] == "a" and t["turn"] == 1)
     # a's turn-0 prompt (1600 tokens) -> 6 full 256-token chunks (1536 tokens) stored
-    assert a1["hit_tokens"] == 768 and a1["pool_hit_tokens"] == 1536 - 768
+    assert a1["hit_tokens"] == 784 and a1["pool_hit_tokens"] == 1536 - 784
     assert res.policy_stats["retrieved_chunks"] == 3  # chunks 3, 4, 5 (tokens 768..1535)
 
 
