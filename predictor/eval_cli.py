@@ -58,8 +58,6 @@ def register(sub) -> None:
 
 
 def _profile(args) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from gpubench.errors import ConfigError
     from predictor.config import load_model_config
     from predictor.profile import GRIDS, ProfileConfig, build_grid, run_profile
@@ -83,21 +81,26 @@ def _profile(args) -> int:
                        command=["gpubench"] + sys.argv[1:] if sys.argv and "gpubench" in sys.argv[0]
                        else ["gpubench", "profile", "--model", args.model, "--device", args.device,
                              "--grid", args.grid, "--out", str(args.out)])
-    with Progress(TextColumn("[bold]profile {task.fields[model]}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
-        task = bar.add_task("profile", total=None, model=cfg.name, point="")
-
-        def progress(done: int, total: int, key: str) -> None:
-            bar.update(task, completed=done, total=total, point=key)
-
-        rows = run_profile(cfg, pc, args.out, progress=progress)
+    rows = _with_progress("profile", cfg.name, "", lambda progress: run_profile(cfg, pc, args.out, progress=progress))
     print(f"{len(rows)} rows in {args.out}")
     return 0
 
 
-def _profile_vllm(args, cfg) -> int:
+def _with_progress(title: str, model: str, first: str, run):
+    """``run(progress)`` under a progress bar; ``progress(done, total, what)`` moves it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    with Progress(TextColumn(f"[bold]{title} {{task.fields[model]}}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
+        task = bar.add_task(title, total=None, model=model, point=first)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, point=what)
+
+        return run(progress)
+
+
+def _profile_vllm(args, cfg) -> int:
     from gpubench.errors import ConfigError
     from predictor.vllm_profile import (MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios,
                                         contention_summary, run_vllm_profile)
@@ -111,14 +114,8 @@ def _profile_vllm(args, cfg) -> int:
     pc = VllmProfileConfig(model=args.model, grid=args.grid, num_threads=args.threads or 2,
                            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs, command=["gpubench"] + sys.argv[1:])
-    with Progress(TextColumn("[bold]profile vllm {task.fields[model]}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
-        task = bar.add_task("profile", total=None, model=cfg.name, point="starting the engine")
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, point=what)
-
-        rows = run_vllm_profile(cfg, pc, args.out, progress=progress)
+    rows = _with_progress("profile vllm", cfg.name, "starting the engine",
+                          lambda progress: run_vllm_profile(cfg, pc, args.out, progress=progress))
     contended, total = contention_summary(rows)
     print(f"{total} engine-step rows in {args.out}")
     if contended:

@@ -198,6 +198,11 @@ def _device_name(dev) -> str:
 
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
+    return cpu_model_name()
+
+
+def cpu_model_name() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``), or what the platform module knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -29,7 +29,7 @@ from typing import Callable
 
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
-from predictor.profile import (SCHEMA_VERSION, GridPoint, point_features, read_rows, write_parquet)
+from predictor.profile import SCHEMA_VERSION, GridPoint, cpu_model_name, point_features, read_rows, write_parquet
 
 MIN_CPU_SHARE = 0.8
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU
@@ -180,7 +180,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
         raise ConfigError(f"--block-size {pc.block_size}: vLLM's CPU attention needs a multiple of 32")
     if pc.num_threads < 1 or pc.max_num_batched_tokens < 1 or pc.max_num_seqs < 1:
         raise ConfigError("--threads, --max-num-batched-tokens and --max-num-seqs must be >= 1")
-    python = env.require_env()
+    env.require_env()  # one line before anything starts when it is missing
     model_dir, real_weights, model_name = env.resolve_model(pc.model)
     grid = VLLM_GRIDS[pc.grid]
     scenarios = build_scenarios(grid, cfg, block_size=pc.block_size)
@@ -212,7 +212,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     facts = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
-        "device_name": _cpu_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
+        "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
         "num_threads": pc.num_threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
         "command": " ".join(pc.command), "engine": "vllm", "vllm_version": facts.get("vllm_version"),
         "block_size": facts.get("block_size", pc.block_size),
@@ -233,13 +233,3 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
 def contention_summary(rows: list[dict]) -> tuple[int, int]:
     """``(contended rows, rows)``."""
     return sum(1 for r in rows if r.get("contended")), len(rows)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
