@@ -88,7 +88,8 @@ def register(sub) -> None:
         "replay", help="replay agent jobs through a vLLM-like engine under a KV policy",
         description="Replay multi-turn agent jobs (a trace file or a synthetic workload with Poisson arrivals) "
                     "through a simulated vLLM V1 engine whose step times come from the predictor, under one "
-                    "KV-cache policy; write summary.json, steps.csv, turns.csv and jobs.csv to --out.",
+                    "KV-cache policy, or (--engine vllm) through a real vLLM engine in real time; write "
+                    "summary.json, steps.csv, turns.csv and jobs.csv to --out.",
         formatter_class=DefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
@@ -262,7 +263,12 @@ def print_summary(m: dict, config, out) -> None:
         ("jobs / turns", f"{m['num_jobs']} / {m['num_turns']}"),
         ("JCT mean / p50 / p90 / p99 (s)",
          " / ".join(f(m[k], "{:.1f}") for k in ("jct_mean_s", "jct_p50_s", "jct_p90_s", "jct_p99_s"))),
-        ("TTFT mean / p50 / p90 (s)", " / ".join(f(m[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s"))),
+        ("TTFT mean / p50 / p90 / p99 (s)",
+         " / ".join(f(m[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
+        ("TPOT mean / p50 / p90 / p99 (s)",
+         " / ".join(f(m.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s"))),
+        (f"goodput: turns within TTFT <= {m['slo']['ttft_s']:g} s and TPOT <= {m['slo']['tpot_s']:g} s",
+         f"{f(m['slo_turn_share'], '{:.1%}')} ({f(m['goodput_tok_per_s'], '{:.0f}')} tok/s)"),
         ("queueing delay mean / p90 (s)", " / ".join(f(m[k]) for k in ("queue_mean_s", "queue_p90_s"))),
         ("throughput (output tok/s)", f(m["output_tok_per_s"], "{:.0f}")),
         ("jobs/s", f(m["jobs_per_s"], "{:.4f}")),

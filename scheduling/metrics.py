@@ -9,6 +9,11 @@ Definitions (all over the whole replay):
   cache missed (so 1.0 means every GPU miss was found in the pool).
 - Throughput: output tokens and processed tokens (every scheduled token, recomputation included)
   per second of simulated time from the first arrival to the last finish; jobs/s likewise.
+- TPOT (time per output token, the turn's mean inter-token latency): (finish − first token) /
+  (output tokens − 1), over turns with at least two output tokens.
+- Goodput under an SLO (``SLO``: TTFT ≤ 2 s and TPOT ≤ 0.1 s by default, a common interactive
+  target; stated in the summary): the share of turns that meet both, and their output tokens per
+  second over the same span as the throughput.
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ def frames(res: EngineResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
     return steps, turns, jobs
 
 
+SLO_TTFT_S = 2.0
+SLO_TPOT_S = 0.1
+
+
 def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -38,6 +47,12 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
     """The metrics block of ``summary.json``."""
     jct = jobs["jct_s"].to_numpy(float)
     ttft = turns["ttft_s"].to_numpy(float)
+    steps_after_first = (turns["output_tokens"] - 1).to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot_all = (turns["finish_s"] - turns["first_token_s"]).to_numpy(float) / steps_after_first
+    tpot = tpot_all[steps_after_first > 0]
+    # A one-token turn has no inter-token time: it meets the TPOT target by definition.
+    meets = (ttft <= SLO_TTFT_S) & np.where(steps_after_first > 0, tpot_all <= SLO_TPOT_S, True)
     queue = turns["queue_s"].to_numpy(float)
     prompt = int(turns["prompt_tokens"].sum())
     hit = int(turns["hit_tokens"].sum())
@@ -53,6 +68,11 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
         "jct_mean_s": _mean(jct), "jct_p50_s": _pct(jct, 50), "jct_p90_s": _pct(jct, 90), "jct_p99_s": _pct(jct, 99),
         "ttft_mean_s": _mean(ttft), "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
         "ttft_p99_s": _pct(ttft, 99),
+        "tpot_mean_s": _mean(tpot), "tpot_p50_s": _pct(tpot, 50), "tpot_p90_s": _pct(tpot, 90),
+        "tpot_p99_s": _pct(tpot, 99),
+        "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
+        "slo_turn_share": float(meets.mean()) if len(meets) else None,
+        "goodput_tok_per_s": float(turns["output_tokens"].to_numpy()[meets].sum()) / span_s,
         "queue_mean_s": _mean(queue), "queue_p50_s": _pct(queue, 50), "queue_p90_s": _pct(queue, 90),
         "output_tok_per_s": output / span_s,
         "processed_tok_per_s": scheduled / span_s,

@@ -73,3 +73,19 @@ def test_compare_replay_cli_errors_are_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a replay directory" in proc.stderr
+
+
+def test_summary_has_tpot_percentiles_and_goodput():
+    from scheduling.metrics import SLO_TPOT_S, SLO_TTFT_S
+
+    jobs = with_poisson_arrivals(synthetic_jobs(4, seed=0, params=scaled_cpu_params()), 0.5, seed=0)
+    fast = run_replay(jobs, ReplayConfig(num_gpu_blocks=60, block_size=128, step_cost="constant:0.01"),
+                      step_cost=ConstantStepCost(0.01)).summary
+    slow = run_replay(jobs, ReplayConfig(num_gpu_blocks=60, block_size=128, step_cost="constant:0.2"),
+                      step_cost=ConstantStepCost(0.2)).summary
+    # Every decode step takes the constant: a turn's inter-token time is exactly that.
+    assert fast["tpot_p50_s"] == pytest.approx(0.01) and fast["tpot_p99_s"] == pytest.approx(0.01)
+    assert slow["tpot_mean_s"] == pytest.approx(0.2)
+    assert fast["slo"] == {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}
+    assert fast["slo_turn_share"] == 1.0 and fast["goodput_tok_per_s"] == pytest.approx(fast["output_tok_per_s"])
+    assert slow["slo_turn_share"] == 0.0 and slow["goodput_tok_per_s"] == 0.0  # 0.2 s > the 0.1 s TPOT target
