@@ -111,9 +111,9 @@ def _profile_vllm(args, cfg) -> int:
         return 0
     if args.out is None or args.out.suffix != ".parquet":
         raise ConfigError("profile: --out ROWS.parquet is required (or --list to print the scenarios)")
-    pc = VllmProfileConfig(model=args.model, grid=args.grid, num_threads=args.threads or 2,
+    pc = VllmProfileConfig(model=args.model, grid=args.grid, threads=2 if args.threads is None else args.threads,
                            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                           max_num_seqs=args.max_num_seqs, command=["gpubench"] + sys.argv[1:])
+                           max_num_seqs=args.max_num_seqs, command=("gpubench", *sys.argv[1:]))
     rows = _with_progress("profile vllm", cfg.name, "starting the engine",
                           lambda progress: run_vllm_profile(cfg, pc, args.out, progress=progress))
     contended, total = contention_summary(rows)

@@ -23,12 +23,13 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
+from vllmref.settings import EngineSettings
 from predictor.profile import SCHEMA_VERSION, GridPoint, cpu_model_name, point_features, read_rows, write_parquet
 
 MIN_CPU_SHARE = 0.8
@@ -59,16 +60,12 @@ VLLM_GRIDS = {
 }
 
 
-@dataclass
-class VllmProfileConfig:
-    model: str
+@dataclass(frozen=True)
+class VllmProfileConfig(EngineSettings):
+    """What ``profile --engine vllm`` runs: the engine settings, a model and a grid."""
+    model: str = "smollm2-135m"
     grid: str = "quick"
-    num_threads: int = 2
-    block_size: int = 128
-    max_num_batched_tokens: int = 4096
-    max_num_seqs: int = 256
-    seed: int = 0
-    command: list[str] = field(default_factory=list)
+    command: tuple[str, ...] = ()
 
 
 def _seg_unique(n: int) -> list:
@@ -176,10 +173,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
 
     if pc.grid not in VLLM_GRIDS:
         raise ConfigError(f"--grid '{pc.grid}': use one of {', '.join(VLLM_GRIDS)} with --engine vllm")
-    if pc.block_size < 32 or pc.block_size % 32:
-        raise ConfigError(f"--block-size {pc.block_size}: vLLM's CPU attention needs a multiple of 32")
-    if pc.num_threads < 1 or pc.max_num_batched_tokens < 1 or pc.max_num_seqs < 1:
-        raise ConfigError("--threads, --max-num-batched-tokens and --max-num-seqs must be >= 1")
+    pc.check()
     env.require_env()  # one line before anything starts when it is missing
     model_dir, real_weights, model_name = env.resolve_model(pc.model)
     grid = VLLM_GRIDS[pc.grid]
@@ -194,12 +188,9 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     done |= {k.split("|")[3] for k in done_keys if k.count("|") >= 4}
     todo = [s for s in scenarios if s["name"] not in done or s["name"] == "warmup"]
     if len(todo) > 1:  # more than the warm-up
-        max_len = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in todo for r in s["requests"])
-        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo, "engine": {
-            "model": str(model_dir), "real_weights": real_weights, "block_size": pc.block_size,
-            "max_num_batched_tokens": pc.max_num_batched_tokens, "max_num_seqs": pc.max_num_seqs,
-            "max_model_len": max(2048, 1 << math.ceil(math.log2(max_len + pc.block_size))),
-            "enable_prefix_caching": True, "seed": pc.seed}}
+        longest = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in todo for r in s["requests"])
+        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo,
+                "engine": pc.engine_spec(model_dir, real_weights=real_weights, longest_tokens=longest)}
         total = len(todo)
 
         def on_line(line: str) -> None:
@@ -207,13 +198,13 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
                 num, _, rest = line.partition(" ")
                 progress(int(num.split("/")[0]), total, rest)
 
-        records += env.run_worker("worker_profile", spec, threads=pc.num_threads, kv_cache_gib=grid.max_kv_gib,
+        records += env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
                                   on_line=on_line, out_path=partial)
     facts = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
         "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
-        "num_threads": pc.num_threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
+        "num_threads": pc.threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
         "command": " ".join(pc.command), "engine": "vllm", "vllm_version": facts.get("vllm_version"),
         "block_size": facts.get("block_size", pc.block_size),
         "token_budget": facts.get("max_num_batched_tokens", pc.max_num_batched_tokens),

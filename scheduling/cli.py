@@ -241,7 +241,7 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
         if not args.no_progress:
             console.print(f"  {line}")
 
-    result, _ = run_live_replay(jobs, config, progress=progress)
+    result = run_live_replay(jobs, config, progress=progress)
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
     print_summary(result.summary, config, out)

@@ -767,7 +767,7 @@ class Engine:
                 c += n
                 r.num_computed = c
                 r.num_admission_tokens += n
-                self._cache_full_blocks(r)
+                # (its full blocks were hashed when the scheduler allocated them)
                 if c < r.num_tokens:
                     continue  # a chunk of a longer prefill: nothing sampled yet
             r.num_output += 1

@@ -14,7 +14,6 @@ break reason in vLLM's FCFS scheduler: those columns are 0 or empty.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -27,30 +26,21 @@ from scheduling.metrics import summarize
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
 from scheduling.replay import ReplayResult
 from scheduling.traces import Job, job_to_dict
+from vllmref.settings import EngineSettings
 
 
 @dataclass(frozen=True)
-class LiveReplayConfig:
-    """Settings of the real engine (vLLM's CPU defaults where a default exists).
+class LiveReplayConfig(EngineSettings):
+    """The engine settings (:class:`vllmref.settings.EngineSettings`) plus what a live replay adds.
 
     Args:
         model: ``smollm2-135m`` (the real converted model) or any shipped config / config.json
             (random weights).
-        block_size: tokens per KV block (vLLM's CPU default 128; a multiple of 32).
         num_gpu_blocks: the KV pool in blocks (``num_gpu_blocks_override``): small enough to evict.
-        max_num_batched_tokens, max_num_seqs: scheduler limits (vLLM's CPU default budget 4096
-            for the offline engine; 256 sequences).
-        threads: OpenMP threads of the engine.
-        seed: seed of the prompt token ids.
     """
 
     model: str = "smollm2-135m"
-    block_size: int = 128
     num_gpu_blocks: int = 64
-    max_num_batched_tokens: int = 4096
-    max_num_seqs: int = 256
-    threads: int = 2
-    seed: int = 0
     engine: str = "vllm"
     policy: str = "fcfs"
 
@@ -60,11 +50,9 @@ class LiveReplayConfig:
 
 def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
     """Every setting and job checked before the engine starts (one line per problem)."""
-    if config.block_size < 32 or config.block_size % 32:
-        raise ConfigError(f"--block-size {config.block_size}: vLLM's CPU attention needs a multiple of 32")
-    for name in ("num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "threads"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+    config.check()
+    if config.num_gpu_blocks < 1:
+        raise ConfigError(f"--num-gpu-blocks must be >= 1, got {config.num_gpu_blocks}")
     if not jobs:
         raise ConfigError("no jobs to replay")
     pool_tokens = config.num_gpu_blocks * config.block_size
@@ -75,20 +63,18 @@ def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
 
 
 def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
-                    progress: Callable[[str], None] | None = None) -> tuple[ReplayResult, dict]:
-    """Replay ``jobs`` through the real engine; return the result and the worker's extra records."""
+                    progress: Callable[[str], None] | None = None) -> ReplayResult:
+    """Replay ``jobs`` through the real engine."""
     from predictor.config import load_model_config
     from vllmref import env
 
     validate(config, jobs)
     model_dir, real_weights, _ = env.resolve_model(config.model)
     cfg = load_model_config(config.model)
-    max_len = max(j.total_tokens() for j in jobs)
-    spec = {"vocab_size": cfg.vocab_size, "seed": config.seed, "jobs": [job_to_dict(j) for j in jobs], "engine": {
-        "model": str(model_dir), "real_weights": real_weights, "block_size": config.block_size,
-        "num_gpu_blocks": config.num_gpu_blocks, "max_num_batched_tokens": config.max_num_batched_tokens,
-        "max_num_seqs": config.max_num_seqs, "enable_prefix_caching": True, "seed": config.seed,
-        "max_model_len": max(2048, 1 << math.ceil(math.log2(max_len + config.block_size)))}}
+    spec = {"vocab_size": cfg.vocab_size, "seed": config.seed, "jobs": [job_to_dict(j) for j in jobs],
+            "engine": config.engine_spec(model_dir, real_weights=real_weights,
+                                         longest_tokens=max(j.total_tokens() for j in jobs),
+                                         num_gpu_blocks=config.num_gpu_blocks)}
     t0 = time.perf_counter()
     kv_gib = config.num_gpu_blocks * config.block_size * cfg.kv_bytes_per_token(4) / (1 << 30)
     records = env.run_worker("worker_replay", spec, threads=config.threads, kv_cache_gib=max(1.0, kv_gib * 1.25),
@@ -98,7 +84,7 @@ def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
 
 
 def result_from_records(records: list[dict], jobs: Sequence[Job], config: LiveReplayConfig, *,
-                        wall_s: float) -> tuple[ReplayResult, dict]:
+                        wall_s: float) -> ReplayResult:
     """The simulator's output tables from the worker's records."""
     engine = next((r for r in records if r["kind"] == "engine"), {})
     metrics = next((r for r in records if r["kind"] == "metrics"), {})
@@ -147,4 +133,4 @@ def result_from_records(records: list[dict], jobs: Sequence[Job], config: LiveRe
     summary["policy_params"] = {}
     summary["engine"] = engine
     summary["vllm_counters"] = {k: v for k, v in metrics.items() if k != "kind"}
-    return ReplayResult(config=config, summary=summary, steps=steps_df, turns=turns_df, jobs=jobs_df), metrics
+    return ReplayResult(config=config, summary=summary, steps=steps_df, turns=turns_df, jobs=jobs_df)

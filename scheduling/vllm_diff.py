@@ -94,10 +94,11 @@ def sim_steps(jobs: Sequence[Job], settings: DiffSettings, **engine_overrides) -
 def _spec(jobs: Sequence[Job], settings: DiffSettings) -> dict:
     from vllmref import env
 
+    from vllmref.settings import max_model_len
+
     model_dir, _, _ = env.resolve_model(settings.model)
-    max_len = max(j.total_tokens() for j in jobs)
     return {**asdict(settings), "model": str(model_dir), "jobs": [job_to_dict(j) for j in jobs],
-            "max_model_len": max(2048, 1 << math.ceil(math.log2(max_len + settings.block_size)))}
+            "max_model_len": max_model_len(max(j.total_tokens() for j in jobs), settings.block_size)}
 
 
 def vllm_steps_many(cases: Sequence[tuple[Sequence[Job], DiffSettings]]) -> list[list[StepRecord]]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 
-def fail(message: str) -> "None":
+def fail(message: str) -> NoReturn:
     """A user error: one line for the parent (``error: ...``), exit 2."""
     print(f"error: {message}", flush=True)
     sys.exit(2)

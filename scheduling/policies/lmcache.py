@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 from scheduling.policies.base import ExternalLoad, KVPolicy
-from scheduling.request import BLOCK_SIZE, Request
+from scheduling.request import Request
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class LMCachePolicy(KVPolicy):
     def __init__(self, params: LMCacheParams | None = None) -> None:
         super().__init__()
         self.p = params or LMCacheParams()
-        self._blocks_per_chunk = self.p.chunk_tokens // BLOCK_SIZE  # set again from the engine in attach()
+        self._blocks_per_chunk = 0  # known once attached: the engine sets the block size
         self._store: OrderedDict = OrderedDict()  # chunk key -> None, LRU first
         self._capacity_chunks = 0
         self._chunk_bytes = 0
