@@ -42,6 +42,7 @@ class SKU:
     patterns: tuple = ()
     s_floor_ms: float | None = None
     clock_droop: float | None = None
+    memory_total_mib: float | None = None  # what the driver reports (binary MiB); None: memory_gb
     source: dict = field(default_factory=dict)
 
     def peak_flops(self, dtype: str) -> float:
@@ -55,7 +56,17 @@ class SKU:
 
     @property
     def memory_bytes(self) -> float:
+        """Datasheet capacity in bytes (decimal GB)."""
         return self.memory_gb * 1e9
+
+    @property
+    def device_memory_bytes(self) -> float:
+        """Total memory as the driver reports it (``cudaMemGetInfo``): what an engine sizes its KV
+        cache from. Datasheet "80 GB" is 80 GiB of HBM less what the driver reserves (81,559 MiB on an
+        H100), not 80e9 bytes."""
+        if self.memory_total_mib is not None:
+            return self.memory_total_mib * (1 << 20)
+        return self.memory_bytes
 
     @property
     def l2_bytes(self) -> float:
@@ -90,6 +101,7 @@ def _from_entry(sku_id: str, e: dict) -> SKU:
         patterns=tuple(e.get("patterns", ())),
         s_floor_ms=e.get("s_floor_ms"),
         clock_droop=e.get("clock_droop"),
+        memory_total_mib=e.get("memory_total_mib"),
         source=dict(e.get("source", {})),
     )
 

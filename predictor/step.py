@@ -303,10 +303,13 @@ class StepModel:
         """Vectorized decode: step times (P,) for B sequences with ``context_sums`` cached tokens in total."""
         return self.predict_features(decode_features(batch_sizes, context_sums))
 
-    def predict_time(self, batch) -> float:
+    def predict_time(self, batch, *, async_scheduling: bool = False) -> float:
         """Total step time (s) of one batch, no breakdown: the scheduler's hot path (pure Python).
 
-        Same numbers as ``predict(batch).total_s``.
+        Same numbers as ``predict(batch).total_s``. With ``async_scheduling`` (vLLM V1's default on
+        GPUs since it schedules step n+1 while the device runs step n), the host term S(N) overlaps
+        the device work: a step takes ``max(device, host)`` instead of their sum. A CPU backend has
+        no device queue to overlap with, so there the flag changes nothing.
         """
         num_new = num_seqs = pairs = kv_tokens = 0
         for n, c in batch:
@@ -347,6 +350,8 @@ class StepModel:
         else:
             launch = max(0.0, self.launch_s - blocks)
         host = self.s_floor_s + self.s_slope_s * max(0.0, num_seqs - 1)
+        if async_scheduling and self.hardware.backend != "cpu":
+            return max(blocks + launch + sample, host)
         return blocks + launch + host + sample
 
     def predict_many(self, batches) -> np.ndarray:

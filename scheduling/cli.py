@@ -72,8 +72,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--activation-reserve-gib", type=float, default=2.0,
                    help="memory kept for activations and CUDA graphs (default 2 GiB)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="token budget per step (default 8192, vLLM's on large GPUs; 4096 with --engine vllm, its CPU default)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="most running requests (256)")
+                   help="token budget per step (default: what `vllm serve` picks for the SKU: 16384 on >= 160 GiB, "
+                        "8192 on H100/H200, 2048 on A100/L40S; 4096 with --engine vllm, its CPU default)")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most running requests (default: vllm serve's for the SKU: 1024 on H100/H200/B200, 256 otherwise)")
     g.add_argument("--block-size", type=int, default=None,
                    help="tokens per KV block (default 16, vLLM's GPU default; 128 with --engine vllm, its CPU default)")
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the computed KV pool size")
@@ -81,6 +83,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="'predictor' (predictor.StepModel, default) or 'constant:SECONDS'")
     g.add_argument("--calibration", default=None, help="calibration.json from gpubench fit (default: published)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="predict steps without CUDA graphs")
+    g.add_argument("--no-async-scheduling", action="store_true",
+                   help="add the host's per-step time to the device's instead of overlapping them "
+                        "(vLLM V1 schedules step n+1 while step n runs, on GPUs by default)")
 
 
 def register(sub) -> None:
@@ -94,8 +99,9 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
     src.add_argument("--synthetic", type=int, metavar="N", help="generate N synthetic SWE-agent jobs")
-    p.add_argument("--preset", default="swe", choices=("swe", "scaled-cpu"),
-                   help="synthetic agent: swe (the full-size software-engineering agent) or scaled-cpu "
+    p.add_argument("--preset", default="swe", choices=("swe", "swe-long", "scaled-cpu"),
+                   help="synthetic agent: swe (calibrated to public SWE-smith statistics: ~43 turns, ~142K "
+                        "prompt tokens per job), swe-long (contexts of tens of thousands of tokens) or scaled-cpu "
                         "(3-8 short turns, ~1 s tool gaps: what a real engine on 2 cores replays in minutes)")
     p.add_argument("--engine", default="sim", choices=("sim", "vllm"),
                    help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
@@ -160,9 +166,9 @@ def config_from_args(args: argparse.Namespace):
     return ReplayConfig(
         sku=args.sku, model=args.model or "llama-3.1-8b", policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
-        max_num_batched_tokens=args.max_num_batched_tokens or 8192, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
-        cuda_graphs=not args.no_cuda_graphs, seed=args.seed, block_size=args.block_size or 16)
+        cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed, block_size=args.block_size or 16)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -229,7 +235,7 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     config = LiveReplayConfig(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
                               num_gpu_blocks=given(args.num_gpu_blocks, 64),
                               max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
-                              max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed)
+                              max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed)
     jobs = load_jobs(args)
     validate(config, jobs)
     env.require_env()

@@ -12,8 +12,11 @@ Output directory (read by ``gpubench view``)::
     turns.csv      one row per turn (engine.TURN_COLUMNS)
     jobs.csv       one row per job (engine.JOB_COLUMNS)
 
-GPU KV pool: ``(SKU memory × gpu_memory_utilization − model weights − activation reserve) /
-(KV bytes per token × 16)`` blocks, bf16 weights and KV.
+GPU KV pool: ``(device memory × gpu_memory_utilization − model weights − activation reserve) /
+(KV bytes per token × block size)`` blocks, bf16 weights and KV, where device memory is the total
+the driver reports (binary MiB: 81,559 MiB on an H100 80GB), as vLLM reads it, not the datasheet's
+decimal GB. Token budget and max_num_seqs default to what ``vllm serve`` picks for the SKU's memory
+(:func:`vllm_server_defaults`).
 """
 from __future__ import annotations
 
@@ -47,12 +50,14 @@ class ReplayConfig:
         gpu_memory_utilization: share of GPU memory vLLM may use (vLLM default 0.9).
         activation_reserve_gib: memory kept for activations and CUDA graphs (vLLM profiles it;
             2 GiB is our estimate for 8B-class models at 8192 batched tokens).
-        max_num_batched_tokens, max_num_seqs: scheduler limits (vLLM V1 server defaults on
-            large GPUs: 8192 tokens; 256 sequences).
+        max_num_batched_tokens, max_num_seqs: scheduler limits; None (default) takes what
+            ``vllm serve`` picks for the SKU (:func:`vllm_server_defaults`).
         num_gpu_blocks: override the computed pool size (tests, what-if studies).
         step_cost: ``predictor`` (predictor.StepModel, memoized) or ``constant:SECONDS``.
         calibration: calibration.json for the predictor (None: published defaults, then spec).
         cuda_graphs: whether the predicted engine replays decode steps as CUDA graphs.
+        async_scheduling: vLLM V1's default on GPUs: the host schedules step n+1 while the device
+            runs step n, so the predicted host term overlaps device time (max, not sum).
         seed: the seed the jobs were made with (recorded; the engine itself draws nothing).
         record_steps: keep the step log.
         block_size: tokens per KV block (vLLM's GPU default 16; its CPU build 128).
@@ -64,12 +69,13 @@ class ReplayConfig:
     policy_params: dict = field(default_factory=dict)
     gpu_memory_utilization: float = 0.9
     activation_reserve_gib: float = 2.0
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
     num_gpu_blocks: int | None = None
     step_cost: str = "predictor"
     calibration: str | None = None
     cuda_graphs: bool = True
+    async_scheduling: bool = True
     seed: int = 0
     record_steps: bool = True
     block_size: int = BLOCK_SIZE
@@ -87,6 +93,25 @@ class ReplayResult:
     jobs: pd.DataFrame
 
 
+def vllm_server_defaults(sku: str) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` (V1, 0.32) picks on one GPU.
+
+    vLLM keys them on the driver-reported memory and the device name: at least 160 GiB (B200)
+    16384 / 1024; at least 70 GiB and not an A100 (H100, H200) 8192 / 1024; otherwise (A100s,
+    L40S, RTX 5090) 2048 / 256. (Its offline ``LLM`` class uses larger budgets; a replay models a
+    server.)
+    """
+    from gpubench import skus
+
+    s = skus.get(sku)
+    memory = s.device_memory_bytes
+    if memory >= 160 * GIB:
+        return 16384, 1024
+    if memory >= 70 * GIB and "a100" not in s.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
 def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
                    activation_reserve_gib: float = 2.0, block_size: int = BLOCK_SIZE) -> tuple[int, int, float]:
     """``(num_gpu_blocks, kv_bytes_per_token, host_link_gbs)`` for an SKU and model.
@@ -102,11 +127,11 @@ def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     kv_per_token = m.kv_bytes_per_token(DTYPE_BYTES)
-    usable = s.memory_bytes * gpu_memory_utilization - m.weight_bytes(DTYPE_BYTES) - activation_reserve_gib * GIB
+    usable = s.device_memory_bytes * gpu_memory_utilization - m.weight_bytes(DTYPE_BYTES) - activation_reserve_gib * GIB
     num_blocks = math.floor(usable / (kv_per_token * block_size)) if usable > 0 else 0
     if num_blocks < 1:
         raise ConfigError(f"{m.name} ({m.weight_bytes(DTYPE_BYTES) / 1e9:.1f} GB of bf16 weights) leaves no room for a "
-                          f"KV cache on {s.id} ({s.memory_gb} GB × {gpu_memory_utilization})")
+                          f"KV cache on {s.id} ({s.device_memory_bytes / GIB:.1f} GiB × {gpu_memory_utilization})")
     return num_blocks, kv_per_token, float(s.host_link_gbs or 32.0)
 
 
@@ -114,9 +139,10 @@ def engine_config(cfg: ReplayConfig) -> EngineConfig:
     num_blocks, kv_per_token, link_gbs = kv_pool_blocks(
         cfg.sku, cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization,
         activation_reserve_gib=cfg.activation_reserve_gib, block_size=cfg.block_size)
+    token_budget, max_seqs = vllm_server_defaults(cfg.sku)
     return EngineConfig(
         num_gpu_blocks=cfg.num_gpu_blocks if cfg.num_gpu_blocks is not None else num_blocks,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens or token_budget, max_num_seqs=cfg.max_num_seqs or max_seqs,
         kv_bytes_per_token=kv_per_token, host_link_gbs=link_gbs, record_steps=cfg.record_steps,
         block_size=cfg.block_size)
 
@@ -136,7 +162,8 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
     ecfg = engine_config(config)
     policy = make_policy(config.policy, config.policy_params)
     cost = step_cost or make_step_cost(config.step_cost, sku=config.sku, model=config.model,
-                                       calibration=config.calibration, cuda_graphs=config.cuda_graphs)
+                                       calibration=config.calibration, cuda_graphs=config.cuda_graphs,
+                                       async_scheduling=config.async_scheduling)
     res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
     steps, turns, jobs_df = frames(res)
     summary = summarize(res, turns, jobs_df)

@@ -146,9 +146,9 @@ class PredictorStepCost(StepCost):
     _SHARED_MAX = 8
 
     def __init__(self, sku: str, model: str, *, calibration: str | None = None, cuda_graphs: bool = True,
-                 step_model=None) -> None:
+                 async_scheduling: bool = True, step_model=None) -> None:
         if step_model is None:
-            names = (sku, model, calibration, cuda_graphs)
+            names = (sku, model, calibration, cuda_graphs, async_scheduling)
             shared = self._SHARED.get(names)
             if shared is None:
                 from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
@@ -163,6 +163,7 @@ class PredictorStepCost(StepCost):
         else:
             memo = {}
         self.sku, self.model_name = sku, model
+        self.async_scheduling = async_scheduling
         self._model = step_model
         self._memo: dict[tuple, float] = memo
         self.num_predictor_calls = 0
@@ -194,23 +195,24 @@ class PredictorStepCost(StepCost):
         if nd:
             batch.extend([(1, dctx // nd)] * nd)
         self.num_predictor_calls += 1
-        return float(self._model.predict_time(batch))
+        return float(self._model.predict_time(batch, async_scheduling=self.async_scheduling))
 
     @property
     def memo_size(self) -> int:
         return len(self._memo)
 
     def describe(self) -> str:
-        return f"predictor:{self.sku}:{self.model_name}"
+        return f"predictor:{self.sku}:{self.model_name}" + ("" if self.async_scheduling else ":sync")
 
 
 def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None = None,
-                   cuda_graphs: bool = True) -> StepCost:
+                   cuda_graphs: bool = True, async_scheduling: bool = True) -> StepCost:
     """Build a step cost from a picklable spec: ``predictor`` or ``constant:SECONDS``."""
     from gpubench.errors import ConfigError
 
     if spec == "predictor":
-        return PredictorStepCost(sku, model, calibration=calibration, cuda_graphs=cuda_graphs)
+        return PredictorStepCost(sku, model, calibration=calibration, cuda_graphs=cuda_graphs,
+                                 async_scheduling=async_scheduling)
     if spec.startswith("constant:"):
         try:
             return ConstantStepCost(float(spec.split(":", 1)[1]))

@@ -393,7 +393,7 @@ def parse_assignments(items: Iterable[str], policies: Sequence[str]) -> tuple[di
 # --------------------------------------------------------------------------------------------
 
 def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int = 400, seed: int = 0,
-                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2e9) -> dict[str, float]:
+                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2 * (1 << 30)) -> dict[str, float]:
     """Back-of-envelope arrival rates (jobs/s) at which a SKU saturates on the synthetic agents.
 
     * ``kv_jps``: Little's law on KV memory. A job holds its context (prompt + output so far)
@@ -405,21 +405,22 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
       whole context every step, so larger batches buy little on these long contexts.
     * ``job_s``: unloaded mean job duration (tool gaps + generation).
 
-    The KV pool here is ``memory × utilization − weights − reserve`` (close to, not exactly, the
-    engine's own accounting).
+    The KV pool is the replay's own (``scheduling.replay.kv_pool_blocks``).
     """
     import numpy as np
 
-    from gpubench import skus as sku_table
     from predictor import StepModel, load_model_config
+    from scheduling.replay import kv_pool_blocks
+    from scheduling.request import BLOCK_SIZE
     from scheduling.traces import synthetic_jobs
 
     cfg = load_model_config(model)
-    hw = sku_table.get(sku)
     step = StepModel.for_names(sku=sku, model=model)
     t_decode_s = float(step.predict([(1, 15000)] * 8).total_s)
     t_prefill_per_token_s = float(step.predict([(2048, 15000)]).total_s) / 2048
-    kv_tokens = (hw.memory_bytes * gpu_memory_utilization - cfg.weight_bytes(2) - reserve_bytes) / cfg.kv_bytes_per_token(2)
+    num_blocks, _, _ = kv_pool_blocks(sku, model, gpu_memory_utilization=gpu_memory_utilization,
+                                      activation_reserve_gib=reserve_bytes / (1 << 30), block_size=BLOCK_SIZE)
+    kv_tokens = num_blocks * BLOCK_SIZE
     demand, duration, outputs = [], [], []
     for job in synthetic_jobs(num_jobs, seed):
         integral = t_total = 0.0

@@ -41,7 +41,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from scheduling.traces import DEFAULT_TOOL_MODELS, Job, ToolTimeModel, Turn, val
 
 __all__ = [
     "load_swesmith", "trajectory_to_job", "tool_class", "estimate_tokens", "get_token_counter",
-    "sample_trajectories", "write_sample", "MESSAGE_OVERHEAD_TOKENS", "TOOL_CLASSES", "SAMPLE_PATH",
+    "sample_trajectories", "write_sample", "generate_trajectories", "write_trajectories", "MESSAGE_OVERHEAD_TOKENS", "TOOL_CLASSES", "SAMPLE_PATH",
 ]
 
 CHARS_PER_TOKEN = 4.0
@@ -449,6 +449,111 @@ def sample_trajectories(seed: int = 0) -> list[dict]:
                 "traj_id": f"{instance}.{layout}", "patch": "diff --git a/src/pkg/core.py b/src/pkg/core.py\n",
             })
     return rows
+
+
+# A command an agent of each duration class plausibly runs, per layout's way of spelling it.
+_CLASS_COMMANDS: dict[str, tuple[str, str]] = {
+    # class: (function name, command)
+    "view": ("str_replace_editor", "view /testbed/src/pkg/core.py"),
+    "search": ("bash", "grep -rn 'def parse' src/"),
+    "edit": ("str_replace_editor", "str_replace /testbed/src/pkg/core.py"),
+    "bash": ("bash", "./run_checks.sh"),
+    "test": ("bash", "pytest tests/test_core.py -x -q"),
+    "python": ("bash", "python reproduce.py"),
+    "submit": ("submit", ""),
+}
+
+
+def _chars_for(num_tokens: int, *, taken: int = 0) -> int:
+    """Characters of filler that make a message of ``num_tokens`` under the estimate, given
+    ``taken`` characters already in it (the message's own markup)."""
+    return max(1, int(CHARS_PER_TOKEN * max(1, num_tokens - MESSAGE_OVERHEAD_TOKENS)) - taken)
+
+
+def _assistant_message(layout: str, tool_class_name: str | None, num_tokens: int, rng: np.random.Generator,
+                       call_id: str, content: Callable[[str], Any]) -> dict:
+    if tool_class_name is None:  # the last turn: a final answer, no call
+        return {"role": "assistant", "content": content(_filler(rng, _chars_for(num_tokens))), "message_type": "action"}
+    fn, command = _CLASS_COMMANDS[tool_class_name]
+    if layout == "tool":
+        args = json.dumps({"command": command} if command else {})
+        return {"role": "assistant", "content": content(_filler(rng, _chars_for(num_tokens, taken=len(args)))),
+                "message_type": "action",
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": fn, "arguments": args}}]}
+    if layout == "ticks":
+        call = f"\n\n```bash\n{command or fn}\n```"
+    else:  # xml
+        param = f"<parameter=command>{command}</parameter>" if command else ""
+        call = f"\n\n<function={fn}>\n{param}\n</function>"
+    return {"role": "assistant", "content": content(_filler(rng, _chars_for(num_tokens, taken=len(call))) + call),
+            "message_type": "action"}
+
+
+def generate_trajectories(num_jobs: int, seed: int = 0, params=None) -> Iterator[dict]:
+    """``num_jobs`` rows in the SWE-smith layout whose lengths follow the synthetic agent.
+
+    Each row renders one job of ``synthetic_jobs(num_jobs, seed, params)`` (default: the agent
+    calibrated to public SWE-smith statistics) as a conversation: a system prompt shared by the
+    job's prefix group, the task, then per turn an assistant message (its text and tool call as
+    long as the turn's output under the ``estimate`` token count) and the observation (as long as
+    the next turn's input). Layouts cycle tool, ticks, xml; odd rows use list-of-parts content. The
+    tool call names a command of the turn's duration class, so loading the file draws tool times
+    from the same models. Message text is filler: only lengths, roles and calls are real.
+    """
+    from scheduling.traces import synthetic_jobs
+
+    jobs = synthetic_jobs(num_jobs, seed, params, id_prefix="swesmith")
+    system_texts: dict[str, str] = {}
+    for i, job in enumerate(jobs):
+        layout = ("tool", "ticks", "xml")[i % 3]
+        parts = bool(i % 2)
+
+        def content(text: str, parts=parts) -> Any:
+            return [{"type": "text", "text": text}] if parts else text
+
+        rng = np.random.default_rng([int(seed), 7, i])
+        if job.prefix_group not in system_texts:
+            group_rng = np.random.default_rng([int(seed), 8, len(system_texts)])
+            system_texts[job.prefix_group] = _SYSTEM_PROMPT + _filler(
+                group_rng, _chars_for(job.system_tokens, taken=len(_SYSTEM_PROMPT)))
+        messages: list[dict] = [{"role": "system", "content": content(system_texts[job.prefix_group]),
+                                 "message_type": "system_prompt"}]
+        for k, turn in enumerate(job.turns):
+            if turn.input_tokens > MESSAGE_OVERHEAD_TOKENS:
+                role = "tool" if layout == "tool" and k > 0 else "user"
+                obs = {"role": role, "content": content(_filler(rng, _chars_for(turn.input_tokens))),
+                       "message_type": "observation"}
+                if role == "tool":
+                    obs["tool_call_id"] = f"call_{k - 1}"
+                messages.append(obs)
+            messages.append(_assistant_message(layout, None if turn.tool is None else tool_class(turn.tool),
+                                               turn.output_tokens, rng, f"call_{k}", content))
+        instance = f"synthetic__repo.{i:05d}__seed{seed}"
+        yield {"messages": json.dumps(messages), "instance_id": instance, "resolved": bool(rng.random() < 0.5),
+               "model": f"synthetic-{layout}", "traj_id": f"{instance}.{layout}", "patch": ""}
+
+
+def write_trajectories(path: str | Path, rows: Iterable[dict]) -> Path:
+    """Write rows as JSONL, or parquet for a ``.parquet`` path, atomically (a temporary file, then
+    a rename), so an interrupted write never leaves a partial file behind."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if path.suffix == ".parquet":
+            import pandas as pd
+
+            pd.DataFrame(list(rows)).to_parquet(tmp, index=False)
+        else:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def write_sample(path: str | Path = SAMPLE_PATH, seed: int = 0) -> Path:

@@ -34,7 +34,8 @@ from gpubench.errors import TraceFormatError
 __all__ = [
     "Turn", "Job", "SyntheticParams", "ToolTimeModel", "DEFAULT_TOOL_MODELS",
     "load_trace", "save_trace", "job_from_dict", "job_to_dict", "validate_job",
-    "with_poisson_arrivals", "synthetic_jobs", "trace_stats", "scaled_cpu_params", "PRESETS",
+    "with_poisson_arrivals", "synthetic_jobs", "trace_stats", "scaled_cpu_params", "long_context_params",
+    "PRESETS", "SWE_SMITH_TARGETS",
 ]
 
 
@@ -300,16 +301,28 @@ class ToolTimeModel:
         return np.minimum(body, self.max_s)
 
 
-# Per-tool duration models. Medians between 0.1 and 0.6 s as public agent traces show; `test` and
-# `bash` carry the tail of minute-long runs (test suites, builds, installs).
+# Per-tool duration models. Bodies: lognormal medians between 0.1 and 0.6 s, as public agent traces
+# show for tool calls. Tails: a few calls of `test`, `bash` and `python` run for 1-10 minutes (test
+# suites, builds, installs); they are rare (0.5-2 % of calls) but hold about half of all tool time,
+# the "large share of tool time in calls of 1-10 minutes" the same traces report, while the mean
+# call stays near 1 s (so a 43-turn job waits ~45 s on tools, not minutes).
 DEFAULT_TOOL_MODELS: dict[str, ToolTimeModel] = {
     "view": ToolTimeModel(median_s=0.10, sigma=0.6),
-    "search": ToolTimeModel(median_s=0.25, sigma=0.8, tail_prob=0.01, tail_scale_s=5.0),
+    "search": ToolTimeModel(median_s=0.25, sigma=0.8, tail_prob=0.005, tail_scale_s=5.0),
     "edit": ToolTimeModel(median_s=0.12, sigma=0.5),
+    "bash": ToolTimeModel(median_s=0.40, sigma=1.0, tail_prob=0.005, tail_scale_s=60.0, tail_alpha=1.5, max_s=600.0),
+    "test": ToolTimeModel(median_s=0.60, sigma=1.0, tail_prob=0.02, tail_scale_s=60.0, tail_alpha=1.5, max_s=600.0),
+    "python": ToolTimeModel(median_s=0.50, sigma=1.0, tail_prob=0.005, tail_scale_s=60.0, tail_alpha=1.5, max_s=600.0),
+    "submit": ToolTimeModel(median_s=0.20, sigma=0.4),
+}
+# The tool models of the long-context agent (`swe-long`): heavier tails (5-15 % of bash/test/python
+# calls past 20-30 s, clipped at 15 minutes).
+LONG_TOOL_MODELS: dict[str, ToolTimeModel] = {
+    **DEFAULT_TOOL_MODELS,
+    "search": ToolTimeModel(median_s=0.25, sigma=0.8, tail_prob=0.01, tail_scale_s=5.0),
     "bash": ToolTimeModel(median_s=0.40, sigma=1.2, tail_prob=0.05, tail_scale_s=20.0, tail_alpha=1.3),
     "test": ToolTimeModel(median_s=0.60, sigma=1.3, tail_prob=0.15, tail_scale_s=30.0, tail_alpha=1.2),
     "python": ToolTimeModel(median_s=0.50, sigma=1.2, tail_prob=0.06, tail_scale_s=20.0, tail_alpha=1.3),
-    "submit": ToolTimeModel(median_s=0.20, sigma=0.4),
 }
 DEFAULT_TOOL_MIX: dict[str, float] = {
     "view": 0.28, "bash": 0.22, "edit": 0.20, "search": 0.12, "test": 0.10, "python": 0.08,
@@ -319,6 +332,11 @@ DEFAULT_TOOL_MIX: dict[str, float] = {
 @dataclass(frozen=True)
 class SyntheticParams:
     """Distributions of the synthetic software-engineering agent (all seeded; see docs/traces.md).
+
+    The defaults are calibrated to public SWE-smith trajectory statistics (per job: median 43
+    turns, ~142K prompt tokens summed over its turns, ~1.1K output tokens, so input:output ~131:1)
+    and to public agent traces for tool times (medians 0.1-0.6 s, a heavy tail);
+    :func:`long_context_params` is an agent whose contexts reach tens of thousands of tokens.
 
     Turns per job: negative binomial with mean ``turns_mean`` and dispersion ``turns_dispersion``
     (variance = mean + mean²/dispersion), clipped to [``turns_min``, ``turns_max``].
@@ -333,22 +351,22 @@ class SyntheticParams:
     last turn has no tool; with ``end_with_submit`` the turn before it calls ``submit``.
     """
 
-    turns_mean: float = 38.0
+    turns_mean: float = 47.0
     turns_dispersion: float = 3.0
     turns_min: int = 3
     turns_max: int = 120
     num_prefix_groups: int = 4
-    system_tokens_min: int = 2000
-    system_tokens_max: int = 5000
-    task_tokens_median: float = 600.0
+    system_tokens_min: int = 600
+    system_tokens_max: int = 1400
+    task_tokens_median: float = 350.0
     task_sigma: float = 0.5
-    obs_tokens_median: float = 350.0
-    obs_sigma: float = 1.0
-    obs_tokens_min: int = 20
+    obs_tokens_median: float = 36.0
+    obs_sigma: float = 1.1
+    obs_tokens_min: int = 4
     obs_tokens_max: int = 12000
-    out_tokens_median: float = 170.0
-    out_sigma: float = 0.5
-    out_tokens_min: int = 8
+    out_tokens_median: float = 22.0
+    out_sigma: float = 0.6
+    out_tokens_min: int = 4
     out_tokens_max: int = 2000
     tool_mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TOOL_MIX))
     tool_models: dict[str, ToolTimeModel] = field(default_factory=lambda: dict(DEFAULT_TOOL_MODELS))
@@ -376,7 +394,20 @@ def scaled_cpu_params() -> SyntheticParams:
                            tool_models={**DEFAULT_TOOL_MODELS, **quick})
 
 
-PRESETS = {"swe": SyntheticParams, "scaled-cpu": scaled_cpu_params}
+def long_context_params() -> SyntheticParams:
+    """A long-context software-engineering agent: ~5x the default's summed prompt per job.
+
+    System prompts of 2-5K tokens, observations of ~350 tokens (p90 ~1.3K), outputs of ~170
+    tokens and heavier tool tails (:data:`LONG_TOOL_MODELS`): contexts reach a median of ~29K
+    tokens per job (tails past 100K), the regime of agents that read whole files. This was the
+    project's default before the defaults were calibrated to SWE-smith.
+    """
+    return SyntheticParams(turns_mean=38.0, system_tokens_min=2000, system_tokens_max=5000, task_tokens_median=600.0,
+                           obs_tokens_median=350.0, obs_sigma=1.0, obs_tokens_min=20, out_tokens_median=170.0,
+                           out_sigma=0.5, out_tokens_min=8, tool_models=dict(LONG_TOOL_MODELS))
+
+
+PRESETS = {"swe": SyntheticParams, "swe-long": long_context_params, "scaled-cpu": scaled_cpu_params}
 
 
 def _lognormal_int(rng: np.random.Generator, median: float, sigma: float, size: int, lo: int, hi: int) -> np.ndarray:
@@ -429,6 +460,18 @@ def synthetic_jobs(n: int, seed: int, params: SyntheticParams | None = None, *, 
     return jobs
 
 
+# Public SWE-smith trajectory statistics the default agent is calibrated to (per job: turns, prompt
+# tokens summed over its turns, output tokens, their ratio) and the public tool-time medians.
+SWE_SMITH_TARGETS: dict[str, tuple[float, float]] = {
+    # statistic of trace_stats: (low, high) of what the public statistics give
+    "turns_median": (40.0, 46.0),                      # ~43 turns per trajectory
+    "job_prompt_tokens_median": (125_000.0, 160_000.0),  # ~142K prompt tokens summed per job
+    "job_output_tokens_median": (950.0, 1_250.0),      # ~1.1K output tokens per job
+    "job_input_to_output_median": (115.0, 150.0),      # ~131 : 1
+    "tool_s_median": (0.1, 0.6),                       # tool-call medians 0.1-0.6 s
+}
+
+
 def trace_stats(jobs: Sequence[Job]) -> dict[str, float]:
     """Summary statistics of a trace (turns, tokens, tool times) for docs and sanity checks."""
     turns = np.array([j.num_turns for j in jobs])
@@ -439,9 +482,16 @@ def trace_stats(jobs: Sequence[Job]) -> dict[str, float]:
     total_in = sum(j.system_tokens + sum(t.input_tokens for t in j.turns) for j in jobs)
     prompt_sum = sum(j.prompt_tokens(k) for j in jobs for k in range(j.num_turns))
     long_gap_share = float(gaps[gaps >= 60].sum() / gaps.sum()) if gaps.sum() > 0 else 0.0
+    per_job_prompt = np.array([sum(j.prompt_tokens(k) for k in range(j.num_turns)) for j in jobs])
+    per_job_output = np.array([sum(t.output_tokens for t in j.turns) for j in jobs])
+    per_job_tool = np.array([sum(t.tool_s for t in j.turns) for j in jobs])
     return {
         "num_jobs": len(jobs),
         "turns_median": float(np.median(turns)), "turns_mean": float(turns.mean()),
+        "job_prompt_tokens_median": float(np.median(per_job_prompt)),
+        "job_output_tokens_median": float(np.median(per_job_output)),
+        "job_input_to_output_median": float(np.median(per_job_prompt / per_job_output)),
+        "job_tool_s_mean": float(per_job_tool.mean()), "tool_s_mean": float(gaps.mean()),
         "turns_min": int(turns.min()), "turns_max": int(turns.max()),
         "obs_tokens_median": float(np.median(ins)), "obs_tokens_p90": float(np.percentile(ins, 90)),
         "out_tokens_median": float(np.median(outs)), "out_tokens_mean": float(outs.mean()),

@@ -1,5 +1,5 @@
 """The engine on hand-checkable scenarios and invariants (real engine, constant/table step costs)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import pytest
@@ -8,7 +8,7 @@ from gpubench.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig, Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
-from scheduling.traces import Job, SyntheticParams, Turn, synthetic_jobs, with_poisson_arrivals
+from scheduling.traces import Job, SyntheticParams, Turn, long_context_params, synthetic_jobs, with_poisson_arrivals
 
 
 def job(job_id, turns, *, system=0, group=None, arrival=0.0):
@@ -27,9 +27,10 @@ def run(jobs, num_blocks, policy="fcfs", params=None, cost=0.01, **cfg):
 
 
 def small_workload(n=12, seed=3, jps=4.0):
-    params = SyntheticParams(turns_mean=5, turns_min=2, turns_max=8, system_tokens_min=300, system_tokens_max=600,
-                             obs_tokens_median=120, obs_tokens_max=800, out_tokens_median=30, out_tokens_max=80,
-                             task_tokens_median=200)
+    # The long-context agent's shapes (sigmas, minimums, tool tails), shrunk to a few short turns.
+    params = replace(long_context_params(), turns_mean=5, turns_min=2, turns_max=8, system_tokens_min=300,
+                     system_tokens_max=600, obs_tokens_median=120, obs_tokens_max=800, out_tokens_median=30,
+                     out_tokens_max=80, task_tokens_median=200)
     return with_poisson_arrivals(synthetic_jobs(n, seed=seed, params=params), jps, seed=seed)
 
 

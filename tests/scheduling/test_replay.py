@@ -25,7 +25,9 @@ def jobs(n=5, seed=1):
 
 def test_kv_pool_blocks_formula():
     s, m = skus.get("h100-sxm"), load_model_config("llama-3.1-8b")
-    expect = math.floor((s.memory_bytes * 0.9 - m.weight_bytes(2) - 2 * 2**30) / (m.kv_bytes_per_token(2) * 16))
+    # The driver-reported total in binary MiB (81,559 MiB on an H100 80GB), as vLLM reads it.
+    assert s.device_memory_bytes == 81559 * 2**20
+    expect = math.floor((81559 * 2**20 * 0.9 - m.weight_bytes(2) - 2 * 2**30) / (m.kv_bytes_per_token(2) * 16))
     blocks, kv_per_token, link = kv_pool_blocks("h100-sxm", "llama-3.1-8b")
     assert blocks == expect and kv_per_token == m.kv_bytes_per_token(2) and link == s.host_link_gbs
     # more memory -> more blocks; a 70B model in bf16 does not fit a 40 GB card
@@ -107,3 +109,31 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_token_budget_and_max_num_seqs_follow_vllm_serve_defaults():
+    from scheduling.replay import engine_config, vllm_server_defaults
+
+    # vllm serve keys its defaults on driver-reported memory and the device name.
+    assert vllm_server_defaults("b200") == (16384, 1024)
+    assert vllm_server_defaults("h100-sxm") == vllm_server_defaults("h200") == (8192, 1024)
+    assert vllm_server_defaults("a100-80") == (2048, 256)  # >= 70 GiB, but an A100
+    assert vllm_server_defaults("l40s") == vllm_server_defaults("a100-40") == (2048, 256)
+    ecfg = engine_config(ReplayConfig(sku="l40s"))
+    assert (ecfg.max_num_batched_tokens, ecfg.max_num_seqs) == (2048, 256)
+    ecfg = engine_config(ReplayConfig(sku="l40s", max_num_batched_tokens=4096, max_num_seqs=64))
+    assert (ecfg.max_num_batched_tokens, ecfg.max_num_seqs) == (4096, 64)
+
+
+def test_async_scheduling_overlaps_host_time_on_gpus():
+    from predictor import StepModel
+
+    model = StepModel.for_names(sku="h100-sxm", model="llama-3.1-8b")
+    batch = [(1, 2000)] * 4
+    parts = model.predict(batch)
+    device_s = parts.total_s - parts.host_s
+    assert model.predict_time(batch) == pytest.approx(parts.total_s)
+    assert model.predict_time(batch, async_scheduling=True) == pytest.approx(max(device_s, parts.host_s))
+    assert model.predict_time(batch, async_scheduling=True) < model.predict_time(batch)
+    cpu = StepModel.for_names(sku="cpu", model="smollm2-135m")  # no device queue to overlap with
+    assert cpu.predict_time(batch, async_scheduling=True) == cpu.predict_time(batch)
