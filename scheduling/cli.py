@@ -21,8 +21,10 @@ POLICY_OPTIONS = {
     "prior_mean_s": ("continuum", "prior_mean_s"),
     "cpu_gib": ("cpu-offload", "cpu_gib"),
     "offload_link_gbs": ("cpu-offload", "link_gbs"),
+    "offload_store": ("cpu-offload", "store"),
+    "offload_transfer_latency_ms": ("cpu-offload", "transfer_latency_s"),
     "lmcache_chunk_tokens": ("lmcache", "chunk_tokens"),
-    "lmcache_cpu_gb": ("lmcache", "cpu_gb"),
+    "lmcache_cpu_gib": ("lmcache", "cpu_gib"),
     "lmcache_store_chunk_ms": ("lmcache", "store_chunk_s"),
     "lmcache_retrieve_chunk_ms": ("lmcache", "retrieve_chunk_s"),
 }
@@ -30,7 +32,7 @@ POLICY_OPTIONS = {
 
 def add_policy_options(p: argparse.ArgumentParser) -> None:
     """Policy parameters (each applies to one policy; unset means the policy's default)."""
-    g = p.add_argument_group("continuum options")
+    g = p.add_argument_group("continuum options (also continuum-offload)")
     g.add_argument("--ttl-rule", choices=("fixed", "tool-mean", "expected-benefit"), default=None,
                    help="how long to pin a job's KV across a tool call (default: expected-benefit)")
     g.add_argument("--ttl-s", type=float, default=None, help="TTL of the fixed and tool-mean rules (default 2.0)")
@@ -39,12 +41,17 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float, default=None, help="expected-benefit: weight of queueing delay (default 1.0)")
     g.add_argument("--prior-mean-s", type=float, default=None,
                    help="exponential prior of tool time with few samples (default 1.0)")
-    g = p.add_argument_group("cpu-offload options")
+    g = p.add_argument_group("cpu-offload options (also continuum-offload)")
     g.add_argument("--cpu-gib", type=float, default=None, help="host DRAM pool in GiB (default 8, vLLM's)")
-    g.add_argument("--offload-link-gbs", type=float, default=None, help="host link GB/s (default: the SKU's)")
+    g.add_argument("--offload-link-gbs", type=float, default=None, help="host link GB/s per direction (default: the SKU's)")
+    g.add_argument("--offload-store", choices=("eager", "lazy"), default=None,
+                   help="eager: copy a turn's blocks to the host while it runs; lazy: at its finish (default eager)")
+    g.add_argument("--offload-transfer-latency-ms", type=float, default=None,
+                   help="fixed cost of one load or store transfer (default 0.05)")
     g = p.add_argument_group("lmcache options")
     g.add_argument("--lmcache-chunk-tokens", type=int, default=None, help="chunk size in tokens (default 256)")
-    g.add_argument("--lmcache-cpu-gb", type=float, default=None, help="CPU tier in GB (default 5)")
+    g.add_argument("--lmcache-cpu-gib", type=float, default=None,
+                   help="CPU tier in GiB (default 5, LMCache max_local_cpu_size, which counts 1024^3 bytes)")
     g.add_argument("--lmcache-store-chunk-ms", type=float, default=None, help="per-chunk store cost (default 0.5)")
     g.add_argument("--lmcache-retrieve-chunk-ms", type=float, default=None,
                    help="per-chunk retrieve cost (default 0.2)")
@@ -57,7 +64,7 @@ def policy_params_from_args(args: argparse.Namespace, policy: str) -> dict:
         value = getattr(args, opt, None)
         if value is None:
             continue
-        if owner != policy:
+        if owner != policy and not (policy == "continuum-offload" and owner in ("continuum", "cpu-offload")):
             raise ConfigError(f"--{opt.replace('_', '-')} applies to policy '{owner}', not '{policy}'")
         params[name] = value / 1e3 if opt.endswith("_ms") else value
     return params
@@ -114,6 +121,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-step-log", action="store_true",
+                   help="keep no per-step log (steps.csv gets its header only; `gpubench view` needs the log)")
     add_engine_options(p)
     add_policy_options(p)
     p.set_defaults(func=cmd_replay)
@@ -168,7 +177,8 @@ def config_from_args(args: argparse.Namespace):
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
-        cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed, block_size=args.block_size or 16)
+        cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed,
+        record_steps=not getattr(args, "no_step_log", False), block_size=args.block_size or 16)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

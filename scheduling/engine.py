@@ -115,6 +115,19 @@ class LoadDoneEvent(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class BlocksReleaseEvent(Event):
+    """Blocks a policy held past their request's finish (a KV store still copying them out, as a
+    vLLM connector delays freeing) go back to the pool."""
+
+    blocks: list
+    priority: ClassVar[int] = EventPriority.LOAD_DONE
+
+    def handle(self, engine: "Engine") -> list:
+        engine.pool.free_blocks(self.blocks, True)
+        return engine.wake(self.time_s)
+
+
+@dataclass(frozen=True, slots=True)
 class PinExpiryEvent(Event):
     """A Continuum pin's deadline."""
 

@@ -35,7 +35,7 @@ import pandas as pd
 
 from gpubench.errors import ConfigError
 
-DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "lmcache")
+DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "continuum-offload", "lmcache")
 DEFAULT_SKUS = ("a100-40", "a100-80", "h100-sxm", "h200", "l40s", "b200")
 # See docs/sweep.md ("Choosing the JPS levels") for how these span light load to overload.
 DEFAULT_JPS = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -451,7 +451,8 @@ METRIC_CANDIDATES = {
     "preemptions": ("preemptions", "num_preemptions"),
     "recomputed": ("recomputed_tokens", "num_recomputed_tokens"),
 }
-POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b"}
+POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b",
+                 "continuum-offload": "#8a4fc7"}
 
 
 def metric_column(frame: pd.DataFrame, what: str) -> str | None:

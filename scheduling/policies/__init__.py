@@ -11,6 +11,7 @@ from dataclasses import fields
 from gpubench.errors import ConfigError, suggest
 from scheduling.policies.base import ExternalLoad, FCFSQueue, KVPolicy, PriorityQueue, RequestQueue
 from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
+from scheduling.policies.continuum_offload import ContinuumOffloadParams, ContinuumOffloadPolicy
 from scheduling.policies.cpu_offload import CPUOffloadParams, CPUOffloadPolicy
 from scheduling.policies.fcfs import FCFSPolicy
 from scheduling.policies.lmcache import LMCacheParams, LMCachePolicy
@@ -21,6 +22,7 @@ class PolicyKind(str, enum.Enum):
     CONTINUUM = "continuum"
     CPU_OFFLOAD = "cpu-offload"
     LMCACHE = "lmcache"
+    CONTINUUM_OFFLOAD = "continuum-offload"
 
 
 _REGISTRY = {
@@ -28,6 +30,7 @@ _REGISTRY = {
     PolicyKind.CONTINUUM: (ContinuumPolicy, ContinuumParams),
     PolicyKind.CPU_OFFLOAD: (CPUOffloadPolicy, CPUOffloadParams),
     PolicyKind.LMCACHE: (LMCachePolicy, LMCacheParams),
+    PolicyKind.CONTINUUM_OFFLOAD: (ContinuumOffloadPolicy, ContinuumOffloadParams),
 }
 
 POLICY_NAMES = tuple(k.value for k in PolicyKind)
@@ -61,4 +64,5 @@ def make_policy(name: str, params: dict | None = None) -> KVPolicy:
 
 
 __all__ = ["PolicyKind", "POLICY_NAMES", "KVPolicy", "RequestQueue", "FCFSQueue", "PriorityQueue", "ExternalLoad",
-           "make_policy", "param_names", "policy_kind", "ContinuumParams", "CPUOffloadParams", "LMCacheParams"]
+           "make_policy", "param_names", "policy_kind", "ContinuumParams", "CPUOffloadParams", "LMCacheParams",
+           "ContinuumOffloadParams"]

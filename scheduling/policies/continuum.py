@@ -161,7 +161,7 @@ class ContinuumPolicy(KVPolicy):
         """argmax over τ of F_tool(τ)·(T·η + reload_s) − τ, τ ∈ {0} ∪ observed durations."""
         p = self.p
         queue_s = sum(self._evicted_queue_s) / len(self._evicted_queue_s) if self._evicted_queue_s else 0.0
-        value_s = queue_s * p.eta + self.engine.estimate_prefill_s(context_tokens)
+        value_s = queue_s * p.eta + self.reload_s(context_tokens)
         if len(samples) < p.min_samples:
             # Exponential prior F(τ) = 1 − exp(−τ/μ): the optimum of F·V − τ is μ·ln(V/μ) when V > μ.
             mu = p.prior_mean_s
@@ -173,6 +173,10 @@ class ContinuumPolicy(KVPolicy):
             if gain > best:
                 best_tau, best = tau, gain
         return best_tau
+
+    def reload_s(self, context_tokens: int) -> float:
+        """What losing the job's KV costs when its next turn arrives: recomputing the context."""
+        return self.engine.estimate_prefill_s(context_tokens)
 
     # --- reporting ----------------------------------------------------------------------------
     def num_pinned_blocks(self) -> int:

@@ -8,7 +8,13 @@ Modelled on LMCache's vLLM connector (project reference):
   save is synchronous with the forward by default);
 - at admission, the longest stored chunk prefix beyond the GPU hit is retrieved:
   ``bytes of the chunks touched / retrieve bandwidth + per-chunk cost``, also inside the step;
-- the CPU tier is sized in bytes (default 5 GB) and evicts chunks LRU.
+- the CPU tier is sized in GiB (default 5, LMCache's ``max_local_cpu_size``) and evicts chunks LRU.
+
+Per-chunk costs (``store_chunk_s`` 0.5 ms, ``retrieve_chunk_s`` 0.2 ms) are our estimates of
+LMCache's fixed work per 256-token chunk: hashing the chunk's tokens, allocating from its CPU
+memory pool, and the gather/scatter kernels that move a chunk between vLLM's paged layout and
+LMCache's contiguous one (one launch per layer). No published figure isolates them; they are
+parameters so a measured value can replace them.
 """
 from __future__ import annotations
 
@@ -23,13 +29,14 @@ from scheduling.request import Request
 class LMCacheParams:
     """Args:
         chunk_tokens: LMCache ``chunk_size`` (default 256), a multiple of the block size.
-        cpu_gb: CPU tier size in GB (LMCache ``max_local_cpu_size`` default 5.0).
+        cpu_gib: CPU tier size in GiB (LMCache ``max_local_cpu_size``, default 5.0, which LMCache
+            multiplies by 1024**3).
         store_gbs / retrieve_gbs: GB/s of a store / retrieve; None takes the SKU's host link.
         store_chunk_s / retrieve_chunk_s: fixed per-chunk cost (hashing, allocation, launch).
     """
 
     chunk_tokens: int = 256
-    cpu_gb: float = 5.0
+    cpu_gib: float = 5.0
     store_gbs: float | None = None
     retrieve_gbs: float | None = None
     store_chunk_s: float = 0.5e-3
@@ -61,7 +68,7 @@ class LMCachePolicy(KVPolicy):
                               f"got {self.p.chunk_tokens}")
         self._blocks_per_chunk = self.p.chunk_tokens // block_size
         self._chunk_bytes = engine.config.kv_bytes_per_token * self.p.chunk_tokens
-        self._capacity_chunks = int(self.p.cpu_gb * 1e9 // self._chunk_bytes)
+        self._capacity_chunks = int(self.p.cpu_gib * (1 << 30) // self._chunk_bytes)
         link = engine.config.host_link_gbs
         self._store_bps = (self.p.store_gbs or link) * 1e9
         self._retrieve_bps = (self.p.retrieve_gbs or link) * 1e9

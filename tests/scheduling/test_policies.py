@@ -171,7 +171,7 @@ def test_cpu_pool_store_equals_block_by_block_lru(impl):
     from types import SimpleNamespace
 
     from scheduling import kv_cache
-    from scheduling.policies.cpu_offload import CPUOffloadPolicy
+    from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool
 
     lru = kv_cache.HashLRU if impl == "compiled" else kv_cache.PyHashLRU
     if impl == "compiled":
@@ -179,16 +179,17 @@ def test_cpu_pool_store_equals_block_by_block_lru(impl):
     rng = random.Random(0)
     for trial in range(200):
         cap = rng.randint(0, 30)
-        pol = CPUOffloadPolicy()
-        pol._capacity_blocks = cap
+        pol = HostBlockPool(CPUOffloadParams())
+        pol.capacity_blocks = cap
         pol._pool = lru(cap)
+        pol._block_bytes, pol._bytes_per_s = 1, 1e9
         ref: dict = {}
         for _ in range(10):
             chain = list(dict.fromkeys(rng.randint(-80, 80) * 7919 ** 3 for _ in range(rng.randint(0, 60))))
             n = rng.randint(0, len(chain))
-            req = SimpleNamespace(num_cached_blocks=n, job_state=SimpleNamespace(hashes=chain))
+            req = SimpleNamespace(num_cached_blocks=n, job_state=SimpleNamespace(hashes=chain), first_scheduled_s=0.0)
             stored = pol.num_stored_blocks
-            pol.on_turn_finish(req, 0.0)
+            pol.store(req, 0.0)
             # net counters: new = not held when the turn ended (even if evicted and re-inserted on the way)
             assert pol.num_stored_blocks - stored == sum(1 for h in chain[:n] if h not in ref)
             for h in chain[:n]:  # the LRU written out: refresh or insert, evict the oldest
@@ -209,3 +210,67 @@ def test_cpu_pool_store_equals_block_by_block_lru(impl):
                     ref[h] = None
                 assert pol._pool.keys() == list(ref)
         assert pol.num_stored_blocks - pol.num_evicted_blocks == len(pol._pool)
+
+
+# --- honest offload costs -------------------------------------------------------------------------
+def test_lazy_store_holds_gpu_blocks_until_the_copy_ends_eager_overlaps_it():
+    # Job a alone: 100 full blocks of 2 MiB stored after turn 0, 2 more after turn 1. Each copy
+    # takes the per-transfer latency plus bytes over 80 % of the 64 GB/s link.
+    alone = TTL_SCENARIO[:1]
+    copy_s = 2 * 50e-6 + 102 * 16 * 131072 / (64e9 * 0.8)
+    _, _, lazy = run(alone, 250, "cpu-offload", {"store": "lazy"})
+    _, _, eager = run(alone, 250, "cpu-offload", {"store": "eager"})
+    assert lazy.policy_stats["store_link_busy_s"] == pytest.approx(copy_s)
+    assert eager.policy_stats["store_link_busy_s"] == pytest.approx(copy_s)
+    # lazy copies at the finish: the blocks are held past it; eager started with the turn's first
+    # step (the turn ran 17 steps of 10 ms > the 8 ms copy): nothing is left to wait for.
+    assert lazy.policy_stats["delayed_frees"] == 2 and eager.policy_stats["delayed_frees"] == 0
+
+
+def test_store_costs_make_a_slow_link_or_an_undersized_pool_worse_than_no_offload():
+    # A GPU pool the workload fits in: fcfs never preempts. Offload adds nothing to recover, only
+    # link time; stores that hold blocks (slow link) or rewrite a thrashing pool cost JCT.
+    jobs = workload(n=6, turns=6, gap_s=0.3)
+
+    def mean_jct(policy, params=None):
+        res = run(jobs, 200, policy, params)[2]
+        return sum(j[4] for j in res.jobs) / len(res.jobs), res
+
+    fcfs_jct, _ = mean_jct("fcfs")
+    slow_jct, slow = mean_jct("cpu-offload", {"store": "lazy", "link_gbs": 0.2})
+    tiny_jct, tiny = mean_jct("cpu-offload", {"cpu_gib": 0.01, "link_gbs": 0.2})
+    big_jct, _ = mean_jct("cpu-offload")
+    assert big_jct == pytest.approx(fcfs_jct, rel=0.05)  # a fast link: (almost) free
+    assert slow_jct > 2 * fcfs_jct and slow.policy_stats["delayed_frees"] > 0
+    # 5 blocks of pool: every turn re-stores its whole history (the pool evicted it)
+    assert tiny.policy_stats["pool_stored_blocks"] > 5 * slow.policy_stats["pool_stored_blocks"]
+    assert tiny_jct > slow_jct
+
+
+def test_cpu_offload_load_pays_the_per_transfer_latency():
+    _, turns, _ = run(TTL_SCENARIO, 250, "cpu-offload", {"cpu_gib": 1.0, "link_gbs": 1.0, "transfer_latency_s": 0.5})
+    a1 = next(t for t in turns if t["job_id"] == "a" and t["turn"] == 1)
+    assert a1["pool_hit_tokens"] > 0
+    assert a1["ttft_s"] >= 0.5 + 52 * 16 * 131072 / 0.8e9
+
+
+def test_offload_params_are_checked():
+    for bad in ({"store": "sometimes"}, {"cpu_gib": 0}, {"link_efficiency": 1.5}, {"link_gbs": -1},
+                {"transfer_latency_s": float("nan")}):
+        with pytest.raises(ConfigError):
+            make_policy("cpu-offload", bad)
+
+
+def test_continuum_offload_pins_like_continuum_and_reloads_from_the_host_after_expiry():
+    # Pin long enough: a's whole prefix stays on the GPU (as continuum). Pin too short: the pin
+    # expires, c evicts a's blocks, and a's turn 1 loads them from the host pool (as cpu-offload).
+    _, pinned, _ = run(TTL_SCENARIO, 250, "continuum-offload", {"ttl_rule": "fixed", "ttl_s": 5.0})
+    _, expired, res = run(TTL_SCENARIO, 250, "continuum-offload", {"ttl_rule": "fixed", "ttl_s": 0.2})
+    _, cont_expired, _ = run(TTL_SCENARIO, 250, "continuum", {"ttl_rule": "fixed", "ttl_s": 0.2})
+    a1 = {name: next(t for t in turns if t["job_id"] == "a" and t["turn"] == 1)
+          for name, turns in (("pinned", pinned), ("expired", expired), ("continuum", cont_expired))}
+    assert a1["pinned"]["hit_tokens"] == 1600 and a1["pinned"]["pool_hit_tokens"] == 0
+    assert a1["continuum"]["hit_tokens"] == 784 and a1["continuum"]["pool_hit_tokens"] == 0
+    assert a1["expired"]["hit_tokens"] == 784 and a1["expired"]["pool_hit_tokens"] == 1600 - 784
+    assert res.policy_stats["num_pin_expired"] == 1 and res.policy_stats["pool_loaded_blocks"] == 51
+    assert set(param_names("continuum-offload")) == set(param_names("continuum")) | set(param_names("cpu-offload"))

@@ -77,12 +77,12 @@ def gpubench(*args, cwd=None):
 
 
 def test_cli_replay_synthetic_and_trace(tmp_path):
-    p = gpubench("replay", "--synthetic", "3", "--jps", "1", "--policy", "lmcache", "--lmcache-cpu-gb", "2",
+    p = gpubench("replay", "--synthetic", "3", "--jps", "1", "--policy", "lmcache", "--lmcache-cpu-gib", "2",
                  "--step-cost", "constant:0.01", "--no-progress", "--out", str(tmp_path / "syn"))
     assert p.returncode == 0, p.stderr
     assert "GPU prefix-hit rate" in p.stdout
     doc = json.loads((tmp_path / "syn" / "summary.json").read_text())
-    assert doc["config"]["policy_params"] == {"cpu_gb": 2.0} and doc["metrics"]["num_jobs"] == 3
+    assert doc["config"]["policy_params"] == {"cpu_gib": 2.0} and doc["metrics"]["num_jobs"] == 3
 
 
 def test_cli_replay_trace_in_process(tmp_path, capsys):

@@ -175,3 +175,43 @@ def test_synthetic_same_across_processes(tmp_path):
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2, 3)}
     assert len(outs) == 1
+
+
+def test_several_hundred_swesmith_trajectories_replay_end_to_end(tmp_path):
+    """A SWE-smith-format file of 400 trajectories (all three layouts) loads back with the
+    statistics of the jobs it renders and replays end to end on the predictor."""
+    import json
+
+    from gpubench.cli import main
+    from scheduling.traces import SWE_SMITH_TARGETS
+
+    path = tmp_path / "trajs.parquet"
+    assert main(["trace", "swesmith", "--jobs", "400", "--out", str(path)]) == 0
+    jobs = load_trace(path)
+    assert len(jobs) == 400 and len({j.job_id for j in jobs}) == 400
+    loaded, source = trace_stats(jobs), trace_stats(synthetic_jobs(400, 0))
+    assert loaded["turns_median"] == source["turns_median"]
+    for key in ("job_prompt_tokens_median", "job_output_tokens_median", "final_context_median"):
+        assert 0.95 <= loaded[key] / source[key] <= 1.2, key  # a tool call has a minimum length
+    low, high = SWE_SMITH_TARGETS["turns_median"]
+    assert low <= loaded["turns_median"] <= high
+    assert len({j.prefix_group for j in jobs}) == 4  # one system prompt per group, shared
+    out = tmp_path / "replay"
+    assert main(["replay", "--trace", str(path), "--jps", "1", "--sku", "h100-sxm", "--out", str(out),
+                 "--no-progress", "--no-step-log"]) == 0
+    metrics = json.loads((out / "summary.json").read_text())["metrics"]
+    assert metrics["num_jobs"] == 400 and metrics["num_turns"] == sum(j.num_turns for j in jobs)
+    assert metrics["gpu_prefix_hit_rate"] > 0.9 and metrics["arrival_span_s"] > 100
+
+
+def test_trace_stats_command_prints_targets_and_plots(tmp_path, capsys):
+    from gpubench.cli import main
+
+    png = tmp_path / "stats.png"
+    assert main(["trace", "stats", "--jobs", "200", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "public SWE-smith target" in out and "turns per job, median" in out
+    assert png.stat().st_size > 10_000
+    assert main(["trace", "stats", "--jobs", "50", "--preset", "swe-long", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stats"]["num_jobs"] == 50 and "turns_median" in doc["targets"]

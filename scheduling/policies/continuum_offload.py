@@ -1,0 +1,73 @@
+"""``continuum-offload``: Continuum's TTL pins in GPU memory, with CPU offload behind them.
+
+The two mechanisms are complementary: a pin keeps a job's KV on the GPU across a tool call that
+is expected to be short, and the host pool keeps a copy of every turn's blocks, so a job whose pin
+expired (a long tool call) or was released under memory pressure reloads its prefix over the host
+link instead of recomputing it. Queue order, preemption victims and pin release are Continuum's
+(:mod:`scheduling.policies.continuum`); stores, loads and their link costs are cpu-offload's
+(:mod:`scheduling.policies.cpu_offload`). A pinned turn's store still uses the link; its blocks
+are freed when the pin is released (approximation: a release does not wait for a copy still
+running).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from scheduling.policies.base import ExternalLoad
+from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
+from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool
+from scheduling.request import Request
+
+
+@dataclass(frozen=True)
+class ContinuumOffloadParams(ContinuumParams, CPUOffloadParams):
+    """Every parameter of continuum and of cpu-offload (same names, same defaults)."""
+
+
+class ContinuumOffloadPolicy(ContinuumPolicy):
+    name = "continuum-offload"
+    asynchronous_load = True
+
+    def __init__(self, params: ContinuumOffloadParams | None = None) -> None:
+        params = params or ContinuumOffloadParams()
+        super().__init__(params)
+        self.host = HostBlockPool(params)
+        self.num_delayed_frees = 0
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        self.host.attach(engine)
+
+    def on_turn_finish(self, req: Request, now_s: float) -> bool:
+        done_s = self.host.store(req, now_s)
+        if not super().on_turn_finish(req, now_s):
+            return False  # pinned: the pin's release frees the blocks
+        if done_s <= now_s:
+            return True
+        from scheduling.engine import BlocksReleaseEvent
+
+        self.num_delayed_frees += 1
+        self.engine.push(BlocksReleaseEvent, done_s, list(req.blocks))
+        return False
+
+    def reload_s(self, context_tokens: int) -> float:
+        """Reloading from the host pool when it is cheaper than recomputing (bytes / bandwidth)."""
+        return min(super().reload_s(context_tokens), self.host.reload_s(context_tokens))
+
+    def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
+        return self.host.hit(req, gpu_hit_tokens, max_tokens)
+
+    def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
+        return self.host.load(req, gpu_hit_tokens, num_tokens, now_s)
+
+    def pool_used_blocks(self) -> int:
+        return len(self.host)
+
+    def pool_total_blocks(self) -> int:
+        return self.host.capacity_blocks
+
+    def params(self) -> dict:
+        return asdict(self.p)
+
+    def stats(self) -> dict:
+        return {**super().stats(), **self.host.stats(), "delayed_frees": self.num_delayed_frees}
