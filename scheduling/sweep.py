@@ -450,7 +450,24 @@ METRIC_CANDIDATES = {
     "pool_hit": ("pool_hit_rate", "offload_hit_rate", "pool_prefix_hit_rate"),
     "preemptions": ("preemptions", "num_preemptions"),
     "recomputed": ("recomputed_tokens", "num_recomputed_tokens"),
+    "jct_p50": ("jct_p50_s",), "jct_p99": ("jct_p99_s",),
+    "ttft_p50": ("ttft_p50_s",), "ttft_p99": ("ttft_p99_s",),
+    "tpot_p50": ("tpot_p50_s",), "tpot_p90": ("tpot_p90_s",), "tpot_p99": ("tpot_p99_s",),
+    "slo_share": ("slo_turn_share",), "goodput": ("goodput_tok_per_s",),
 }
+# The tables of tables.md: (metric, title, format). Serving metrics as users ask for them: JCT,
+# TTFT and TPOT percentiles, and goodput under the replay's SLO (TTFT <= 2 s, TPOT <= 0.1 s).
+TABLES = (
+    ("jct_mean", "JCT mean (s)", "{:.0f}"), ("jct_p50", "JCT p50 (s)", "{:.0f}"), ("jct_p90", "JCT p90 (s)", "{:.0f}"),
+    ("jct_p99", "JCT p99 (s)", "{:.0f}"),
+    ("ttft_p50", "turn TTFT p50 (s)", "{:.3g}"), ("ttft_p90", "turn TTFT p90 (s)", "{:.3g}"),
+    ("ttft_p99", "turn TTFT p99 (s)", "{:.3g}"),
+    ("tpot_p50", "TPOT p50 (ms)", "ms"), ("tpot_p90", "TPOT p90 (ms)", "ms"), ("tpot_p99", "TPOT p99 (ms)", "ms"),
+    ("slo_share", "turns meeting the SLO (TTFT <= 2 s, TPOT <= 0.1 s)", "{:.1%}"),
+    ("goodput", "goodput (output tokens/s of turns meeting the SLO)", "{:.0f}"),
+    ("gpu_hit", "GPU prefix-hit rate", "{:.1%}"), ("pool_hit", "pool hit rate (share of GPU misses)", "{:.1%}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+)
 POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b",
                  "continuum-offload": "#8a4fc7"}
 
@@ -518,36 +535,62 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
     return out_png
 
 
+def _format_cell(value: float, fmt: str) -> str:
+    if value != value:
+        return "–"
+    return f"{value * 1e3:.1f}" if fmt == "ms" else fmt.format(value)
+
+
+def _pivot_lines(pivot: pd.DataFrame, title: str, fmt: str) -> str:
+    head = "| SKU | policy | " + " | ".join(f"{j:g} jobs/s" for j in pivot.columns) + " |"
+    lines = [title, "", head, "|" + "---|" * (len(pivot.columns) + 2)]
+    for (sku, policy), row in pivot.iterrows():
+        lines.append(f"| {sku} | {policy} | " + " | ".join(_format_cell(v, fmt) for v in row) + " |")
+    return "\n".join(lines)
+
+
 def markdown_tables(frame: pd.DataFrame) -> str:
-    """JCT mean, GPU prefix-hit rate and preemptions as SKU × policy by JPS tables (seed means)."""
+    """SKU × policy by JPS tables (seed means) of every metric in :data:`TABLES`, and mean JCT as
+    a ratio to FCFS at the same cell (FCFS / policy: above 1 is faster)."""
     ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
     parts = []
-    for what, title, fmt in (("jct_mean", "JCT mean (s)", "{:.0f}"), ("jct_p90", "JCT p90 (s)", "{:.0f}"),
-                             ("gpu_hit", "GPU prefix-hit rate", "{:.1%}"), ("pool_hit", "pool hit rate (share of GPU misses)", "{:.1%}"),
-                             ("preemptions", "preemptions", "{:.0f}")):
+    jobs_col = "num_jobs" if "num_jobs" in ok.columns else None
+    if jobs_col and not ok.empty:
+        counts = sorted(ok[jobs_col].dropna().astype(int).unique())
+        parts.append(f"Every cell replays {', '.join(map(str, counts))} jobs; at a high arrival rate they all arrive "
+                     "within a short span (`arrival_span_s`) and a cell measures how long the engine takes to "
+                     "drain them.")
+    for what, title, fmt in TABLES:
         col = metric_column(ok, what)
         if col is None or ok.empty:
             continue
         pivot = ok.groupby(["sku", "policy", "jps"])[col].mean().unstack("jps")
-        head = "| SKU | policy | " + " | ".join(f"{j:g} jobs/s" for j in pivot.columns) + " |"
-        lines = [f"**{title}** (`{col}`)", "", head, "|" + "---|" * (len(pivot.columns) + 2)]
-        for (sku, policy), row in pivot.iterrows():
-            cells = [("–" if v != v else fmt.format(v)) for v in row]
-            lines.append(f"| {sku} | {policy} | " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
+        parts.append(_pivot_lines(pivot, f"**{title}** (`{col}`)", fmt))
+        if what == "jct_mean" and "fcfs" in set(ok["policy"]):
+            fcfs = pivot.xs("fcfs", level="policy")
+            ratio = pd.DataFrame({key: fcfs.loc[key[0]] / row for key, row in pivot.iterrows()}).T
+            ratio.index = pd.MultiIndex.from_tuples(ratio.index, names=["sku", "policy"])
+            parts.append(_pivot_lines(ratio, "**JCT mean, FCFS ÷ policy** (above 1: the policy is faster)",
+                                      "{:.2f}x"))
     n_cells = len(frame)
     return f"{n_cells} runs ({(frame['error'] != '').sum() if 'error' in frame.columns else 0} failed).\n\n" + "\n\n".join(parts) + "\n"
 
 
 def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """jct_vs_jps.png, ttft_vs_jps.png, hit_rates.png, preemptions.png (those whose metrics exist)."""
+    """jct_vs_jps.png, ttft_vs_jps.png, tpot_vs_jps.png, goodput_vs_jps.png, hit_rates.png,
+    preemptions.png (those whose metrics exist), and tables.md."""
     out = Path(out_dir)
     made = []
     col = metric_column
     specs = [
         ("jct_vs_jps.png", [(col(frame, "jct_mean"), "-", " mean"), (col(frame, "jct_p90"), ":", " p90")],
          "job completion time (s)", "JCT vs load, per policy (line: mean over seeds; dotted: p90)", True),
-        ("ttft_vs_jps.png", [(col(frame, "ttft_p90"), "-", "")], "TTFT p90 (s)", "Turn TTFT p90 vs load", True),
+        ("ttft_vs_jps.png", [(col(frame, "ttft_p50"), "-", " p50"), (col(frame, "ttft_p90"), ":", " p90")],
+         "TTFT (s)", "Turn TTFT vs load (solid: p50; dotted: p90)", True),
+        ("tpot_vs_jps.png", [(col(frame, "tpot_p50"), "-", " p50"), (col(frame, "tpot_p90"), ":", " p90")],
+         "TPOT (s)", "Time per output token vs load (solid: p50; dotted: p90)", True),
+        ("goodput_vs_jps.png", [(col(frame, "goodput"), "-", "")], "output tokens/s meeting the SLO",
+         "Goodput under the SLO (TTFT <= 2 s, TPOT <= 0.1 s) vs load", False),
         ("hit_rates.png", [(col(frame, "gpu_hit"), "-", " GPU"), (col(frame, "pool_hit"), "--", " pool")],
          "hit rate (share of prompt tokens)", "Prefix hit rates: GPU cache (solid), offload pool (dashed)", False),
         ("preemptions.png", [(col(frame, "preemptions"), "-", "")], "preemptions", "Preemptions vs load", False),

@@ -75,6 +75,11 @@ def bin_steps(steps: pd.DataFrame, max_points: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _turn_tpot_s(turns: pd.DataFrame) -> pd.Series:
+    gaps = (turns["output_tokens"] - 1).astype(float)
+    return (turns["finish_s"] - turns["first_token_s"]).astype(float) / gaps.where(gaps > 0)  # NaN -> null
+
+
 def load_run(run_dir: str | Path, *, max_step_points: int = DEFAULT_MAX_STEP_POINTS,
              max_jobs: int = DEFAULT_MAX_JOBS) -> dict[str, Any]:
     """Everything the page draws, as a JSON-able dict.
@@ -127,6 +132,9 @@ def load_run(run_dir: str | Path, *, max_step_points: int = DEFAULT_MAX_STEP_POI
         "turn_hit_tokens": _jsonable(turns["hit_tokens"]),
         "turn_pool_hit_tokens": _jsonable(turns["pool_hit_tokens"]),
         "turn_prompt_tokens": _jsonable(turns["prompt_tokens"]),
+        "turn_output_tokens": _jsonable(turns["output_tokens"]),
+        # Time per output token of each turn (None for a one-token turn: no inter-token time).
+        "turn_tpot_s": _jsonable(_turn_tpot_s(turns)),
         "num_turns": int(len(turns)),
         "jobs": {c: _jsonable(jobs_sorted[c]) for c in JOB_COLUMNS},
         "timeline_jobs": _jsonable(shown["job_id"]),

@@ -318,12 +318,32 @@
     const ttft = data.turn_ttft_s.filter(v => v !== null).slice().sort((a, b) => a - b);
     const S = data.steps;
     const hit = sum(data.turn_hit_tokens), prompt = sum(data.turn_prompt_tokens), pool = sum(data.turn_pool_hit_tokens);
+    const tpotAll = data.turn_tpot_s || [];
+    const tpot = tpotAll.filter(v => v !== null).slice().sort((a, b) => a - b);
+    // Goodput: output tokens of turns meeting the SLO (summary.json states it) per second of the
+    // span from the first arrival to the last finish, as the replay's summary counts it.
+    const slo = ((data.summary.metrics || {}).slo) || { ttft_s: 2.0, tpot_s: 0.1 };
+    let good = 0, meet = 0;
+    data.turn_ttft_s.forEach((t, i) => {
+      const p = tpotAll[i];
+      if (t !== null && t <= slo.ttft_s && (p === null || p === undefined || p <= slo.tpot_s)) {
+        meet += 1; good += (data.turn_output_tokens || [])[i] || 0;
+      }
+    });
+    const arrivals = data.jobs.arrival_s.filter(v => v !== null), finishes = data.jobs.finish_s.filter(v => v !== null);
+    const span = Math.max(finishes.reduce((a, b) => Math.max(a, b), -Infinity) -
+                          arrivals.reduce((a, b) => Math.min(a, b), Infinity), 1e-12);
     return {
       num_jobs: data.jobs.job_id.length,
       num_turns: data.turn_ttft_s.length,
       steps: data.steps_binned ? data.totals.num_steps : S.step.length,
       jct_mean_s: mean(jct), jct_p50_s: quantile(jct, 0.5), jct_p90_s: quantile(jct, 0.9), jct_p99_s: quantile(jct, 0.99),
       ttft_mean_s: mean(ttft), ttft_p50_s: quantile(ttft, 0.5), ttft_p90_s: quantile(ttft, 0.9),
+      ttft_p99_s: quantile(ttft, 0.99),
+      tpot_p50_s: tpot.length ? quantile(tpot, 0.5) : null, tpot_p90_s: tpot.length ? quantile(tpot, 0.9) : null,
+      tpot_p99_s: tpot.length ? quantile(tpot, 0.99) : null,
+      slo_turn_share: data.turn_ttft_s.length ? meet / data.turn_ttft_s.length : null,
+      goodput_tok_per_s: data.turn_output_tokens ? good / span : null,
       preemptions: sum(S.num_preemptions),
       gpu_prefix_hit_rate: prompt ? hit / prompt : NaN,
       pool_hit_rate: prompt > hit ? pool / (prompt - hit) : null,  // share of GPU misses the pool served
@@ -337,6 +357,8 @@
     jct_mean_s: ['jct_mean_s', 'jct_s_mean', 'mean_jct_s'], jct_p50_s: ['jct_p50_s', 'jct_s_p50'],
     jct_p90_s: ['jct_p90_s', 'jct_s_p90'], jct_p99_s: ['jct_p99_s', 'jct_s_p99'],
     ttft_mean_s: ['ttft_mean_s', 'ttft_s_mean'], ttft_p50_s: ['ttft_p50_s', 'ttft_s_p50'], ttft_p90_s: ['ttft_p90_s', 'ttft_s_p90'],
+    ttft_p99_s: ['ttft_p99_s'], tpot_p50_s: ['tpot_p50_s'], tpot_p90_s: ['tpot_p90_s'], tpot_p99_s: ['tpot_p99_s'],
+    slo_turn_share: ['slo_turn_share'], goodput_tok_per_s: ['goodput_tok_per_s'],
     preemptions: ['preemptions', 'num_preemptions'],
     gpu_prefix_hit_rate: ['gpu_prefix_hit_rate', 'prefix_hit_rate', 'gpu_hit_rate'],
     pool_hit_rate: ['pool_hit_rate', 'offload_hit_rate', 'pool_prefix_hit_rate'],

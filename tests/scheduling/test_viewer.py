@@ -236,6 +236,11 @@ def test_browser_on_real_replay_output(browser, tmp_path):
         browser.get(server.url)
         _wait_ready(browser)
         assert browser.execute_script("return window.gpubenchViewer.mismatches;") == []
+        # The serving metrics users ask for, recomputed in the page from the tables, equal the summary's.
+        shown = browser.execute_script("return window.gpubenchViewer.summary;")
+        metrics = json.loads((out / "summary.json").read_text())["metrics"]
+        for key in ("tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "ttft_p99_s", "slo_turn_share", "goodput_tok_per_s"):
+            assert shown[key] == pytest.approx(metrics[key], rel=1e-3, abs=1e-6), key
         marks = browser.execute_script("return window.gpubenchViewer.charts;")
         empty_ok = {"chart-pool"} | ({"chart-preempt"} if data["totals"]["num_preemptions"] == 0 else set())
         assert {c: marks[c]["marks"] for c in CHARTS if c not in empty_ok and marks[c]["marks"] == 0} == {}
