@@ -35,13 +35,16 @@ import pandas as pd
 
 from gpubench.errors import ConfigError
 
-DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "continuum-offload", "lmcache")
+# cpu-offload three times: vLLM's default 8 GiB host pool, an undersized-for-the-study 16 GiB one
+# and a large 128 GiB one (the pool sizes the published offload findings compare).
+DEFAULT_POLICIES = ("fcfs", "continuum", "cpu-offload", "cpu-offload@cpu_gib=16", "cpu-offload@cpu_gib=128",
+                    "continuum-offload@cpu_gib=128", "lmcache")
 DEFAULT_SKUS = ("a100-40", "a100-80", "h100-sxm", "h200", "l40s", "b200")
 # See docs/sweep.md ("Choosing the JPS levels") for how these span light load to overload.
-DEFAULT_JPS = (0.01, 0.02, 0.05, 0.1, 0.2)
+DEFAULT_JPS = (0.5, 1.0, 3.0, 5.0, 10.0)
 DEFAULT_SEEDS = (0,)
 DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_NUM_JOBS = 200
+DEFAULT_NUM_JOBS = 400
 
 CSV_NAME, SPEC_NAME, COMMAND_NAME = "sweep.csv", "spec.json", "COMMAND"
 ID_COLUMNS = ("key", "policy", "sku", "jps", "seed")
@@ -60,6 +63,26 @@ class SweepCell:
     @property
     def key(self) -> str:
         return f"{self.policy}|{self.sku}|{self.jps:g}|{self.seed}"
+
+
+def split_policy_label(label: str) -> tuple[str, dict[str, Any]]:
+    """``cpu-offload@cpu_gib=128+store=lazy`` -> ``("cpu-offload", {"cpu_gib": 128, "store": "lazy"})``.
+
+    A label names a policy and, after ``@``, parameters of this variant only (values JSON when they
+    parse, else strings); the label is the policy's name in the table and the plots, so one sweep
+    can compare pool sizes or TTL rules side by side.
+    """
+    name, _, rest = label.partition("@")
+    params: dict[str, Any] = {}
+    for item in filter(None, rest.split("+")):  # '+', not ',': --policies lists split on commas
+        if "=" not in item:
+            raise ConfigError(f"policy {label!r}: expected NAME@KEY=VALUE[+KEY=VALUE], got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return name, params
 
 
 @dataclass(frozen=True)
@@ -105,8 +128,15 @@ class SweepSpec:
                 raise ConfigError(f"--{name} is empty")
             if len(set(values)) != len(values):
                 raise ConfigError(f"--{name} repeats a value: {list(values)}")
-        for p in self.policies:
-            policy_kind(p)
+        from scheduling.policies import param_names
+
+        for label in self.policies:
+            name, variant = split_policy_label(label)
+            policy_kind(name)
+            unknown = sorted(set(variant) - set(param_names(name)))
+            if unknown:
+                raise ConfigError(f"policy {label!r}: {name} has no parameter(s) {', '.join(unknown)} "
+                                  f"(known: {', '.join(param_names(name)) or 'none'})")
         for s in self.skus:
             sku_table.get(s)
         for j in self.jps:
@@ -114,7 +144,8 @@ class SweepSpec:
                 raise ConfigError(f"--jps values must be finite and > 0, got {j}")
         if self.num_jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {self.num_jobs}")
-        unknown = sorted(set(self.policy_params) - set(self.policies))
+        unknown = sorted(set(self.policy_params) - set(self.policies)
+                         - {split_policy_label(p)[0] for p in self.policies})
         if unknown:
             raise ConfigError(f"parameters given for policies not in the sweep: {', '.join(unknown)}")
         if self.trace is not None and not Path(self.trace).is_file():
@@ -141,10 +172,11 @@ def replay_config(spec: SweepSpec, cell: SweepCell):
     from scheduling.replay import ReplayConfig
 
     names = {f.name for f in fields(ReplayConfig)}
-    kw: dict[str, Any] = {"sku": cell.sku, "model": spec.model, "policy": cell.policy, "seed": cell.seed}
-    params = spec.policy_params.get(cell.policy)
+    name, variant = split_policy_label(cell.policy)
+    kw: dict[str, Any] = {"sku": cell.sku, "model": spec.model, "policy": name, "seed": cell.seed}
+    params = {**spec.policy_params.get(name, {}), **spec.policy_params.get(cell.policy, {}), **variant}
     if params:
-        kw["policy_params"] = dict(params)
+        kw["policy_params"] = params
     for k, v in spec.replay_params.items():
         if k not in names:
             raise ConfigError(f"replay parameter {k!r} unknown (ReplayConfig has: {', '.join(sorted(names))})")
@@ -398,11 +430,11 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
 
     * ``kv_jps``: Little's law on KV memory. A job holds its context (prompt + output so far)
       while it runs and — if nothing evicts it — through every tool gap; its KV demand is the
-      integral of context over its unloaded lifetime (decode at batch 8 and prefill at 2048-token
-      chunks, both from ``predictor.StepModel``). ``kv_jps`` = KV pool tokens / E[demand]: above it
-      the caches of live jobs no longer fit, and FCFS starts recomputing.
-    * ``decode_jps``: decode throughput at batch 8 / output tokens per job; decode reads the
-      whole context every step, so larger batches buy little on these long contexts.
+      integral of context over its unloaded lifetime (decode at batch 32 and prefill at 2048-token
+      chunks, both from ``predictor.StepModel`` at a 3K-token context, the calibrated agent's
+      typical one). ``kv_jps`` = KV pool tokens / E[demand]: above it the caches of live jobs no
+      longer fit, and FCFS starts recomputing.
+    * ``decode_jps``: decode throughput at batch 32 / output tokens per job.
     * ``job_s``: unloaded mean job duration (tool gaps + generation).
 
     The KV pool is the replay's own (``scheduling.replay.kv_pool_blocks``).
@@ -416,8 +448,8 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
 
     cfg = load_model_config(model)
     step = StepModel.for_names(sku=sku, model=model)
-    t_decode_s = float(step.predict([(1, 15000)] * 8).total_s)
-    t_prefill_per_token_s = float(step.predict([(2048, 15000)]).total_s) / 2048
+    t_decode_s = float(step.predict([(1, 3000)] * 32).total_s)
+    t_prefill_per_token_s = float(step.predict([(2048, 3000)]).total_s) / 2048
     num_blocks, _, _ = kv_pool_blocks(sku, model, gpu_memory_utilization=gpu_memory_utilization,
                                       activation_reserve_gib=reserve_bytes / (1 << 30), block_size=BLOCK_SIZE)
     kv_tokens = num_blocks * BLOCK_SIZE
@@ -434,7 +466,7 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
         duration.append(t_total)
         outputs.append(sum(t.output_tokens for t in job.turns))
     return {"sku": sku, "kv_pool_tokens": float(kv_tokens), "decode_step_s": t_decode_s, "job_s": float(np.mean(duration)),
-            "kv_jps": float(kv_tokens / np.mean(demand)), "decode_jps": float(8 / t_decode_s / np.mean(outputs))}
+            "kv_jps": float(kv_tokens / np.mean(demand)), "decode_jps": float(32 / t_decode_s / np.mean(outputs))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,6 +502,18 @@ TABLES = (
 )
 POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b",
                  "continuum-offload": "#8a4fc7"}
+
+
+_VARIANT_COLORS = ("#6b6b6b", "#b8860b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+
+
+def policy_color(label: str) -> str:
+    """The policy's colour; a variant (``NAME@...``) gets a colour of its own from a fixed list."""
+    if label in POLICY_COLORS:
+        return POLICY_COLORS[label]
+    import zlib
+
+    return _VARIANT_COLORS[zlib.crc32(label.encode()) % len(_VARIANT_COLORS)]
 
 
 def metric_column(frame: pd.DataFrame, what: str) -> str | None:
@@ -510,7 +554,7 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
                 continue
             for col, style, label in series:
                 g = rows.groupby("jps")[col].agg(["mean", "min", "max"]).reset_index()
-                color = POLICY_COLORS.get(policy)
+                color = policy_color(policy)
                 ax.plot(g["jps"], g["mean"], style, color=color, marker="o", ms=3,
                         label=f"{policy}{label}" if sku == skus[0] else None)
                 if (g["max"] > g["min"]).any():
@@ -606,5 +650,5 @@ def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     return made
 
 
-__all__ = ["SweepSpec", "SweepCell", "run_sweep", "run_cell", "cell_jobs", "replay_config", "load_table",
+__all__ = ["SweepSpec", "SweepCell", "run_sweep", "run_cell", "cell_jobs", "replay_config", "load_table", "split_policy_label",
            "summary_metrics", "parse_assignments", "DEFAULT_POLICIES", "DEFAULT_SKUS", "DEFAULT_JPS", "DEFAULT_SEEDS"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from gpubench.clihelp import DefaultsHelpFormatter
 from scheduling.sweep import (
     DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS, SweepSpec,
-    metric_column, parse_assignments, run_sweep,
+    metric_column, parse_assignments, run_sweep, split_policy_label,
 )
 
 
@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--policies", nargs="+", type=_csv_list(str), default=None, metavar="P",
-                   help=f"policies (default: {','.join(DEFAULT_POLICIES)})")
+                   help=f"policies; NAME@KEY=VALUE[+KEY=VALUE] is a variant with its own parameters, "
+                        f"named so in the table (default: {','.join(DEFAULT_POLICIES)})")
     p.add_argument("--skus", nargs="+", type=_csv_list(str), default=None, metavar="SKU",
                    help=f"SKUs (default: {','.join(DEFAULT_SKUS)})")
     p.add_argument("--jps", nargs="+", type=_csv_list(float), default=None, metavar="X",
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0
     policies = _flat(args.policies, DEFAULT_POLICIES)
-    policy_params, replay_params = parse_assignments(args.assignments, policies)
+    names = tuple(policies) + tuple(split_policy_label(p)[0] for p in policies)
+    policy_params, replay_params = parse_assignments(args.assignments, names)
     spec = SweepSpec(policies=policies, skus=_flat(args.skus, DEFAULT_SKUS), jps=_flat(args.jps, DEFAULT_JPS),
                      seeds=_flat(args.seeds, DEFAULT_SEEDS), model=args.model, num_jobs=args.num_jobs,
                      trace=args.trace, policy_params=policy_params, replay_params=replay_params)

@@ -167,3 +167,21 @@ def test_plots_only_redraws_from_table(tmp_path):
     frame = load_table(out)
     for v in frame["jct_mean_s"]:
         assert f"{v:.0f}" in table
+
+
+def test_policy_variants_carry_their_own_parameters():
+    from gpubench.errors import ConfigError
+    from scheduling.sweep import SweepCell, SweepSpec, replay_config, split_policy_label
+
+    assert split_policy_label("cpu-offload@cpu_gib=128+store=lazy") == ("cpu-offload", {"cpu_gib": 128, "store": "lazy"})
+    assert split_policy_label("fcfs") == ("fcfs", {})
+    spec = SweepSpec(policies=("cpu-offload", "cpu-offload@cpu_gib=128"), skus=("a100-40",), jps=(1.0,),
+                     policy_params={"cpu-offload": {"link_efficiency": 0.5}})
+    spec.validate()
+    base, big = (replay_config(spec, SweepCell(p, "a100-40", 1.0, 0)) for p in spec.policies)
+    assert base.policy == big.policy == "cpu-offload"
+    assert base.policy_params == {"link_efficiency": 0.5}
+    assert big.policy_params == {"link_efficiency": 0.5, "cpu_gib": 128}  # the base's --set, then the variant's
+    for bad in ("cpu-offload@pool=16", "cpu-offload@cpu_gib", "teleport@x=1"):
+        with pytest.raises(ConfigError):
+            SweepSpec(policies=(bad,), skus=("a100-40",), jps=(1.0,)).validate()
