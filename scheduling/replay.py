@@ -99,11 +99,15 @@ def vllm_server_defaults(sku: str) -> tuple[int, int]:
     vLLM keys them on the driver-reported memory and the device name: at least 160 GiB (B200)
     16384 / 1024; at least 70 GiB and not an A100 (H100, H200) 8192 / 1024; otherwise (A100s,
     L40S, RTX 5090) 2048 / 256. (Its offline ``LLM`` class uses larger budgets; a replay models a
-    server.)
+    server.) The ``cpu`` SKU gets vLLM's CPU defaults of the offline engine the live replay runs.
     """
     from gpubench import skus
 
     s = skus.get(sku)
+    if s.backend == "cpu":
+        # vLLM's CPU platform defaults for its offline engine (4096 tokens, 256 sequences per
+        # socket), which is what `replay --engine vllm` runs and the simulator stands in for.
+        return 4096, 256
     memory = s.device_memory_bytes
     if memory >= 160 * GIB:
         return 16384, 1024

@@ -119,6 +119,7 @@ def test_token_budget_and_max_num_seqs_follow_vllm_serve_defaults():
     assert vllm_server_defaults("h100-sxm") == vllm_server_defaults("h200") == (8192, 1024)
     assert vllm_server_defaults("a100-80") == (2048, 256)  # >= 70 GiB, but an A100
     assert vllm_server_defaults("l40s") == vllm_server_defaults("a100-40") == (2048, 256)
+    assert vllm_server_defaults("cpu") == (4096, 256)  # what replay --engine vllm runs
     ecfg = engine_config(ReplayConfig(sku="l40s"))
     assert (ecfg.max_num_batched_tokens, ecfg.max_num_seqs) == (2048, 256)
     ecfg = engine_config(ReplayConfig(sku="l40s", max_num_batched_tokens=4096, max_num_seqs=64))
