@@ -7,13 +7,17 @@ Three pybind11 extensions:
                   compiler, linked against cudart_static so that importing it needs no driver.
                   Built when nvcc is found (CUDA_HOME, then PATH); GPUBENCH_CUDA=1 makes a missing
                   or failing toolkit a hard error, GPUBENCH_CUDA=0 skips it.
-GPUBENCH_CUDA_ARCHS: ";"-separated SM list (default "80;86;89;90a": 90a, not 90, so H100/H200 get the wgmma
-kernels, which exist only in arch-specific sm_90a code); PTX of the newest arch that the
-installed nvcc supports is always added so newer GPUs can JIT.
+GPUBENCH_CUDA_ARCHS: ";"-separated SM list (default "80;86;89;90a;100;120": every architecture of the
+SKU table, A100 to B200 and RTX 5090; 90a, not 90, so H100/H200 get the wgmma kernels, which exist
+only in arch-specific sm_90a code). PTX of the *oldest* listed architecture is embedded too, so any
+newer GPU can JIT it (PTX of the newest would run on nothing older). Building all six takes a few
+minutes on two cores; set GPUBENCH_CUDA_ARCHS to the one GPU you have (scripts/device_check.sh does),
+or GPUBENCH_CUDA=0 on a machine without a GPU that does not need the extension.
+Without setuptools (a bare device image): scripts/build_cuda_ext.sh builds the same extension with
+nvcc and the host compiler alone.
 """
 import glob
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +27,7 @@ from setuptools import setup
 
 VERSION = "0.1.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_ARCHS = "80;86;89;90a"
+DEFAULT_ARCHS = "80;86;89;90a;100;120"
 
 
 def _env_flag(name):
@@ -52,23 +56,21 @@ def locate_cuda():
     return None, f"found {nvcc} but no toolkit with include/cuda_runtime.h (set CUDA_HOME)"
 
 
-def newest_arch(nvcc):
-    try:
-        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    nums = [int(m) for m in re.findall(r"compute_(\d+)", out)]
-    return max(nums) if nums else None
+def cuda_archs():
+    return [a.strip() for a in os.environ.get("GPUBENCH_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
 
 
 def cuda_gencode_flags(nvcc):
-    archs = [a.strip() for a in os.environ.get("GPUBENCH_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+    """SASS for every listed architecture, plus PTX of the oldest one (JIT for anything newer)."""
+    archs = cuda_archs()
     flags = []
     for arch in archs:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-    top = newest_arch(nvcc)
-    if top is not None:
-        flags += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
+    if archs:
+        # An arch-specific "a" target's PTX cannot be JIT-compiled for other GPUs: take the plain one.
+        oldest = min(archs, key=lambda a: int(a.rstrip("af")))
+        plain = oldest.rstrip("af")
+        flags += ["-gencode", f"arch=compute_{plain},code=compute_{plain}"]
     return flags
 
 
@@ -133,22 +135,17 @@ def cuda_extension():
         return None
     lib_dirs = [d for d in (os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib"),
                             os.path.join(cuda_home, "targets", "x86_64-linux", "lib")) if os.path.isdir(d)]
-    cublas = _find_cublas(cuda_home)
+    # GEMMs run through torch's cuBLAS (gpubench.backends.cuda.torch_gemm): the extension links
+    # cudart only, statically, so importing it needs no driver and no CUDA wheel layout.
     macros = [("GPUBENCH_VERSION", f'"{VERSION}"')]
     libs = ["cudart_static", "dl", "rt", "pthread"]
     inc = ["csrc/cuda", os.path.join(cuda_home, "include")]
-    if cublas:
-        macros.append(("GPUBENCH_HAVE_CUBLAS", "1"))
-        inc.append(cublas["include"])
-        lib_dirs.append(cublas["lib"])
-        libs = ["cublasLt_static", "cublas_static", "culibos"] + libs if cublas["static"] else ["cublas", "cublasLt"] + libs
     ext = Pybind11Extension(
         "gpubench._cuda",
         sorted(glob.glob("csrc/cuda/*.cpp")),
         include_dirs=inc,
         library_dirs=lib_dirs,
         libraries=libs,
-        runtime_library_dirs=[cublas["lib"]] if cublas and not cublas["static"] else [],
         define_macros=macros,
         extra_compile_args=["-O3", "-std=c++17"],
         cxx_std=17,
@@ -156,32 +153,6 @@ def cuda_extension():
     ext._gpubench_cuda = (cuda_home, nvcc_or_reason)
     ext._gpubench_cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
     return ext
-
-
-def _find_cublas(cuda_home):
-    """cuBLAS from the toolkit, or the nvidia-cublas wheel's headers and shared libs; None if absent."""
-    if _env_flag("GPUBENCH_CUBLAS") is False:
-        return None
-    inc = os.path.join(cuda_home, "include")
-    for libdir in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
-        d = os.path.join(cuda_home, libdir)
-        if os.path.exists(os.path.join(inc, "cublas_v2.h")):
-            if os.path.exists(os.path.join(d, "libcublas.so")):
-                return {"include": inc, "lib": d, "static": False}
-    try:
-        import nvidia.cublas as nvcublas  # the nvidia-cublas wheel
-    except ImportError:
-        return None
-    # A namespace package (no __init__.py) has no __file__: look in every folder of its __path__.
-    bases = list(getattr(nvcublas, "__path__", None) or [])
-    if getattr(nvcublas, "__file__", None):
-        bases.append(os.path.dirname(nvcublas.__file__))
-    for base in bases:
-        if os.path.exists(os.path.join(base, "include", "cublas_v2.h")):
-            libs = glob.glob(os.path.join(base, "lib", "libcublas.so*"))
-            if libs:
-                return {"include": os.path.join(base, "include"), "lib": os.path.join(base, "lib"), "static": False}
-    return None
 
 
 # GPUBENCH_ONLY=cpu builds the C++ extensions only, =cuda the CUDA one only (a developer's quick

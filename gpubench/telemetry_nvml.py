@@ -42,6 +42,9 @@ DROOP_GEMM_M = 16384
 DROOP_DTYPE = "bf16"
 
 
+IDLE_BIT = 0x1  # nvmlClocksEventReasonGpuIdle
+
+
 def decode_throttle(bits: int | None) -> list[str]:
     """Names of the set clock-event reason bits, lowest bit first; unknown bits as ``bit_0x...``.
 
@@ -153,6 +156,8 @@ class NvmlTelemetry(TelemetrySource):
         self.throttle_source: str | None = None
         self.device_name: str | None = None
         self.driver_version: str | None = None
+        self.mig_mode: int | None = None       # 1: MIG enabled (nvmlDeviceGetMigMode, current)
+        self.compute_mode: int | None = None   # 0 default, 2 prohibited, 3 exclusive process
         try:
             if nvml is None:
                 import pynvml as nvml  # noqa: PLC0415 - optional dependency
@@ -180,6 +185,10 @@ class NvmlTelemetry(TelemetrySource):
                                   "max_clock_mhz")
         self._pick_power()
         self._pick_throttle()
+        # A MIG slice or a non-default compute mode changes what a probe measures (a slice's SMs,
+        # exclusive-process contention): record both with the run.
+        self.mig_mode = self._try(lambda: int(nvml.nvmlDeviceGetMigMode(self._handle)[0]), None)
+        self.compute_mode = self._try(lambda: int(nvml.nvmlDeviceGetComputeMode(self._handle)), None)
 
     # ------------------------------------------------------------ setup helpers
     def _fail(self, reason: str) -> None:
@@ -256,7 +265,9 @@ class NvmlTelemetry(TelemetrySource):
             s["power_w"] = self._read("power_w", self._power)
         s["temp_c"] = self._read("temp_c", lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
         if self._throttle is not None:
-            s["throttle_bits"] = self._read("throttle_bits", lambda: int(self._throttle(h)))
+            # The idle bit (0x1) says the GPU had no work at the instant of the sample; between two
+            # kernels it is noise, not a reason the clocks were low under load: dropped.
+            s["throttle_bits"] = self._read("throttle_bits", lambda: int(self._throttle(h)) & ~IDLE_BIT)
         s["energy_j"] = self._read("energy_j", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)  # mJ
         return s
 
@@ -287,6 +298,8 @@ class NvmlTelemetry(TelemetrySource):
         d.update({"available": self.available, "power_source": self.power_source,
                   "throttle_source": self.throttle_source, "nvml_device_name": self.device_name,
                   "driver_version": self.driver_version, "low_clock_threshold": LOW_CLOCK_FRACTION,
+                  "mig_mode": self.mig_mode, "compute_mode": self.compute_mode,
+                  "throttle_idle_bit_dropped": True,
                   "throttle_reason_bits": {hex(b): n for b, n in THROTTLE_REASONS.items()}})
         if "max_clock_mhz" in self._reasons:
             d["max_clock_note"] = self._reasons["max_clock_mhz"]

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Compile every csrc/cuda/*.cu for sm_80, sm_86, sm_89, sm_90, sm_90a (Hopper-only wgmma code) and
-# the newest arch nvcc supports.
+# Compile every csrc/cuda/*.cu for sm_80, sm_86, sm_89, sm_90, sm_90a (Hopper-only wgmma code),
+# sm_100 (B200), sm_120 (RTX 5090) and the newest arch nvcc supports.
 # Fails if any file does not compile, or if ptxas reports register spills (any spill store or load
 # of more than 0 bytes) in the bandwidth probes (stream.cu, l2.cu): a spill there adds local-memory
 # traffic that the probe would count as bandwidth.
 # Usage: scripts/check_cuda_build.sh [FILE.cu ...]   (default: every csrc/cuda/*.cu)
-# Environment: NVCC (default nvcc); CHECK_ARCHS (default "80 86 89 90 90a <newest>"); SPILL_CHECKED
+# Environment: NVCC (default nvcc); CHECK_ARCHS (default "80 86 89 90 90a 100 120 <newest>"); SPILL_CHECKED
 # (basenames checked for spills, default "stream.cu l2.cu"); NVCC_EXTRA_FLAGS (added to every
 # compile); CHECK_JOBS (parallel compiles, default: the number of CPUs).
 set -euo pipefail
@@ -14,7 +14,7 @@ export NVCC=${NVCC:-nvcc}
 export SPILL_CHECKED=${SPILL_CHECKED:-"stream.cu l2.cu"}
 export NVCC_EXTRA_FLAGS=${NVCC_EXTRA_FLAGS:-}
 newest=$($NVCC --list-gpu-arch | sed -n 's/compute_\([0-9]*\).*/\1/p' | sort -n | tail -1)
-archs=${CHECK_ARCHS:-"80 86 89 90 90a ${newest}"}
+archs=${CHECK_ARCHS:-$(printf '%s\n' 80 86 89 90 90a 100 120 "$newest" | awk '!seen[$0]++' | tr '\n' ' ')}
 jobs=${CHECK_JOBS:-$(nproc 2>/dev/null || echo 2)}
 export OUT_DIR=$(mktemp -d)
 trap 'rm -rf "$OUT_DIR"' EXIT

@@ -80,7 +80,13 @@ __global__ void spin_kernel(volatile int* flag, int* timed_out, unsigned long lo
     }
 }
 
+void preload_kernel(const void* kernel) {
+    cudaFuncAttributes attr;
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // loads the kernel's module (lazy loading)
+}
+
 SpinGate::SpinGate(double timeout_s) : timeout_ns_(static_cast<unsigned long long>(timeout_s * 1e9)) {
+    preload_kernel(reinterpret_cast<const void*>(spin_kernel));
     void* p = nullptr;
     CUDA_CHECK(cudaHostAlloc(&p, 2 * sizeof(int), cudaHostAllocMapped));
     int* host = static_cast<int*>(p);
@@ -115,8 +121,10 @@ void SpinGate::check() const {
     if (*static_cast<volatile int*>(timed_out_host_)) {
         std::ostringstream os;
         os << "spin gate timed out after " << timeout_ns_ / 1e9
-           << " s: the host could not enqueue the measured work behind it (launch queue full?); "
-              "use fewer launches per repetition";
+           << " s: the host could not enqueue the measured work behind it. Either the launch queue "
+              "filled up (use fewer launches per repetition) or a kernel enqueued behind the gate was "
+              "launched for the first time and its module load waited for the device to go idle "
+              "(lazy loading: preload it with preload_kernels, or set CUDA_MODULE_LOADING=EAGER)";
         throw CudaError(os.str());
     }
 }

@@ -88,6 +88,8 @@ long long size_iters_for(const DeviceContext& ctx, EventPair& ev, long long iter
 // runs back to back on the device, with the host's enqueue cost excluded from event intervals.
 // NOTE: the stream's launch queue is finite (about a thousand entries); enqueuing more than that
 // behind a held gate blocks the host, so the spin kernel gives up after timeout_s and check() throws.
+// So does a kernel whose module is not loaded yet (lazy loading): the constructor preloads the spin
+// kernel, and each probe preloads its own kernels (preload_kernels) before the first hold().
 class SpinGate {
 public:
     explicit SpinGate(double timeout_s = 10.0);
@@ -106,6 +108,14 @@ private:
     int* timed_out_dev_ = nullptr;
     unsigned long long timeout_ns_;
 };
+
+// Load a kernel's module now. Since CUDA 12.2 modules load lazily at a kernel's first launch, and
+// that load waits for the device to go idle: a first launch enqueued behind a held SpinGate would
+// block the host until the gate times out (every row of the probe lost). nvbandwidth preloads the
+// same way. Call for every kernel a probe launches, before its first gate.
+void preload_kernel(const void* kernel);
+template <class... K>
+void preload_kernels(K... kernels) { (preload_kernel(reinterpret_cast<const void*>(kernels)), ...); }
 
 // Grid for a grid-stride kernel: enough resident blocks to fill every SM once.
 int resident_grid(const DeviceContext& ctx, const void* kernel, int block_threads);

@@ -7,13 +7,13 @@ is imported lazily); constructing ``CudaBackend`` is the first call, and raises
 Device properties (SM count, L2 size, clocks, memory) are read from the device at run time; the
 SKU table (``gpubench.skus``) is used only for spec peaks (``spec_tflops``, ``spec_gbps``).
 
-Probes (DESIGN section 4, docs/cuda.md):
+Probes, in the order a run takes them (docs/cuda.md):
 
     stream  copy/scale/add/triad, fp64 as double2, 1/8 L2 .. >= 4x L2    cuda_events, gated
-    l2      cold (flushed) and warm read sweeps, 64 KiB .. 8x L2          cuda_events
+    peak    mma.sync bf16 fp16 tf32 fp8 (native only), fp32 FMA; wgmma    cuda_events
     launch  host_enqueue | device_interval | launch_sync | graph_node     host_clock / cuda_events
-    peak    mma.sync bf16 fp16 tf32 fp8(sm_89+), fp32 FMA                cuda_events
     gemm    torch.matmul (cuBLAS) over Llama-3.1-8B shapes, bf16/fp16/tf32, checked vs float64
+    l2      cold (flushed) and warm read sweeps, 64 KiB .. 8x L2          cuda_events, gated
 """
 from __future__ import annotations
 
@@ -26,13 +26,30 @@ from gpubench import errors, skus
 from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def fp8_mma_native(cc: int) -> bool:
+    """fp8 ``mma.sync`` is a tensor-core QMMA on compute capability 8.9 (Ada) and 12.x (consumer
+    Blackwell) only; on 9.0 and 10.x ptxas emulates it with fp16 HMMA + FADD (scripts/check_sass.py
+    counts it), so a row there would credit the tensor cores with work they did not do. The same
+    rule is ``fp8_mma_native`` in csrc/cuda/peak.cu."""
+    return cc == 89 or cc // 10 == 12
 NUM_WARMUP = 2  # untimed repetitions before the recorded ones (the stats also drop the first recorded)
 
 
 # ---------------------------------------------------------------- extension access --------------
 
 def load_extension():
-    """``gpubench._cuda``, or NoDeviceError saying why it cannot be imported."""
+    """``gpubench._cuda``, or NoDeviceError saying why it cannot be imported.
+
+    Sets ``CUDA_MODULE_LOADING=EAGER`` (unless the user set it) before the runtime starts: with
+    lazy loading (the default since CUDA 12.2) a kernel's first launch waits for the device to go
+    idle, which deadlocks behind the probes' spin gate. The kernels preload themselves too
+    (``preload_kernels`` in csrc/cuda); this covers a runtime the process had not started yet.
+    """
+    import os
+
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
     try:
         from gpubench import _cuda
     except ImportError as exc:
@@ -168,7 +185,8 @@ class StreamProbe(_CudaProbe):
         self._bounded = bool(free and 3 * hi > free // 2)
         if self._bounded:
             hi = free // 6
-        reps = max(10, _opt(cfg, "stream", "num_reps", cfg.num_reps))
+        # 100 repetitions (BabelStream's default), not 10: the first ones run while the clocks ramp.
+        reps = max(100, _opt(cfg, "stream", "num_reps", cfg.num_reps))
         specs = []
         for array_bytes in _geometric(lo, max(lo, hi), 4.0 if cfg.quick else 2.0, align=4 * KiB):
             n = array_bytes // 8
@@ -197,12 +215,13 @@ class StreamProbe(_CudaProbe):
 
 
 class L2Probe(_CudaProbe):
-    """Read bandwidth against working set, 64 KiB .. 8x L2 by x1.25 (x2 with --quick).
+    """Read bandwidth against working set, 64 KiB .. 8x L2 by x1.25 (4x L2 by x2 with --quick).
 
-    Loads bypass L1 (``ld.global.cg``). ``cold``: before each timed single pass a buffer of
-    >= 2x L2 is written, so the pass finds none of the set in L2. ``warm``: after an untimed pass,
-    each repetition makes ``passes`` passes over the same set (about 4 GiB read; the cache is not
-    flushed on purpose). Bytes = bytes read per repetition. Each repetition's sum is checked.
+    Loads bypass L1 (``ld.global.cg``). ``cold``: before each timed single pass a clean buffer of
+    >= 2x L2 is read, so the pass finds none of the set in L2 and no dirty line to write back.
+    ``warm``: after an untimed pass, each repetition makes ``passes`` passes over the same set
+    (about 4 GiB read, 512 MiB with --quick; the cache is not flushed on purpose). --quick sweeps
+    to 4x L2. Bytes = bytes read per repetition. Each repetition's sum is checked.
     """
 
     name = "l2"
@@ -217,8 +236,10 @@ class L2Probe(_CudaProbe):
         if l2 <= 0:
             raise errors.ConfigError("l2: the device reported no L2 size (cudaDevAttrL2CacheSize)")
         lo = _opt(cfg, "l2", "min_bytes", 64 * KiB)
-        hi = _opt(cfg, "l2", "max_bytes", 8 * l2)
-        warm_bytes = _opt(cfg, "l2", "warm_bytes_per_rep", 4 * GiB)
+        # --quick caps the sweep at 4x L2 and 512 MiB read per warm repetition: the full settings read
+        # ~780 GB on an H200 (100-150 s), more than a short device window can spend on one probe.
+        hi = _opt(cfg, "l2", "max_bytes", (4 if cfg.quick else 8) * l2)
+        warm_bytes = _opt(cfg, "l2", "warm_bytes_per_rep", (GiB // 2) if cfg.quick else 4 * GiB)
         reps = max(10, _opt(cfg, "l2", "num_reps", cfg.num_reps))
         specs = []
         for ws in _geometric(lo, max(lo, hi), 2.0 if cfg.quick else 1.25, align=4 * KiB):
@@ -281,8 +302,9 @@ class LaunchProbe(_CudaProbe):
 class PeakProbe(_CudaProbe):
     """Compute ceilings with operands in registers: tensor-core ``mma.sync`` per dtype, fp32 FMA.
 
-    bf16 and fp16 (m16n8k16, fp32 accumulate), tf32 (m16n8k8), fp8 e4m3 (m16n8k32, compute
-    capability 8.9+; left out with a note on older devices), fp32 FMA on CUDA cores; on compute
+    bf16 and fp16 (m16n8k16, fp32 accumulate), tf32 (m16n8k8), fp8 e4m3 (m16n8k32, where it is a
+    native QMMA: compute capability 8.9 and 12.x; left out with a note elsewhere, emulated on 9.0
+    and 10.x, absent before 8.9), fp32 FMA on CUDA cores; on compute
     capability 9.0 also ``wgmma`` bf16 (m64n128k16, B in shared memory), the only instruction that
     reaches Hopper's tensor-core peak (needs a build with sm_90a code). About 20 ms per repetition.
     Every accumulator is checked exactly (csrc/cuda/peak.cu, wgmma.cu). ``spec_tflops`` is the SKU
@@ -307,7 +329,7 @@ class PeakProbe(_CudaProbe):
         specs = [MeasurementSpec(key=f"peak_{'fma' if d == 'fp32' else 'mma'}_{d}",
                                  params={"dtype": d, "num_reps": reps, "target_s": target_s, "instruction":
                                          "fma.rn.f32" if d == "fp32" else "mma.sync"}, label=d)
-                 for d in self.DTYPES if cc >= self.MIN_CC.get(d, 0)]
+                 for d in self.DTYPES if cc >= self.MIN_CC.get(d, 0) and (d != "fp8" or fp8_mma_native(cc))]
         if cc == 90:  # last: a fault in the sm_90a-only kernel must not cost the other rows
             specs.append(MeasurementSpec(key="peak_wgmma_bf16", label="bf16 wgmma", params={
                 "dtype": "bf16", "num_reps": reps, "target_s": target_s, "instruction": "wgmma"}))
@@ -315,8 +337,12 @@ class PeakProbe(_CudaProbe):
 
     def notes(self, cfg: ProbeConfig) -> list[str]:
         cc = self._cc(cfg)
-        return [f"{d} left out: needs compute capability {m // 10}.{m % 10}+ (device is {cc // 10}.{cc % 10})"
-                for d, m in self.MIN_CC.items() if cc < m]
+        notes = [f"{d} left out: needs compute capability {m // 10}.{m % 10}+ (device is {cc // 10}.{cc % 10})"
+                 for d, m in self.MIN_CC.items() if cc < m]
+        if cc >= self.MIN_CC["fp8"] and not fp8_mma_native(cc):
+            notes.append(f"fp8 left out: mma.sync e4m3 is emulated on compute capability {cc // 10}.{cc % 10} "
+                         "(fp16 HMMA + FADD; native only on 8.9 and 12.x)")
+        return notes
 
     def measure(self, spec: MeasurementSpec) -> dict | list:
         p = spec.params
@@ -555,11 +581,16 @@ class CudaBackend(Backend):
     def device_info(self) -> dict:
         tel = self.telemetry_source()
         try:
-            driver = tel.driver_version
+            driver, mig, compute_mode = tel.driver_version, tel.mig_mode, tel.compute_mode
         finally:
             tel.close()
         return {"backend": "cuda", "name": self.identity["name"], "index": self.index,
                 "driver": driver or f"supports CUDA {self.identity.get('driver_cuda_version')} (NVML unavailable)",
+                # A MIG slice has a fraction of the SMs and bandwidth; a non-default compute mode
+                # can make a probe share the GPU. Both belong with every figure of the run.
+                "mig_enabled": None if mig is None else bool(mig),
+                "compute_mode": {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}.get(
+                    compute_mode, compute_mode),
                 "driver_cuda_version": self.identity.get("driver_cuda_version"),
                 "cuda_runtime": self.identity.get("cuda_runtime"), "pci_bus_id": self.identity.get("pci_bus_id"),
                 "sku_detected": self.sku.id if self.sku else None, "properties": dict(self.properties)}
@@ -570,8 +601,10 @@ class CudaBackend(Backend):
         return NvmlTelemetry(self.index, pci_bus_id=self.identity.get("pci_bus_id"), nvml=self._nvml)
 
     def probes(self) -> dict[str, Probe]:
-        return {p.name: p for p in (StreamProbe(self), L2Probe(self), LaunchProbe(self), PeakProbe(self),
-                                    GemmProbe(self))}
+        # Run order: the short probes and the GEMM (which carries MAMF and clock droop) before the
+        # long L2 sweep, so a run cut short by a time limit keeps the headline figures.
+        return {p.name: p for p in (StreamProbe(self), PeakProbe(self), LaunchProbe(self), GemmProbe(self),
+                                    L2Probe(self))}
 
     def default_sku(self) -> str:
         """The detected SKU; an unknown GPU gets ``cuda-<name>`` (no spec peaks, and --sku must be given)."""
@@ -581,6 +614,29 @@ class CudaBackend(Backend):
 
 
 # ---------------------------------------------------------------- device-check table -------------
+
+# What published measurements lead one to expect, per SKU and figure prefix of check_table, so that
+# the first run on a card can be judged at a glance. H200: STREAM triad 75-90 % of the 4.8 TB/s
+# spec (3.5 TB/s measured, 74 %; an L2-sweep DRAM plateau 3.9 TB/s), an L2 plateau near 10 TB/s up
+# to ~40 MB, back-to-back launches ~2.5 us eager / ~1.3 us in a graph, bf16 dense GEMM ~790 TFLOP/s
+# (80 % of spec, as on the H100).
+EXPECTED: dict[str, dict[str, str]] = {
+    "h200": {"stream triad": "expect 75-90 % of 4.8 TB/s", "l2 warm max": "expect ~10 TB/s up to ~40 MB",
+             "launch device_interval": "expect ~2.5 us (eager)", "launch graph_node": "expect ~1.3 us (graph)",
+             "gemm bf16 best": "expect ~790 TF/s", "peak bf16 wgmma": "expect 80-90 % of spec x f_clk"},
+    "h100-sxm": {"gemm bf16 best": "expect ~795 TF/s (80 %)"},
+    "a100-80": {"stream triad": "expect ~86 % of 2.04 TB/s", "gemm bf16 best": "expect ~270 TF/s (87 %)",
+                "launch device_interval": "expect ~2.6 us (eager)", "launch graph_node": "expect ~1.4 us (graph)"},
+}
+
+
+def expected_note(sku_id: str | None, figure: str) -> str:
+    """The published expectation for a check_table figure on this SKU ('' when none)."""
+    for prefix, note in EXPECTED.get(sku_id or "", {}).items():
+        if figure.startswith(prefix):
+            return note
+    return ""
+
 
 def check_table(run) -> list[tuple[str, str, str, str]]:
     """(figure, value, % of spec, notes) lines of a CUDA run for scripts/device_check.sh.
@@ -659,7 +715,8 @@ def check_table(run) -> list[tuple[str, str, str, str]]:
             if _present(v):
                 bits |= int(v)
         lines.append(("clock-event reasons during gemm", "", "", ", ".join(decode_throttle(bits)) or "none"))
-    return lines
+    sku_id = sku.id if sku else None
+    return [(a, b, c, "; ".join(x for x in (d, expected_note(sku_id, a)) if x)) for a, b, c, d in lines]
 
 
 def format_table(lines: list[tuple[str, str, str, str]]) -> str:

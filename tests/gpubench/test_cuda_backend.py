@@ -159,12 +159,25 @@ def test_peak_plan_leaves_out_fp8_before_sm89_with_a_note():
     assert any("fp8" in n and "8.9" in n for n in probe.notes(_cfg(a100)))
     h100 = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
     keys = [s.key for s in h100.probes()["peak"].plan(_cfg(h100))]
-    assert "peak_mma_fp8" in keys and keys[-1] == "peak_wgmma_bf16"  # wgmma only on 9.0, and last
+    # fp8 mma.sync is emulated on Hopper (fp16 HMMA + FADD): left out, with the reason
+    assert "peak_mma_fp8" not in keys and keys[-1] == "peak_wgmma_bf16"  # wgmma only on 9.0, and last
+    assert any("fp8" in n and "emulated" in n for n in h100.probes()["peak"].notes(_cfg(h100)))
     assert "peak_wgmma_bf16" not in [s.key for s in probe.plan(_cfg(a100))]
+    for name, cc, native in (("NVIDIA L40S", (8, 9), True), ("NVIDIA GeForce RTX 5090", (12, 0), True),
+                             ("NVIDIA B200", (10, 0), False)):
+        b = CudaBackend(0, ext=fakes.FakeCudaExt(name=name, cc=cc), nvml=fakes.fake_pynvml())
+        assert ("peak_mma_fp8" in [s.key for s in b.probes()["peak"].plan(_cfg(b))]) == native, name
+
+
+def test_probes_run_in_the_order_that_keeps_headline_figures_when_cut_short():
+    from gpubench.backends.cuda import CudaBackend
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    assert list(b.probes()) == ["stream", "peak", "launch", "gemm", "l2"]  # the long l2 sweep last
 
 
 def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
-    """An sm_90 device running a build without sm_89+ code: the extension reports fp8 unsupported."""
+    """An sm_89 device running a build without sm_89 code: the extension reports fp8 unsupported."""
     runner = pytest.importorskip("gpubench.runner")
     from gpubench.backends.cuda import CudaBackend
 
@@ -175,7 +188,7 @@ def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
                         "check": "skipped: fp8 mma is not in this build's code for this device"}
             return super().peak(device, dtype, num_reps, num_warmup, target_s)
 
-    b = CudaBackend(0, ext=OldBuild(), nvml=fakes.fake_pynvml())
+    b = CudaBackend(0, ext=OldBuild(name="NVIDIA L40S", cc=(8, 9)), nvml=fakes.fake_pynvml())
     probe = b.probes()["peak"]
     spec = next(s for s in probe.plan(_cfg(b)) if s.params["dtype"] == "fp8")
     fields = probe.measure(spec)
@@ -327,6 +340,7 @@ def test_gpu_selfchecks():
     if not _has_real_gpu():
         pytest.skip("no CUDA device")
     from gpubench import _cuda
+    from gpubench.backends.cuda import fp8_mma_native
 
     assert _cuda.selfcheck_fill(0)
     props = _cuda.device_properties(0)
@@ -342,8 +356,8 @@ def test_gpu_selfchecks():
     cc = int(props["cc_major"]) * 10 + int(props["cc_minor"])
     for dtype in ("bf16", "fp16", "tf32", "fp8", "fp32"):
         r = _cuda.peak(0, dtype, 3, 1, 0.005)
-        if dtype == "fp8" and cc < 89:
-            assert r["supported"] == 0
+        if dtype == "fp8" and not fp8_mma_native(cc):
+            assert r["supported"] == 0, r  # absent before 8.9, emulated on 9.0 and 10.x
             continue
         assert r["valid"], (dtype, r["check"])
     w = _cuda.peak_wgmma(0, 3, 1, 0.005)
