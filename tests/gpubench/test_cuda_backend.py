@@ -409,3 +409,19 @@ def test_gpu_torch_gemm_is_validated():
         assert r["valid"], r["check"]
         assert len(r["times_s"]) >= 5 and min(r["times_s"]) > 0
         assert r["num_weight_copies"] >= 1
+
+
+def test_quick_l2_sweep_reads_a_bounded_number_of_bytes():
+    """--quick caps the L2 sweep (4x L2, 512 MiB per warm repetition): the full settings read
+    ~780 GB on an H200, 100-150 s of a short device window."""
+    from gpubench.backends.cuda import NUM_WARMUP, CudaBackend
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    probe = b.probes()["l2"]
+
+    def total_bytes(quick):
+        return sum(s.params["bytes"] * s.params["passes"] * (s.params["num_reps"] + NUM_WARMUP)
+                   for s in probe.plan(_cfg(b, quick=quick)))
+
+    assert total_bytes(True) <= 100e9 < total_bytes(False)
+    assert max(s.params["bytes"] for s in probe.plan(_cfg(b, quick=True))) <= 4 * fakes.FakeCudaExt.L2_BYTES
