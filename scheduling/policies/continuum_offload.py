@@ -11,11 +11,10 @@ running).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from scheduling.policies.base import ExternalLoad
 from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
-from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool
+from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool, HostPoolMixin
 from scheduling.request import Request
 
 
@@ -24,7 +23,7 @@ class ContinuumOffloadParams(ContinuumParams, CPUOffloadParams):
     """Every parameter of continuum and of cpu-offload (same names, same defaults)."""
 
 
-class ContinuumOffloadPolicy(ContinuumPolicy):
+class ContinuumOffloadPolicy(HostPoolMixin, ContinuumPolicy):
     name = "continuum-offload"
     asynchronous_load = True
 
@@ -32,42 +31,20 @@ class ContinuumOffloadPolicy(ContinuumPolicy):
         params = params or ContinuumOffloadParams()
         super().__init__(params)
         self.host = HostBlockPool(params)
-        self.num_delayed_frees = 0
 
     def attach(self, engine) -> None:
         super().attach(engine)
         self.host.attach(engine)
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
-        done_s = self.host.store(req, now_s)
+        stored_s = self.host.store(req, now_s)  # every turn's KV goes to the host, pinned or not
         if not super().on_turn_finish(req, now_s):
             return False  # pinned: the pin's release frees the blocks
-        if done_s <= now_s:
-            return True
-        from scheduling.engine import BlocksReleaseEvent
-
-        self.num_delayed_frees += 1
-        self.engine.push(BlocksReleaseEvent, done_s, list(req.blocks))
-        return False
+        return self.free_when_stored(req, now_s, stored_s)
 
     def reload_s(self, context_tokens: int) -> float:
         """Reloading from the host pool when it is cheaper than recomputing (bytes / bandwidth)."""
         return min(super().reload_s(context_tokens), self.host.reload_s(context_tokens))
 
-    def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
-        return self.host.hit(req, gpu_hit_tokens, max_tokens)
-
-    def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
-        return self.host.load(req, gpu_hit_tokens, num_tokens, now_s)
-
-    def pool_used_blocks(self) -> int:
-        return len(self.host)
-
-    def pool_total_blocks(self) -> int:
-        return self.host.capacity_blocks
-
-    def params(self) -> dict:
-        return asdict(self.p)
-
     def stats(self) -> dict:
-        return {**super().stats(), **self.host.stats(), "delayed_frees": self.num_delayed_frees}
+        return {**super().stats(), **self.host_stats()}

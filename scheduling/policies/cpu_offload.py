@@ -153,29 +153,22 @@ class HostBlockPool:
                 "load_link_busy_s": self.load_busy_s}
 
 
-class CPUOffloadPolicy(KVPolicy):
-    name = "cpu-offload"
-    asynchronous_load = True
+class HostPoolMixin:
+    """The KVPolicy hooks a policy with a :class:`HostBlockPool` behind it shares (cpu-offload,
+    continuum-offload): connector lookups and loads, the pool's size, and freeing a finished
+    request's GPU blocks only once its store has copied them out."""
 
-    def __init__(self, params: CPUOffloadParams | None = None) -> None:
-        super().__init__()
-        self.p = params or CPUOffloadParams()
-        self.host = HostBlockPool(self.p)
-        self.num_delayed_frees = 0
+    host: HostBlockPool
+    num_delayed_frees: int = 0
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        self.host.attach(engine)
-
-    def on_turn_finish(self, req: Request, now_s: float) -> bool:
-        """Store the turn's blocks; free them now if the copy is done, else when it ends."""
-        done_s = self.host.store(req, now_s)
-        if done_s <= now_s:
+    def free_when_stored(self, req: Request, now_s: float, stored_s: float) -> bool:
+        """True: free the blocks now (the copy is done). Else free them at ``stored_s``."""
+        if stored_s <= now_s:
             return True
         from scheduling.engine import BlocksReleaseEvent
 
         self.num_delayed_frees += 1
-        self.engine.push(BlocksReleaseEvent, done_s, list(req.blocks))
+        self.engine.push(BlocksReleaseEvent, stored_s, list(req.blocks))
         return False
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
@@ -193,5 +186,26 @@ class CPUOffloadPolicy(KVPolicy):
     def params(self) -> dict:
         return asdict(self.p)
 
-    def stats(self) -> dict:
+    def host_stats(self) -> dict:
         return {**self.host.stats(), "delayed_frees": self.num_delayed_frees}
+
+
+class CPUOffloadPolicy(HostPoolMixin, KVPolicy):
+    name = "cpu-offload"
+    asynchronous_load = True
+
+    def __init__(self, params: CPUOffloadParams | None = None) -> None:
+        super().__init__()
+        self.p = params or CPUOffloadParams()
+        self.host = HostBlockPool(self.p)
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        self.host.attach(engine)
+
+    def on_turn_finish(self, req: Request, now_s: float) -> bool:
+        """Store the turn's blocks; free them now if the copy is done, else when it ends."""
+        return self.free_when_stored(req, now_s, self.host.store(req, now_s))
+
+    def stats(self) -> dict:
+        return self.host_stats()
