@@ -425,3 +425,58 @@ def test_quick_l2_sweep_reads_a_bounded_number_of_bytes():
 
     assert total_bytes(True) <= 100e9 < total_bytes(False)
     assert max(s.params["bytes"] for s in probe.plan(_cfg(b, quick=True))) <= 4 * fakes.FakeCudaExt.L2_BYTES
+
+
+def test_short_gemms_are_timed_inside_one_cuda_graph_replay():
+    """Calls under 50 us are timed as replays of one captured graph of 32 calls (torch's CUDA API
+    stood in for: there is no GPU here); a failed capture falls back to an event pair per call."""
+    from gpubench.backends import cuda
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream):
+            log.append("record")
+            self.t = len([x for x in log if x == "replay"])
+
+        def elapsed_time(self, other):  # ms: 0.32 ms per replay -> 10 us per call
+            return (other.t - self.t) * 0.32
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    class Ctx:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            log.append("capture")
+
+        def __exit__(self, *a):
+            return False
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    fake_cuda = type("cuda", (), {"CUDAGraph": Graph, "Event": Event, "Stream": Stream, "stream": Ctx, "graph": Ctx})
+
+    class FakeTorch:
+        cuda = fake_cuda
+
+        @staticmethod
+        def matmul(a, b, out):
+            log.append(f"matmul {b}")
+
+    times = cuda._graph_timed_matmuls(FakeTorch, "a", ["b0", "b1"], "c", 100, Stream())
+    assert len(times) == 4 and all(t == pytest.approx(10e-6) for t in times)  # ceil(100 / 32) replays
+    captured = log[log.index("capture", log.index("capture") + 1) + 1:log.index("record")]
+    assert captured == [f"matmul b{i % 2}" for i in range(cuda.GRAPH_CALLS)]  # weight copies cycle
+    assert log.count("replay") == 4
