@@ -15,8 +15,7 @@ DEFAULT_PROTOCOLS = "text,kv-verbatim,kv-rerotated,kv-rerotated+boundary,kv-blen
 
 def register(sub) -> None:
     """Add `kvcomm` with its `eval` sub-command."""
-    from kvcomm.protocols import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS
-    from kvcomm.tasks import TASKS
+    from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, TASK_NAMES as TASKS
 
     kv = sub.add_parser("kvcomm", help="KV-cache communication between agents (evaluation on a real model)",
                         description="KV-cache communication between agents.")

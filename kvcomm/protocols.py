@@ -53,11 +53,9 @@ import torch
 from gpubench.errors import KVCommError, suggest
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.rope import reposition
+from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS  # noqa: F401 - defined once, there
 from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
 
-PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-blend")
-DEFAULT_BOUNDARY_K = 8
-DEFAULT_RATIO = 0.15
 _PLACEHOLDER = "\x00IMPORT{}\x00"
 
 

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 from gpubench.clihelp import DefaultsHelpFormatter
-from scheduling.sweep import (
-    DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS, SweepSpec,
-    metric_column, parse_assignments, run_sweep, split_policy_label,
+from scheduling.sweep_defaults import (
+    DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
 )
 
 
@@ -67,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the spec from the options, run the missing cells, print a small table."""
     from gpubench.errors import ConfigError
+    from scheduling.sweep import SweepSpec, parse_assignments, run_sweep, split_policy_label
 
     if args.plots_only:
         from scheduling.sweep import load_table, write_plots
@@ -114,6 +114,8 @@ def _reconstruct(args: argparse.Namespace) -> list[str]:
 
 def _print_table(frame) -> None:
     """JCT mean per SKU × policy at each JPS (seed mean), as a rich table."""
+    from scheduling.sweep import metric_column
+
     col = metric_column(frame, "jct_mean")
     if col is None or frame.empty:
         return
