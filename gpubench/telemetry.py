@@ -119,12 +119,19 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
     Returns clock mean/min/max, ``clock_max_ref_mhz``, ``low_clock_frac`` (share of clock samples
     under 75 % of ``max_ref_mhz``), mean memory clock, mean power, energy delta (last - first
     counter reading; None if the counter went backwards), max temperature, OR of throttle bits,
-    ``proc_cpu_util`` (when samples carry ``proc_cpu_s``), sample count and ``telemetry_null_reason`` (field -> reason, only for fields that are None).
+    ``proc_cpu_util`` (when samples carry ``proc_cpu_s``), sample count, ``telemetry_busy_samples``
+    (samples a GPU source saw a kernel running in; clocks, memory clock and power are averaged over
+    those when there are any) and ``telemetry_null_reason`` (field -> reason, only for fields that are None).
     """
     pairs = [(s if isinstance(s, tuple) else (None, s)) for s in samples]
-    clocks = _values(pairs, "clock_mhz")
-    mem = _values(pairs, "mem_clock_mhz")
-    power = _values(pairs, "power_w")
+    # Samples a GPU source marked idle (no kernel running at that instant: between repetitions, in
+    # setup) would average host gaps into "the clock under load"; clocks and power come from the
+    # busy samples when the source says which those are and any exist.
+    busy = [p for p in pairs if p[1].get("gpu_idle") is False]
+    loaded = busy if busy else pairs
+    clocks = _values(loaded, "clock_mhz")
+    mem = _values(loaded, "mem_clock_mhz")
+    power = _values(loaded, "power_w")
     temps = _values(pairs, "temp_c")
     bits = _values(pairs, "throttle_bits")
     energy = _values(pairs, "energy_j")
@@ -141,6 +148,7 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
         "temp_c_max": max(temps) if temps else None,
         "throttle_bits": None,
         "telemetry_samples": len(pairs),
+        "telemetry_busy_samples": len(busy) if any("gpu_idle" in p[1] for p in pairs) else None,
     }
     # CPU seconds the measuring process used per wall second (CPU source only): ~ the number of
     # threads on a machine to itself, less when other work took the cores.

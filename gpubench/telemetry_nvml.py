@@ -265,9 +265,13 @@ class NvmlTelemetry(TelemetrySource):
             s["power_w"] = self._read("power_w", self._power)
         s["temp_c"] = self._read("temp_c", lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
         if self._throttle is not None:
-            # The idle bit (0x1) says the GPU had no work at the instant of the sample; between two
-            # kernels it is noise, not a reason the clocks were low under load: dropped.
-            s["throttle_bits"] = self._read("throttle_bits", lambda: int(self._throttle(h)) & ~IDLE_BIT)
+            # The idle bit (0x1) says the GPU had no work at the instant of the sample: not a reason
+            # the clocks were low under load, so it is dropped from the bits; it marks the sample
+            # instead (``gpu_idle``), and the aggregate keeps clocks and power of busy samples only.
+            raw = self._read("throttle_bits", lambda: int(self._throttle(h)))
+            if raw is not None:
+                s["throttle_bits"] = raw & ~IDLE_BIT
+                s["gpu_idle"] = bool(raw & IDLE_BIT)
         s["energy_j"] = self._read("energy_j", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0)  # mJ
         return s
 

@@ -480,3 +480,16 @@ def test_short_gemms_are_timed_inside_one_cuda_graph_replay():
     captured = log[log.index("capture", log.index("capture") + 1) + 1:log.index("record")]
     assert captured == [f"matmul b{i % 2}" for i in range(cuda.GRAPH_CALLS)]  # weight copies cycle
     assert log.count("replay") == 4
+
+
+def test_clocks_and_power_come_from_samples_taken_while_a_kernel_ran():
+    from gpubench.telemetry import aggregate
+
+    samples = [{"clock_mhz": 1980.0, "power_w": 80.0, "throttle_bits": 0, "gpu_idle": True},
+               {"clock_mhz": 1750.0, "power_w": 650.0, "throttle_bits": 4, "gpu_idle": False},
+               {"clock_mhz": 1710.0, "power_w": 690.0, "throttle_bits": 0, "gpu_idle": False}]
+    out = aggregate(samples, 1980.0)
+    assert out["clock_mhz_mean"] == pytest.approx(1730.0) and out["power_w_mean"] == pytest.approx(670.0)
+    assert out["telemetry_busy_samples"] == 2 and out["telemetry_samples"] == 3 and out["throttle_bits"] == 4
+    # a source that cannot tell (no gpu_idle key, e.g. the CPU): every sample counts
+    assert aggregate([{"clock_mhz": 1000.0}, {"clock_mhz": 2000.0}], None)["clock_mhz_mean"] == 1500.0
