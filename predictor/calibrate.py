@@ -588,14 +588,23 @@ def _fit_launch(run, hw: HardwareSpec, params: dict) -> None:
         done.add(name)
 
 
-def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Calibration:
+def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allow_contended: bool = False) -> Calibration:
     """Fit every parameter a run supports; the rest fall back to published, then spec, values.
+
+    The calibration records the host the run measured (``meta.host``, see predictor.host_match).
+    A run taken under contention is refused (ConfigError) unless ``allow_contended``; then it is
+    fitted and marked (``meta.contended``: why).
 
     Raises ResultsFormatError for a malformed run directory (from gpubench.results.load).
     """
     from gpubench import results
+    from predictor.host_match import identity_from_device, run_contention
 
     run = results.load(run_dir)
+    contended = run_contention(run)
+    if contended and not allow_contended:
+        raise ConfigError(f"{run.run_dir}: taken under contention ({contended}); re-run it on a quiet machine, "
+                          "or pass --allow-contended to fit it anyway (the calibration is then marked)")
     hw0 = HardwareSpec.from_sku(run.sku)
     if hw0.backend != run.backend:
         raise ConfigError(f"{run.run_dir}: manifest backend '{run.backend}' does not match SKU '{run.sku}' ({hw0.backend})")
@@ -632,6 +641,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None) -> Cali
     meta = {"created_utc": _now(), "from": "run", "run_dir": str(run.run_dir),
             "run_git_commit": run.manifest.get("git_commit"), "run_created_utc": run.manifest.get("created_utc"),
             "device": (run.manifest.get("device") or {}).get("name"),
+            "host": identity_from_device(run.manifest.get("device") or {}), "contended": contended,
             "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}
     return Calibration(sku=hw0.sku_id, backend=hw0.backend, dtype=dtype, params=params, hardware=hw_over,
                        host_residual=cal.host_residual, meta=meta, curves=curves)

@@ -21,6 +21,9 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", default="calibration.json", help="where to write (default: %(default)s)")
     p.add_argument("--dtype", default=None, help="dtype to calibrate (default: bf16 on GPUs, fp32 on the CPU)")
     p.add_argument("--json", action="store_true", help="print the calibration JSON instead of a table")
+    p.add_argument("--allow-contended", action="store_true",
+                   help="fit a run taken under contention (load above the core count + 1, or probes that got "
+                        "under 80 %% of their CPU) instead of refusing it; the calibration is marked")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser(
@@ -40,6 +43,8 @@ def register(sub) -> None:
                    help="an explicit batch, e.g. '[[512, 1024], [1, 2048]]' (new, cached tokens per sequence); "
                         "overrides --phase/--batch/--context")
     p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
     p.add_argument("--cuda-graphs", action="store_true", help="launch floor from CUDA-graph node intervals")
     p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPUs, fp32 on the CPU")
@@ -86,8 +91,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if calibration is not None:
         from predictor.calibrate import Calibration
 
+        from gpubench import skus as sku_table
+        from predictor.host_match import check_calibration_host
+
         calibration = Calibration.load(calibration)
         sku = sku or calibration.sku
+        for line in check_calibration_host(calibration, sku_table.get(sku).id, force=args.force_calibration):
+            print(f"warning: {line}", file=sys.stderr)
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
     batch = parse_batch_json(args.batch_json) if args.batch_json else \
@@ -142,7 +152,11 @@ def _print_breakdown(pred) -> None:
 def cmd_fit(args: argparse.Namespace) -> int:
     from predictor.calibrate import fit_run
 
-    cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None)
+    cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None,
+                  allow_contended=args.allow_contended)
+    if cal.meta.get("contended"):
+        print(f"warning: fitted from a run taken under contention ({cal.meta['contended']}); the calibration is "
+              "marked, and predict will say so", file=sys.stderr)
     cal.save(args.output)
     if args.json:
         json.dump(cal.to_dict(), sys.stdout, indent=2)

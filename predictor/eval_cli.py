@@ -47,6 +47,8 @@ def register(sub) -> None:
     e.add_argument("rows", nargs="+", type=Path, help="step-row files written by `gpubench profile`")
     e.add_argument("--calibration", type=Path, default=None,
                    help="calibration.json from `gpubench fit` (default: spec/published tier)")
+    e.add_argument("--force-calibration", action="store_true",
+                   help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
     e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
     e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
     e.add_argument("--seed", type=int, default=0, help="random forest seed")
@@ -127,6 +129,15 @@ def _profile_vllm(args, cfg) -> int:
 
 def _evaluate(args) -> int:
     from predictor.evaluate import EvalConfig, run_evaluation
+
+    if args.calibration is not None:
+        from gpubench import skus as sku_table
+        from predictor.calibrate import Calibration
+        from predictor.host_match import check_calibration_host
+
+        for line in check_calibration_host(Calibration.load(args.calibration), sku_table.get(args.sku).id,
+                                           force=args.force_calibration):
+            print(f"warning: {line}", file=sys.stderr)
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
                     sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,

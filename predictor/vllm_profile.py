@@ -30,9 +30,9 @@ from typing import Callable
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from vllmref.settings import EngineSettings
+from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
 from predictor.profile import SCHEMA_VERSION, GridPoint, cpu_model_name, point_features, read_rows, write_parquet
 
-MIN_CPU_SHARE = 0.8
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU
 
 
@@ -157,7 +157,7 @@ def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]
             "ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "op_sum_cpu_s": float("nan"),
             "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0,
             "loadavg_1m_before": rec["loadavg_1m_before"], "loadavg_1m_after": rec["loadavg_1m_after"],
-            "contended": bool(share < MIN_CPU_SHARE or load > ncpu + 1),
+            "contended": is_contended(load_1m=load, num_cpus=ncpu, cpu_share=share),
             "scenario": rec["scenario"], "engine_step": rec["scenario_step"],
             "kv_free_blocks": rec["kv_free_blocks"], "kv_total_blocks": rec["kv_total_blocks"],
             "num_preempted": len(rec["preempted"]),

@@ -1,0 +1,78 @@
+"""A calibration records its host; predict/evaluate refuse one from another CPU or SKU; fit refuses
+a run taken under contention (real committed runs from two different hosts of this project)."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpubench.errors import ConfigError
+from predictor.calibrate import Calibration, fit_run
+from predictor.host_match import check_calibration_host, current_cpu_identity, identity_from_device, mismatches
+
+ROOT = Path(__file__).resolve().parents[2]
+INTEL_RUN = ROOT / "results/eval/cpu/probes/cpu/20261201T112057Z-vm"   # 2-vCPU Intel Xeon, AVX-512
+AMD_RUN = ROOT / "results/eval/cpu/probes/cpu/20261129T171339Z-vm"     # AMD EPYC, AVX2
+
+
+def gpubench(*args):
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_fit_records_the_host_of_the_run():
+    intel, amd = fit_run(INTEL_RUN), fit_run(AMD_RUN)
+    assert intel.meta["host"]["model_name"].startswith("Intel") and intel.meta["host"]["vector_bits"] == 512
+    assert amd.meta["host"]["model_name"].startswith("AMD") and "avx512f" not in amd.meta["host"]["isa_flags"]
+    assert mismatches(intel.meta["host"], amd.meta["host"])  # the two hosts are told apart
+    assert intel.meta["contended"] is None
+
+
+def test_a_calibration_of_another_cpu_is_refused_with_one_line(tmp_path):
+    """Whichever of the two runs describes another CPU than this one is refused; a calibration of
+    this host's own kind (fitted here from a fresh identity) is accepted."""
+    here = current_cpu_identity()
+    for run in (INTEL_RUN, AMD_RUN):
+        cal = fit_run(run)
+        path = tmp_path / f"{run.name}.json"
+        cal.save(path)
+        p = gpubench("predict", "--sku", "cpu", "--model", "smollm2-135m", "--batch", "2", "--context", "64",
+                     "--calibration", str(path))
+        if mismatches(cal.meta["host"], here):
+            assert p.returncode == 2 and "describes another CPU" in p.stderr and "Traceback" not in p.stderr
+            assert len(p.stderr.strip().splitlines()) == 1
+            forced = gpubench("predict", "--sku", "cpu", "--model", "smollm2-135m", "--batch", "2", "--context", "64",
+                              "--calibration", str(path), "--force-calibration")
+            assert forced.returncode == 0 and "(forced)" in forced.stderr
+        else:
+            assert p.returncode == 0, p.stderr
+    same = Calibration.load(tmp_path / f"{INTEL_RUN.name}.json")
+    same.meta["host"] = {**here, "blas": "any"}
+    assert check_calibration_host(same, "cpu") == []
+    with pytest.raises(ConfigError, match="for SKU 'cpu', not 'h100-sxm'"):
+        check_calibration_host(same, "h100-sxm")
+    same.meta.pop("host")
+    assert any("records no host" in w for w in check_calibration_host(same, "cpu"))
+
+
+def test_fit_refuses_a_contended_run_or_marks_it(tmp_path):
+    run = tmp_path / INTEL_RUN.name
+    shutil.copytree(INTEL_RUN, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["telemetry"]["loadavg_at_start"] = [9.5, 8.0, 7.0]  # two CPUs and a load of 9.5
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    p = gpubench("fit", str(run), "-o", str(tmp_path / "c.json"))
+    assert p.returncode == 2 and "under contention" in p.stderr and "load up to 9.5 on 2 CPUs" in p.stderr
+    assert not (tmp_path / "c.json").exists()
+    p = gpubench("fit", str(run), "-o", str(tmp_path / "c.json"), "--allow-contended")
+    assert p.returncode == 0 and "contention" in p.stderr
+    cal = Calibration.load(tmp_path / "c.json")
+    assert "9.5" in cal.meta["contended"]
+    cal.meta["host"] = current_cpu_identity()  # so that only the contention speaks
+    assert any("under contention" in w for w in check_calibration_host(cal, "cpu"))
+
+
+def test_gpu_run_identity_is_its_device():
+    ident = identity_from_device({"backend": "cuda", "name": "NVIDIA H200", "driver": "580.65"})
+    assert ident == {"backend": "cuda", "name": "NVIDIA H200", "driver": "580.65"}
