@@ -43,6 +43,17 @@ def main(argv=None) -> int:
     except GpubenchError as err:
         print(f"gpubench: error: {err}", file=sys.stderr)
         return 2
+    except UnicodeDecodeError as err:
+        # An input file that is not UTF-8 text (a binary, a truncated download): the user's file,
+        # not a fault of gpubench. The reader that hit it may not know the path; the position helps.
+        print(f"gpubench: error: an input file is not UTF-8 text ({err.reason} at byte {err.start})", file=sys.stderr)
+        return 2
+    except OSError as err:
+        # A path the user named that cannot be read or written (missing, a directory where a file
+        # is expected, no permission, a full disk): one line that names it.
+        where = f" {err.filename}" if err.filename else ""
+        print(f"gpubench: error: cannot use{where}: {err.strerror or err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("gpubench: interrupted; what was measured is on disk (resume with --resume RUN_DIR)", file=sys.stderr)
         return 130

@@ -149,12 +149,20 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
     if not path.exists():
         raise ResultsFormatError(f"{path}: missing (not a gpubench run directory)")
     try:
-        m = json.loads(path.read_text())
+        m = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ResultsFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ResultsFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(m, dict):
+        raise ResultsFormatError(f"{path}: a manifest is a JSON object, got {type(m).__name__}")
     for k in ("schema_version", "probes", "sku"):
         if k not in m:
             raise ResultsFormatError(f"{path}: manifest has no '{k}' field")
+    if isinstance(m["schema_version"], bool) or not isinstance(m["schema_version"], int):
+        raise ResultsFormatError(f"{path}: field 'schema_version' must be an integer, got {m['schema_version']!r}")
+    if not isinstance(m["probes"], dict):
+        raise ResultsFormatError(f"{path}: field 'probes' must be an object, got {type(m['probes']).__name__}")
     if m["schema_version"] > SCHEMA_VERSION:
         raise ResultsFormatError(f"{path}: schema_version {m['schema_version']} is newer than this gpubench ({SCHEMA_VERSION})")
     return m

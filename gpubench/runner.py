@@ -332,8 +332,25 @@ def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
 
 def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None,
             on_start: Callable[[RunWriter, str, list], None] | None = None) -> RunOutcome:
-    """Open the run and run every probe not yet done. Returns what happened to each probe."""
-    writer, backend, line = open_run(req)
+    """Open the run and run every probe not yet done. Returns what happened to each probe.
+
+    The run directory is locked for the whole run (gpubench.outdir.locked): a second
+    ``run --resume`` on it gets one line instead of measuring every probe a second time.
+    """
+    import contextlib
+
+    from gpubench.outdir import locked
+
+    with contextlib.ExitStack() as stack:
+        if req.resume:  # before the manifest is read: two resumes must not both see the same todo
+            stack.enter_context(locked(req.resume, "run directory"))
+        writer, backend, line = open_run(req)
+        if not req.resume:
+            stack.enter_context(locked(writer.run_dir, "run directory"))
+        return _execute(writer, backend, line, req, on_event, on_start)
+
+
+def _execute(writer, backend, line, req, on_event, on_start) -> RunOutcome:
     manifest = writer.manifest
     names = list(manifest["probes"])
     todo = [n for n in names if manifest["probes"][n].get("status") not in DONE_STATUSES]

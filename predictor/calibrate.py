@@ -220,9 +220,13 @@ class Calibration:
         if not p.is_file():
             raise ConfigError(f"{p}: no such calibration file (make one with `gpubench fit RUN_DIR -o {p}`)")
         try:
-            d = json.loads(p.read_text())
+            d = json.loads(p.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not a calibration (not UTF-8 text: {e.reason} at byte {e.start})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{p}: a calibration is a JSON object, got {type(d).__name__}")
         return cls.from_dict(d, where=str(p))
 
 

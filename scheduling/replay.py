@@ -178,11 +178,13 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
 
 def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | None = None) -> Path:
     """Write summary.json, steps.csv, turns.csv, jobs.csv into ``out_dir`` (created)."""
+    from gpubench.outdir import locked, write_text_atomic
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"command": command, "config": result.config.to_dict(), "metrics": result.summary}
-    (out / "summary.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    result.steps.to_csv(out / "steps.csv", index=False)
-    result.turns.to_csv(out / "turns.csv", index=False)
-    result.jobs.to_csv(out / "jobs.csv", index=False)
+    with locked(out, "replay directory"):
+        # Tables first, the summary last: a directory with a summary.json is complete.
+        for name, frame in (("steps.csv", result.steps), ("turns.csv", result.turns), ("jobs.csv", result.jobs)):
+            write_text_atomic(out / name, frame.to_csv(index=False))
+        doc = {"command": command, "config": result.config.to_dict(), "metrics": result.summary}
+        write_text_atomic(out / "summary.json", json.dumps(doc, indent=2, default=str) + "\n")
     return out

@@ -143,6 +143,21 @@ class SweepSpec:
             raise ConfigError(f"parameters given for policies not in the sweep: {', '.join(unknown)}")
         if self.trace is not None and not Path(self.trace).is_file():
             raise ConfigError(f"--trace {self.trace}: file not found")
+        # Everything a cell would otherwise fail on identically, checked once before any cell runs
+        # (a typo must not become 120 "finished" error rows).
+        from predictor import load_model_config
+        from scheduling.policies import make_policy
+
+        load_model_config(self.model)
+        if self.trace is not None:
+            from scheduling.traces import load_trace
+
+            load_trace(self.trace)
+        for label in self.policies:
+            name, variant = split_policy_label(label)
+            make_policy(name, {**self.policy_params.get(name, {}), **self.policy_params.get(label, {}), **variant})
+        if self.replay_params:
+            replay_config(self, SweepCell(self.policies[0], self.skus[0], float(self.jps[0]), int(self.seeds[0])))
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,14 +240,24 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
 # The table (append, resume)
 # --------------------------------------------------------------------------------------------
 
-def _done_keys(csv_path: Path) -> set[str]:
+def _done_keys(csv_path: Path) -> tuple[set[str], set[str]]:
+    """``(finished keys, keys whose row records an error)``. An error row is not done: a resumed
+    sweep runs the cell again (after a fix, or a transient failure) and replaces its row.
+    Duplicate keys mean two writers shared the table: refused."""
     if not csv_path.is_file() or csv_path.stat().st_size == 0:
-        return set()
+        return set(), set()
     try:
-        frame = pd.read_csv(csv_path, usecols=["key"])
-    except (ValueError, pd.errors.ParserError) as err:
+        frame = pd.read_csv(csv_path, usecols=lambda c: c in ("key", "error"), dtype=str, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as err:
         raise ConfigError(f"{csv_path}: cannot resume from this table ({err})") from None
-    return set(frame["key"].astype(str))
+    if "key" not in frame.columns:
+        raise ConfigError(f"{csv_path}: cannot resume from this table (no 'key' column)")
+    dup = frame["key"][frame["key"].duplicated()]
+    if len(dup):
+        raise ConfigError(f"{csv_path}: cell {dup.iloc[0]!r} appears more than once (two sweeps wrote this "
+                          "table?); remove the duplicate rows or start a new --out")
+    errors = frame["key"][frame["error"] != ""] if "error" in frame.columns else frame["key"].iloc[0:0]
+    return set(frame["key"]) - set(errors), set(errors)
 
 
 class _Table:
@@ -253,6 +278,19 @@ class _Table:
             csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(row)
             f.flush()
             os.fsync(f.fileno())
+
+    def drop_keys(self, keys: set[str]) -> None:
+        """Rewrite the table without the rows of ``keys`` (atomically)."""
+        with open(self.path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("key") not in keys]
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.columns, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
 
     def _rewrite_with(self, new: list[str]) -> None:
         ids = [c for c in ID_COLUMNS if c not in self.columns]
@@ -284,7 +322,9 @@ def _check_spec(out_dir: Path, spec: SweepSpec) -> None:
             raise ConfigError(f"{out_dir} holds a sweep with different {', '.join(diff)} "
                               f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use another --out")
     else:
-        path.write_text(json.dumps(fixed, indent=2) + "\n")
+        from gpubench.outdir import write_text_atomic
+
+        write_text_atomic(path, json.dumps(fixed, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,16 +385,27 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
         ray_address: run on Ray instead ("local" starts one here; else a cluster address).
         command: written to ``out_dir/COMMAND`` (the CLI passes its own command line).
     """
+    from gpubench.outdir import locked
+
     spec.validate()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with locked(out, "sweep directory"):  # a second sweep on this --out would interleave its rows
+        return _run_sweep_locked(spec, out, workers, ray_address, command, progress, plots, on_row)
+
+
+def _run_sweep_locked(spec, out: Path, workers, ray_address, command, progress, plots, on_row) -> pd.DataFrame:
+    from gpubench.outdir import write_text_atomic
+
     _check_spec(out, spec)
     if command:
-        (out / COMMAND_NAME).write_text(command.rstrip() + "\n")
+        write_text_atomic(out / COMMAND_NAME, command.rstrip() + "\n")
     csv_path = out / CSV_NAME
-    done = _done_keys(csv_path)
+    done, failed = _done_keys(csv_path)
     todo = [c for c in spec.cells() if c.key not in done]
     table = _Table(csv_path)
+    retry = failed & {c.key for c in todo}
+    if retry:
+        table.drop_keys(retry)  # their new rows replace them
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     rows = _run_ray(spec, todo, ray_address) if ray_address else _run_pool(spec, todo, min(workers, max(1, len(todo))))

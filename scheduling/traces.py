@@ -228,6 +228,13 @@ def load_trace(path: str | Path, *, seed: int = 0) -> list[Job]:
     path = Path(path)
     if not path.is_file():
         raise TraceFormatError(f"{path}: trace file not found")
+    try:
+        return _load_trace(path, seed)
+    except UnicodeDecodeError as err:
+        raise TraceFormatError(f"{path}: not a trace (not UTF-8 text: {err.reason} at byte {err.start})") from None
+
+
+def _load_trace(path: Path, seed: int) -> list[Job]:
     if _is_swesmith_file(path):
         from scheduling import swesmith
 

@@ -17,6 +17,36 @@ if TYPE_CHECKING:  # pragma: no cover
     from scheduling.request import Request
 
 
+def check_params(policy: str, params, *, positive=(), non_negative=(), counts=(), optional_positive=()) -> None:
+    """Refuse (ConfigError, one line) a policy parameter that is not a number in its range: NaN,
+    infinities, negatives and zeros are user errors, never silently used."""
+    import math
+
+    from gpubench.errors import ConfigError
+
+    def bad(name, value, want):
+        raise ConfigError(f"{policy} {name} must be {want}, got {value!r}")
+
+    for name in positive + non_negative + optional_positive:
+        value = getattr(params, name)
+        if value is None and name in optional_positive:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            bad(name, value, "a number")
+        if name in positive and not (value > 0 and math.isfinite(value)):
+            bad(name, value, "a finite number > 0")
+        if name in non_negative and not (value >= 0 and math.isfinite(value)):
+            bad(name, value, "a finite number >= 0")
+        if name in optional_positive and not value > 0:
+            bad(name, value, "> 0")
+    for name in counts:
+        value = getattr(params, name)
+        if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
+            bad(name, value, "a whole number")
+        if value < 1:
+            bad(name, value, "a whole number >= 1")
+
+
 @dataclass(frozen=True)
 class ExternalLoad:
     """How long a connector takes to bring external tokens to the GPU.

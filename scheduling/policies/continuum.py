@@ -14,7 +14,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from scheduling.policies.base import KVPolicy, PriorityQueue, RequestQueue
+from scheduling.policies.base import KVPolicy, PriorityQueue, RequestQueue, check_params
 from scheduling.request import JobState, Request
 
 TTL_RULES = ("fixed", "tool-mean", "expected-benefit")
@@ -43,6 +43,10 @@ class ContinuumParams:
     min_samples: int = 5
     queue_window: int = 64
     sample_window: int = 256
+
+    def __post_init__(self) -> None:
+        check_params("continuum", self, positive=("prior_mean_s",), non_negative=("ttl_s", "tool_mean_threshold_s", "eta"),
+                     counts=("min_samples", "queue_window", "sample_window"))
 
 
 class ContinuumPolicy(KVPolicy):

@@ -22,6 +22,10 @@ from scheduling.request import Request
 class ContinuumOffloadParams(ContinuumParams, CPUOffloadParams):
     """Every parameter of continuum and of cpu-offload (same names, same defaults)."""
 
+    def __post_init__(self) -> None:  # both parents' checks (the MRO would run only the first)
+        ContinuumParams.__post_init__(self)
+        CPUOffloadParams.__post_init__(self)
+
 
 class ContinuumOffloadPolicy(HostPoolMixin, ContinuumPolicy):
     name = "continuum-offload"

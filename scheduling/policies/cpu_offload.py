@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from gpubench.errors import ConfigError
 from scheduling.kv_cache import HashLRU
-from scheduling.policies.base import ExternalLoad, KVPolicy
+from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
 from scheduling.request import Request
 
 GIB = 1 << 30
@@ -55,14 +55,10 @@ class CPUOffloadParams:
     def __post_init__(self) -> None:
         if self.store not in STORE_MODES:
             raise ConfigError(f"cpu-offload store must be one of {', '.join(STORE_MODES)}, got {self.store!r}")
-        if not self.cpu_gib > 0:
-            raise ConfigError(f"cpu-offload cpu_gib must be > 0, got {self.cpu_gib}")
-        if not 0 < self.link_efficiency <= 1:
+        check_params("cpu-offload", self, positive=("cpu_gib", "link_efficiency"), non_negative=("transfer_latency_s",),
+                     optional_positive=("link_gbs",))
+        if self.link_efficiency > 1:
             raise ConfigError(f"cpu-offload link_efficiency must be in (0, 1], got {self.link_efficiency}")
-        if self.link_gbs is not None and not self.link_gbs > 0:
-            raise ConfigError(f"cpu-offload link_gbs must be > 0, got {self.link_gbs}")
-        if not self.transfer_latency_s >= 0:
-            raise ConfigError(f"cpu-offload transfer_latency_s must be >= 0, got {self.transfer_latency_s}")
 
 
 class HostBlockPool:

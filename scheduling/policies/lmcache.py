@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from scheduling.policies.base import ExternalLoad, KVPolicy
+from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
 from scheduling.request import Request
 
 
@@ -41,6 +41,10 @@ class LMCacheParams:
     retrieve_gbs: float | None = None
     store_chunk_s: float = 0.5e-3
     retrieve_chunk_s: float = 0.2e-3
+
+    def __post_init__(self) -> None:
+        check_params("lmcache", self, positive=("cpu_gib",), non_negative=("store_chunk_s", "retrieve_chunk_s"),
+                     counts=("chunk_tokens",), optional_positive=("store_gbs", "retrieve_gbs"))
 
 
 class LMCachePolicy(KVPolicy):

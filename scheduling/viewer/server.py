@@ -11,6 +11,7 @@ else's business, and no page here needs to be reachable from another host.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,8 +44,20 @@ def export_html(run_dir: str | Path, out_file: str | Path) -> Path:
     return out
 
 
+# Host headers a page on 127.0.0.1 is reached by. Anything else is a DNS-rebinding attempt (a
+# hostile page that points its own name at 127.0.0.1 to read the data from the user's browser).
+ALLOWED_HOSTS = ("127.0.0.1", "localhost")
+IDLE_TIMEOUT_S = 30  # a connection that sends nothing for this long is closed (no thread held forever)
+
+
 class _Handler(BaseHTTPRequestHandler):
-    """GET-only handler over an already-loaded run (loaded once: the files do not change)."""
+    """GET-only handler over an already-loaded run (loaded once: the files do not change).
+
+    Refuses a request whose Host is not 127.0.0.1/localhost (403), closes idle connections after
+    IDLE_TIMEOUT_S, and reports a client that went away as one line on stderr, not a traceback.
+    """
+
+    timeout = IDLE_TIMEOUT_S
 
     def __init__(self, *args, page: bytes, data: bytes, summary: bytes, **kw) -> None:
         self._routes = {"/": (page, "text/html; charset=utf-8"), "/index.html": (page, "text/html; charset=utf-8"),
@@ -52,6 +65,10 @@ class _Handler(BaseHTTPRequestHandler):
         super().__init__(*args, **kw)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        if host not in ALLOWED_HOSTS:
+            self.send_error(403, "this viewer answers only to 127.0.0.1 and localhost")
+            return
         route = self._routes.get(self.path.split("?", 1)[0])
         if route is None:
             self.send_error(404, "not found")
@@ -62,10 +79,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            print(f"gpubench view: a client closed its connection before {self.path} was sent", file=sys.stderr)
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints the URL once
         pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """One line per failed connection (a client that went away, a timed-out idle socket)."""
+        err = sys.exc_info()[1]
+        print(f"gpubench view: connection from {client_address[0]} ended: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 class ViewerServer:
@@ -80,8 +109,7 @@ class ViewerServer:
         handler = partial(_Handler, page=render_page(None).encode("utf-8"),
                           data=json.dumps(data, separators=(",", ":")).encode("utf-8"),
                           summary=summary_path.read_bytes())
-        self.httpd = ThreadingHTTPServer((HOST, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((HOST, port), handler)
         self._thread: threading.Thread | None = None
 
     @property

@@ -246,3 +246,32 @@ def test_browser_on_real_replay_output(browser, tmp_path):
         assert {c: marks[c]["marks"] for c in CHARTS if c not in empty_ok and marks[c]["marks"] == 0} == {}
         assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
         browser.save_screenshot(str(_shot_dir(tmp_path) / "viewer_real.png"))
+
+
+def test_viewer_refuses_foreign_hosts_and_closes_idle_sockets(tmp_path, monkeypatch):
+    """DNS rebinding: a request whose Host is not 127.0.0.1/localhost gets 403; an idle connection
+    is closed after the handler's timeout instead of holding a thread forever."""
+    import http.client
+    import socket
+
+    from scheduling.viewer import server as server_mod
+    from scheduling.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+
+    jobs = with_poisson_arrivals(synthetic_jobs(3, 0, SyntheticParams(turns_mean=3, turns_max=4)), jps=1.0, seed=0)
+    out = tmp_path / "run"
+    write_outputs(run_replay(jobs, ReplayConfig(sku="h100-sxm", step_cost="constant:0.01")), out)
+    monkeypatch.setattr(server_mod._Handler, "timeout", 1)
+    with server_mod.ViewerServer(out) as srv:
+        for host, status in (("127.0.0.1", 200), ("localhost:8080", 200), ("evil.example.com", 403),
+                             ("127.0.0.1.evil.example", 403)):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            conn.putrequest("GET", "/data.json", skip_host=True)
+            conn.putheader("Host", host)
+            conn.endheaders()
+            assert conn.getresponse().status == status, host
+            conn.close()
+        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        idle.settimeout(5)
+        assert idle.recv(1) == b""  # the server closed it after ~1 s of silence
+        idle.close()

@@ -1,0 +1,65 @@
+"""Output directories that two runs cannot share by accident, and files that are whole or absent.
+
+``locked(dir)``: an advisory lock (``fcntl.flock`` on ``dir/.gpubench.lock``, which records the
+holder's PID and command) held while a command writes into ``dir``. A second command on the same
+directory gets one line naming the holder instead of interleaving its rows with the first's (two
+sweeps on one ``--out`` used to lose finished cells; two ``run --resume`` doubled rows). The lock
+goes away with the process, so a killed run never leaves a stale one.
+
+``write_text_atomic(path, text)``: a temporary file in the same directory, fsync, rename, fsync of
+the directory: a crash or a full disk leaves the old file or the new one, never a truncated one.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from gpubench.errors import ConfigError
+
+LOCK_NAME = ".gpubench.lock"
+
+
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike, what: str = "output directory") -> Iterator[Path]:
+    """Hold ``directory``'s lock (creating the directory) for the body; ConfigError if another
+    process holds it."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            raise ConfigError(f"{d}: {what} in use by {holder}; wait for it to finish or use another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()} ({' '.join(sys.argv[:3])})\n".encode(), 0)
+        yield d
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old content or the new, never a part."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return p

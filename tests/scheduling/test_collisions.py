@@ -1,0 +1,60 @@
+"""Two commands on one output directory, and error cells on resume: nothing lost or doubled."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from gpubench.errors import ConfigError
+from gpubench.outdir import locked, write_text_atomic
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_second_sweep_on_a_locked_directory_is_refused_with_the_holder(tmp_path):
+    out = tmp_path / "sweep"
+    with locked(out, "sweep directory"):
+        p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--quiet")
+        assert p.returncode == 2 and "in use by PID" in p.stderr and "Traceback" not in p.stderr
+        q = cli("replay", "--synthetic", "2", "--jps", "1", "--out", str(out), "--no-progress")
+        assert q.returncode == 2 and "in use by PID" in q.stderr
+    assert not (out / "sweep.csv").exists()
+    p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr  # the lock went with its holder
+
+
+def test_error_cells_are_rerun_on_resume_and_replaced_not_doubled(tmp_path):
+    out = tmp_path / "sweep"
+    args = ("sweep", "--policies", "fcfs", "--skus", "a100-40,h100", "--jps", "1", "--jobs", "2",
+            "--model", "llama-3.1-70b", "--out", str(out), "--quiet", "--no-plots")
+    assert cli(*args).returncode == 0
+    first = pd.read_csv(out / "sweep.csv", keep_default_na=False)
+    assert len(first) == 2 and (first["error"] != "").all()  # 70B bf16 fits neither card
+    assert cli(*args).returncode == 0  # resumed: the error cells run again
+    again = pd.read_csv(out / "sweep.csv", keep_default_na=False)
+    assert len(again) == 2 and sorted(again["key"]) == sorted(first["key"])
+
+
+def test_duplicate_cells_in_a_table_are_refused(tmp_path):
+    out = tmp_path / "sweep"
+    args = ("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out),
+            "--quiet", "--no-plots")
+    assert cli(*args).returncode == 0
+    lines = (out / "sweep.csv").read_text().splitlines()
+    (out / "sweep.csv").write_text("\n".join(lines + lines[1:]) + "\n")  # what two writers used to leave
+    p = cli(*args)
+    assert p.returncode == 2 and "appears more than once" in p.stderr
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+    path = tmp_path / "a.json"
+    write_text_atomic(path, "old")
+    with pytest.raises(TypeError):
+        write_text_atomic(path, None)  # fails while writing the temporary file
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    with locked(tmp_path / "d"):
+        with pytest.raises(ConfigError, match="in use by PID"):
+            with locked(tmp_path / "d"):
+                pass
