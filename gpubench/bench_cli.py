@@ -64,6 +64,9 @@ def cmd_run(args) -> int:
 
     if args.reps < 2:
         raise ConfigError(f"--reps must be >= 2 (the first repetition is discarded), got {args.reps}")
+    if args.probe_budget_s is not None and not (0 < args.probe_budget_s < float("inf")):
+        # NaN used to disable the deadline (a hung probe then ran forever) and 0 was ignored
+        raise ConfigError(f"--probe-budget-s must be a finite number of seconds > 0, got {args.probe_budget_s}")
     probes = tuple(p.strip() for p in args.probes.split(",") if p.strip()) if args.probes else None
     req = RunRequest(device=args.device, sku=args.sku, probes=probes, quick=args.quick, out=args.out,
                      resume=args.resume, force=args.force, options=_parse_sets(args.set), num_reps=args.reps,

@@ -12,10 +12,17 @@ from gpubench.errors import GpubenchError
 _REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "kvcomm.cli", "vllmref.cli")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage text is a --help away), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="gpubench",
         description="Characterize a GPU or CPU for LLM inference, predict step times, replay agent workloads.",
     )

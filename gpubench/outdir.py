@@ -28,6 +28,8 @@ def locked(directory: str | os.PathLike, what: str = "output directory") -> Iter
     """Hold ``directory``'s lock (creating the directory) for the body; ConfigError if another
     process holds it."""
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"{d}: exists and is not a directory (the {what} must be one)")
     d.mkdir(parents=True, exist_ok=True)
     path = d / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -53,10 +53,15 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_predict)
 
 
+MAX_BATCH = 1_000_000  # far past any engine's max_num_seqs; the batch list is built in memory
+
+
 def build_batch(phase: str, batch: int, context: int, new_tokens: int | None) -> list[tuple[int, int]]:
     """The (num_new_tokens, num_cached_tokens) list the CLI options describe."""
     if batch < 1:
         raise ConfigError(f"--batch must be >= 1 (got {batch})")
+    if batch > MAX_BATCH:
+        raise ConfigError(f"--batch must be <= {MAX_BATCH:,} sequences (got {batch:,})")
     if context < 0:
         raise ConfigError(f"--context must be >= 0 (got {context})")
     if new_tokens is not None and new_tokens < 1:

@@ -100,9 +100,11 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a model config (not UTF-8 text: {e.reason} at byte {e.start})") from None
     name = path.stem if path.name != "config.json" else path.parent.name
     return from_dict(raw, name=name, where=str(path))
 

@@ -168,6 +168,9 @@ def load_jobs(args: argparse.Namespace):
 def config_from_args(args: argparse.Namespace):
     from scheduling.replay import ReplayConfig
 
+    reserve = args.activation_reserve_gib
+    if not (reserve >= 0 and reserve < float("inf")):
+        raise ConfigError(f"--activation-reserve-gib must be a finite number >= 0, got {reserve}")
     for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks"):
         value = getattr(args, name, None)
         if value is not None and value < 1:

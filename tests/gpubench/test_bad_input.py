@@ -1,0 +1,62 @@
+"""Malformed options and files across the sub-commands: each is exactly one line on stderr, exit 2,
+no traceback, no hang, and nothing written where the output was to go."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "bin.jsonl").write_bytes(b"\xff\xfe\x00\x01binary")
+    (d / "bad.json").write_text("not json")
+    (d / "list.json").write_text("[1, 2]")
+    (d / "badtrace.jsonl").write_text(json.dumps({"job_id": "a", "system_tokens": -1, "turns": []}) + "\n")
+    (d / "rundir").mkdir()
+    (d / "rundir" / "manifest.json").write_text(json.dumps({"schema_version": "1", "probes": [], "sku": "cpu"}))
+    (d / "rundir2").mkdir()
+    (d / "rundir2" / "manifest.json").write_text(json.dumps({"schema_version": 1, "probes": [], "sku": "cpu"}))
+    (d / "afile").write_text("x")
+    return d
+
+
+CASES = [
+    "predict --batch 0", "predict --context nan", "predict --sku h100 --batch 10000000000",
+    "predict --calibration {d}/bad.json", "predict --calibration {d}/list.json", "predict --calibration {d}/bin.jsonl",
+    "predict --model {d}/bin.jsonl", "predict --sku h100 --calibration {d}/nothere.json",
+    "replay --trace {d}/bin.jsonl --out {d}/o", "replay --trace {d}/badtrace.jsonl --out {d}/o",
+    "replay --synthetic 2 --jps nan --out {d}/o", "replay --synthetic 2 --jps 1 --max-num-batched-tokens 0 --out {d}/o",
+    "replay --synthetic 2 --jps 1 --gpu-memory-utilization nan --out {d}/o",
+    "replay --synthetic 2 --jps 1 --activation-reserve-gib -5 --out {d}/o",
+    "replay --synthetic 2 --jps 1 --out {d}/afile", "replay --synthetic 2 --jps 1 --policy continuum --ttl-s nan --out {d}/o",
+    "replay --synthetic 2 --jps 1 --policy lmcache --lmcache-chunk-tokens 0 --out {d}/o",
+    "replay --synthetic 2 --jps 1 --policy cpu-offload --cpu-gib -1 --out {d}/o",
+    "replay --synthetic 2 --jps 1 --policy fcfs --cpu-gib 8 --out {d}/o",
+    "show {d}/rundir", "show {d}/rundir2", "fit {d}/rundir", "fit {d}/nothere", "show {d}/bin.jsonl",
+    "sweep --jps nan --out {d}/o", "sweep --jobs 0 --out {d}/o", "sweep --workers 0 --out {d}/o",
+    "sweep --skus h999 --out {d}/o", "sweep --model llama-9000 --out {d}/o", "sweep --policies fcfs@ttl_s=1 --out {d}/o",
+    "sweep --set max_num_seqz=3 --out {d}/o", "sweep --jps x --out {d}/o",
+    "trace stats {d}/bin.jsonl", "trace stats --jobs -1", "trace swesmith --jobs 5 --out {d}/x.txt",
+    "trace swesmith --jobs 0 --out {d}/x.parquet",
+    "evaluate {d}/bin.jsonl --out {d}/o", "run --device cpu --probes nope --out {d}/o",
+    "run --device cpu --probe-budget-s nan --out {d}/o", "run --device cpu --reps 1 --out {d}/o",
+    "compare-replay {d} {d} --out {d}/o", "view {d}/rundir --export {d}/v.html",
+    "kvcomm eval --n 0 --out {d}/o", "profile --model nope --out {d}/p.parquet", "skus --nope",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2(bad, case):
+    argv = [a.format(d=bad) for a in case.split()]
+    before = sorted(p.name for p in bad.iterdir())
+    p = subprocess.run([sys.executable, "-m", "gpubench", *argv], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "200"})
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, (case, p.stderr[-500:])
+    assert "Traceback" not in p.stderr and len(lines) == 1, (case, p.stderr[-800:])
+    assert "error" in lines[0]
+    after = sorted(p.name for p in bad.iterdir())
+    assert after == before or set(after) - set(before) <= {"o"} and not any((bad / "o").iterdir()), (case, after)
