@@ -171,7 +171,8 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
 def read_rows(path: str | os.PathLike) -> list[dict]:
     """Rows of one JSONL file; ResultsFormatError naming file and line for anything malformed."""
     rows = []
-    with open(path) as f:
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8", errors="strict") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -183,6 +184,12 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 raise ResultsFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             if "key" not in row:
                 raise ResultsFormatError(f"{path}:{lineno}: row has no 'key' field")
+            if row["key"] in seen:
+                # Two writers on one run (e.g. two `run --resume`) measured it twice: figures would
+                # silently average over both.
+                raise ResultsFormatError(f"{path}:{lineno}: row {row['key']!r} duplicates line {seen[row['key']]} "
+                                         "(was the run resumed twice at once?); remove one of them")
+            seen[row["key"]] = lineno
             rows.append(row)
     return rows
 

@@ -107,18 +107,6 @@ def build_rows(probe: Probe, backend_name: str, spec: MeasurementSpec, fields, t
 
 # ---------------------------------------------------------------- worker -----------------------
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this worker when the parent dies (no orphan appending rows)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def _emit(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -143,7 +131,9 @@ def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
     from gpubench.backends import get_backend
     from gpubench.telemetry import Sampler
 
-    _die_with_parent(parent_pid)
+    from gpubench.procutil import die_with_parent
+
+    die_with_parent(parent_pid)
     manifest = read_manifest(run_dir)
     backend, _ = get_backend(manifest["config"]["device_spec"])
     probe = find_probe(backend, probe_name)

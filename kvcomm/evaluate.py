@@ -109,12 +109,24 @@ def _drop_torn_tail(path: Path) -> None:
 def _check_config(cfg: EvalConfig) -> None:
     path = cfg.out_dir / CONFIG_FILE
     identity = cfg.identity()
-    if path.exists():
-        old = json.loads(path.read_text())
+    results = cfg.out_dir / RESULTS_FILE
+    has_rows = False
+    if results.exists():
+        with results.open(encoding="utf-8", errors="replace") as f:
+            has_rows = any(line.strip() for line in f)
+    if path.exists() and has_rows:
+        # Only settings that produced rows bind the directory: a run that failed before its first
+        # row (a typo in --model) leaves nothing to protect, and the corrected command goes ahead.
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise KVCommError(f"{path}: unreadable; it describes the rows in {results}: restore it or use another --out") from None
         mismatch = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
         if mismatch:
             raise KVCommError(f"{cfg.out_dir} holds a run with other settings {mismatch} (old, new): use another --out")
-    path.write_text(json.dumps({**identity, "tasks": list(cfg.tasks), "protocols": [p.label for p in cfg.protocols],
+    from gpubench.outdir import write_text_atomic
+
+    write_text_atomic(path, json.dumps({**identity, "tasks": list(cfg.tasks), "protocols": [p.label for p in cfg.protocols],
                                 "n": cfg.n}, indent=2) + "\n")
 
 
@@ -128,9 +140,15 @@ def run_eval(cfg: EvalConfig, model=None, tokenizer=None, *, progress: bool = Tr
 
     from kvcomm.models import load_model, rope_info
 
+    from gpubench.outdir import locked
+
     for task in cfg.tasks:
         check_task(task)
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    with locked(cfg.out_dir, "kvcomm run directory"):  # two evals on one --out would interleave rows
+        return _run_eval_locked(cfg, model, tokenizer, progress, torch, load_model, rope_info)
+
+
+def _run_eval_locked(cfg, model, tokenizer, progress, torch, load_model, rope_info) -> pd.DataFrame:
     _check_config(cfg)
     results = cfg.out_dir / RESULTS_FILE
     _drop_torn_tail(results)

@@ -338,8 +338,12 @@ def _run_pool(spec: SweepSpec, todo: Sequence[SweepCell], workers: int) -> Itera
         return
     import multiprocessing as mp
 
-    # spawn: workers start clean (no inherited threads, e.g. rich's refresh thread, no forked locks)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    from gpubench.procutil import die_with_parent
+
+    # spawn: workers start clean (no inherited threads, e.g. rich's refresh thread, no forked locks);
+    # they die with this process, so a killed sweep leaves no worker running.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         pending = {pool.submit(run_cell, spec, cell) for cell in todo}
         try:
             while pending:

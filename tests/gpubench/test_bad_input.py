@@ -60,3 +60,17 @@ def test_bad_input_is_one_line_exit_2(bad, case):
     assert "error" in lines[0]
     after = sorted(p.name for p in bad.iterdir())
     assert after == before or set(after) - set(before) <= {"o"} and not any((bad / "o").iterdir()), (case, after)
+
+
+def test_a_run_measured_twice_is_refused_on_read(tmp_path):
+    """Two writers on one run used to double every row, and show/fit averaged over both."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "results/eval/cpu/probes/cpu/20261201T112057Z-vm"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    lines = (run / "stream.jsonl").read_text().splitlines()
+    (run / "stream.jsonl").write_text("\n".join(lines + lines[:1]) + "\n")
+    p = subprocess.run([sys.executable, "-m", "gpubench", "show", str(run)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "duplicates line 1" in p.stderr and "Traceback" not in p.stderr

@@ -120,3 +120,18 @@ def test_cli_end_to_end_subprocess(smollm2, tmp_path, capsys):
     assert main(cmd[3:]) == 0 and len(load_rows(out)) == 3
     assert main(cmd[3:-2] + ["--tasks", "nope", "--out", str(out)]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_a_run_that_failed_before_its_first_row_does_not_bind_the_directory(tmp_path):
+    """`kvcomm eval --model typo` used to make the corrected command refuse the folder."""
+    from kvcomm.evaluate import _check_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    bad = EvalConfig(model="smollm2-135n", tasks=("keycode",), protocols=parse_protocols("text", "0.15", "8"), n=2, out_dir=out)
+    _check_config(bad)  # what the failed run wrote before it stopped
+    good = EvalConfig(model="smollm2-135m", tasks=("keycode",), protocols=parse_protocols("text", "0.15", "8"), n=2, out_dir=out)
+    _check_config(good)  # no rows yet: accepted, and the config now describes the good run
+    (out / "results.jsonl").write_text('{"task": "keycode"}\n')
+    with pytest.raises(KVCommError, match="other settings"):
+        _check_config(bad)

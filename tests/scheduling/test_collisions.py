@@ -58,3 +58,40 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
         with pytest.raises(ConfigError, match="in use by PID"):
             with locked(tmp_path / "d"):
                 pass
+
+
+def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "sweep", "--policies", "fcfs,continuum", "--skus",
+                             "a100-40,h100,l40s", "--jps", "3,10", "--jobs", "200", "--workers", "2", "--out", str(out),
+                             "--quiet", "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children():
+        found = set()
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                found |= {int(p) for p in (task / "children").read_text().split()}
+            except OSError:
+                pass
+        return found
+
+    deadline = time.time() + 60
+    workers = set()
+    while time.time() < deadline and len(workers) < 2:
+        workers |= children()
+        time.sleep(0.2)
+    assert len(workers) >= 2, "the sweep did not start its workers"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.time() + 10
+    alive = workers
+    while alive and time.time() < deadline:
+        alive = {p for p in alive if Path(f"/proc/{p}").exists() and "Z" not in
+                 Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[:1]}
+        time.sleep(0.2)
+    assert not alive, f"workers {sorted(alive)} outlived the killed sweep"
