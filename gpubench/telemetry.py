@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from gpubench.hostinfo import read_text
 
 SAMPLE_FIELDS = ("clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle_bits", "energy_j")
-LOW_CLOCK_FRACTION = 0.75  # samples under 75 % of the max clock are flagged (DESIGN section 4)
+LOW_CLOCK_FRACTION = 0.75  # samples under 75 % of the max clock are flagged (docs/bench.md)
 
 
 class TelemetrySource(abc.ABC):

@@ -13,7 +13,7 @@ NVML missing (no ``pynvml``, no ``libnvidia-ml.so``, no driver) or failing: ever
 ``null_reasons()`` carries the reason; the run continues. A field whose call fails later is None
 from then on, with that call's error as its reason.
 
-Also here: ``decode_throttle`` (bits -> names) and ``clock_droop`` (DESIGN section 4).
+Also here: ``decode_throttle`` (bits -> names) and ``clock_droop`` (docs/bench.md).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ THROTTLE_REASONS: dict[int, str] = {
     0x100: "display_clock_setting",
 }
 
-# DESIGN section 4: droop is measured during the large GEMM.
+# Droop is measured during the large GEMM (docs/bench.md).
 DROOP_GEMM_M = 16384
 DROOP_DTYPE = "bf16"
 

@@ -1,8 +1,8 @@
-"""Calibration: the efficiency parameters of DESIGN §6, fitted from a gpubench run or defaulted.
+"""Calibration: the efficiency parameters of the step model (docs/predictor.md), fitted from a gpubench run or defaulted.
 
 Every parameter is a ``Param`` (value, fit error, tier, source). Tiers, best first:
 ``measured`` (fitted from the user's run), ``published`` (constants of the research this project
-descends from, DESIGN §5), ``spec`` (what the datasheet identity implies, e.g. eta = 1),
+descends from; docs/predictor.md lists them), ``spec`` (what the datasheet identity implies, e.g. eta = 1),
 ``assumed`` (no spec exists -- a CPU's bandwidth or dispatch cost without a run; labelled so).
 
 ``gpubench fit RUN_DIR -o calibration.json`` writes the JSON documented in docs/predictor.md;
@@ -32,9 +32,9 @@ KNOWN = {
     "curves": ("eta_duty_by_m",),
 }
 TIERS = ("measured", "published", "spec", "assumed")
-RESEARCH = "published: shared/DESIGN.md §5 (research this project descends from)"
+RESEARCH = "published: measurements of the research this project descends from (docs/predictor.md)"
 
-# Back-to-back launch interval, eager and per CUDA-graph node (shared/reference/hardware.md).
+# Back-to-back launch interval, eager and per CUDA-graph node (published measurements; docs/predictor.md).
 PUBLISHED_LAUNCH_S = {
     "h200": (2.45e-6, 1.315e-6, "H200 eager 2.4-2.5 us, graph 1.26-1.37 us"),
     "a100-80": (2.65e-6, 1.40e-6, "A100-80 eager 2.6-2.7 us, graph 1.34-1.46 us"),
@@ -259,8 +259,8 @@ def defaults(hw: HardwareSpec, dtype: str) -> Calibration:
     else:
         if hw.sku_id in PUBLISHED_LAUNCH_S:
             eager, graph, src = PUBLISHED_LAUNCH_S[hw.sku_id]
-            p["t_launch_s"] = Param(eager, None, "published", f"shared/reference/hardware.md: {src}")
-            p["t_graph_node_s"] = Param(graph, None, "published", f"shared/reference/hardware.md: {src}")
+            p["t_launch_s"] = Param(eager, None, "published", f"published launch measurements: {src}")
+            p["t_graph_node_s"] = Param(graph, None, "published", f"published launch measurements: {src}")
         else:
             p["t_launch_s"] = Param(ASSUMED_LAUNCH_S[0], None, "assumed", "assumed: typical eager interval (no figure for this SKU)")
             p["t_graph_node_s"] = Param(ASSUMED_LAUNCH_S[1], None, "assumed", "assumed: typical graph-node interval")

@@ -28,7 +28,7 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "predict", help="predict one forward step's time for a model, batch and context on an SKU",
-        description="Predict the time of one forward step (DESIGN §6). Decode: BATCH sequences with CONTEXT "
+        description="Predict the time of one forward step (model: docs/predictor.md). Decode: BATCH sequences with CONTEXT "
                     "cached tokens, one new token each. Prefill: BATCH sequences of NEW_TOKENS (default: CONTEXT) "
                     "new tokens, nothing cached. Mixed: BATCH-1 decodes at CONTEXT plus one chunked prefill of "
                     "NEW_TOKENS (default 512) over CONTEXT cached tokens.")

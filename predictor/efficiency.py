@@ -1,4 +1,4 @@
-"""The factorized efficiency model of DESIGN §6: small pure functions, each one physical effect.
+"""The factorized efficiency model (docs/predictor.md): small pure functions, each one physical effect.
 
 Compute efficiency of an op on a device with spec peak ``P`` (FLOP/s, by the FMA-count identity):
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# Published L2-reuse memory law constants (shared/DESIGN.md §5): defaults until a run is fitted.
+# Published L2-reuse memory law constants (docs/predictor.md): defaults until a run is fitted.
 PUBLISHED_ETA_MAX = 0.90
 PUBLISHED_X_HALF = 0.477
 
@@ -110,7 +110,7 @@ def eta_compute(clock_factor: float, cluster, active: float, duty: float):
 
 
 def eta_duty_at(m, log2_m_nodes, log_duty_nodes):
-    """Duty cycle of a GEMM with M rows, from a measured per-M curve (DESIGN §6: eta_duty fitted
+    """Duty cycle of a GEMM with M rows, from a measured per-M curve (eta_duty fitted
     from gemm rows, so that eta_c * P reproduces the measured throughput at every measured M).
 
     A BLAS picks a different kernel by M: on a CPU, M = 1 is a GEMV that streams the weights once,

@@ -1,6 +1,6 @@
 """StepModel: the time of one forward step from the op graph, the hardware and a calibration.
 
-Per op (DESIGN §6), with spec peak P of the op's unit and bandwidth B::
+Per op (docs/predictor.md), with spec peak P of the op's unit and bandwidth B::
 
     t_c = FLOPs / (P * eta_c)          eta_c = f_clk * eta_cluster(M,N,K) * eta_active * eta_duty(M)
     t_m = bytes / (B * eta_mem(x))     x = bytes / L2;  equivalently (bytes + x_half*L2) / (B*eta_max)

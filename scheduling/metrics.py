@@ -1,4 +1,4 @@
-"""Replay metrics: tables from the engine's records and the summary of DESIGN §7.
+"""Replay metrics: tables from the engine's records and the summary (docs/scheduling.md).
 
 Definitions (all over the whole replay):
 - JCT: a job's last finish − its arrival. TTFT: a turn's first token − its arrival (the end of the

@@ -7,7 +7,7 @@ STEP_COLUMNS = (
     "pool_used_blocks", "pool_total_blocks", "break_reason", "num_preemptions", "num_prefix_hit_tokens",
     "num_pool_load_tokens",
 )
-# What every reader may rely on in turns.csv (the shared contract of DESIGN §7's step log).
+# What every reader may rely on in turns.csv (the contract of the step log, docs/scheduling.md).
 TURN_CONTRACT_COLUMNS = (
     "job_id", "turn", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "queue_s",
     "prompt_tokens", "hit_tokens", "pool_hit_tokens", "computed_tokens", "output_tokens", "num_preemptions",

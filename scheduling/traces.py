@@ -1,6 +1,6 @@
 """Agent traces: multi-turn jobs, their JSONL format, validation, arrivals and a synthetic generator.
 
-A **job** is one agent trajectory (DESIGN §7)::
+A **job** is one agent trajectory (docs/traces.md)::
 
     {"job_id": "j0", "prefix_group": "g0", "system_tokens": 3000, "arrival_s": 0.0,
      "turns": [{"input_tokens": 800, "output_tokens": 150, "tool": "bash", "tool_s": 0.4}, ...]}
@@ -183,7 +183,7 @@ def validate_job(job: Job, *, path: str | Path | None = None, line: int | None =
 
 
 def job_to_dict(job: Job) -> dict:
-    """The JSON object of one job (DESIGN §7 schema plus ``arrival_s``)."""
+    """The JSON object of one job (the docs/traces.md schema, ``arrival_s`` included)."""
     return {
         "job_id": job.job_id, "prefix_group": job.prefix_group, "system_tokens": job.system_tokens,
         "arrival_s": job.arrival_s, "turns": [asdict(t) for t in job.turns],

@@ -37,3 +37,21 @@ def test_kvcomm_names_are_what_it_implements():
 
     assert protocols.PROTOCOLS is names.PROTOCOLS
     assert tuple(tasks.TASKS) == names.TASK_NAMES
+
+
+def test_nothing_shipped_cites_a_document_the_repository_does_not_ship():
+    """Code, help text, data files and docs say the sentence instead of pointing at a design
+    document or a shared folder outside the repository."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"DESIGN(\.md| §| section)|shared/(DESIGN|reference)|/work/")
+    offenders = []
+    for top in ("gpubench", "predictor", "scheduling", "kvcomm", "vllmref", "scripts", "docs", "csrc"):
+        for path in (root / top).rglob("*"):
+            if path.suffix in (".py", ".toml", ".md", ".sh", ".js", ".html", ".cu", ".cuh", ".cpp", ".txt") and path.is_file():
+                for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if pattern.search(line):
+                        offenders.append(f"{path.relative_to(root)}:{i}")
+    assert offenders == []
