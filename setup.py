@@ -152,6 +152,10 @@ def cuda_extension():
     )
     ext._gpubench_cuda = (cuda_home, nvcc_or_reason)
     ext._gpubench_cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
+    # Say so before the long part: SASS for every listed GPU takes minutes on a small machine.
+    print(f"gpubench: building gpubench._cuda with {nvcc_or_reason} for sm_{{{','.join(cuda_archs())}}} "
+          f"({len(ext._gpubench_cu_sources)} .cu files; a few minutes on 2 cores). GPUBENCH_CUDA_ARCHS=<your GPU> "
+          "builds one architecture, GPUBENCH_CUDA=0 skips the extension.", file=sys.stderr, flush=True)
     return ext
 
 

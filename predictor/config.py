@@ -21,6 +21,17 @@ ALIASES = {
     "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-7b": "qwen2.5-7b",
     "mistral-7b-v0.3": "mistral-7b", "smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
 }
+# Hugging Face repository ids of the shipped configs (what users type, e.g. from a vLLM command
+# line); an id that is not a path on disk is looked up here, lower-cased, before being read as one.
+HF_IDS = {
+    "meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/meta-llama-3.1-8b": "llama-3.1-8b", "meta-llama/meta-llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+    "meta-llama/llama-3.2-1b": "llama-3.2-1b", "meta-llama/llama-3.2-1b-instruct": "llama-3.2-1b",
+    "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+    "mistralai/mistral-7b-v0.3": "mistral-7b", "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
+    "huggingfacetb/smollm2-135m": "smollm2-135m", "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
+}
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,12 @@ def config_path(name: str) -> Path | None:
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """A shipped config by name/alias, or any HF ``config.json`` (or a directory holding one)."""
     s = str(name_or_path)
+    if s.strip().lower() in HF_IDS and not Path(s).exists():
+        s = HF_IDS[s.strip().lower()]
+    elif s.count("/") == 1 and not s.startswith((".", "/")) and not Path(s).exists() and not s.endswith(".json"):
+        raise UnknownModelError(f"unknown model '{s}': not a shipped config's Hugging Face id (known: "
+                                f"{', '.join(sorted(HF_IDS))}) and not a path; no weights or configs are downloaded, "
+                                "so pass the model's config.json")
     path = config_path(s) if not (s.endswith(".json") or "/" in s or Path(s).exists()) else Path(s)
     if path is None:
         raise UnknownModelError(f"unknown model '{s}'{suggest(s, available_models() + list(ALIASES))}; "

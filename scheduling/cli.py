@@ -120,7 +120,8 @@ def register(sub) -> None:
                         "replaces the trace's arrival times)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", "--quiet", action="store_true", dest="no_progress",
+                   help="no progress bar (--quiet is the same, as in gpubench sweep)")
     p.add_argument("--no-step-log", action="store_true",
                    help="keep no per-step log (steps.csv gets its header only; `gpubench view` needs the log)")
     add_engine_options(p)

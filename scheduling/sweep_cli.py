@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--plots-only", action="store_true",
                    help="only redraw OUT's plots and tables.md from its sweep.csv (runs nothing)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "--no-progress", action="store_true", dest="quiet",
+                   help="no progress bar (--no-progress is the same, as in gpubench replay)")
     p.set_defaults(func=run)
 
 

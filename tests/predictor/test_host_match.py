@@ -76,3 +76,13 @@ def test_fit_refuses_a_contended_run_or_marks_it(tmp_path):
 def test_gpu_run_identity_is_its_device():
     ident = identity_from_device({"backend": "cuda", "name": "NVIDIA H200", "driver": "580.65"})
     assert ident == {"backend": "cuda", "name": "NVIDIA H200", "driver": "580.65"}
+
+
+def test_hugging_face_ids_of_shipped_configs_resolve_and_unknown_ids_say_why():
+    from predictor import load_model_config
+    from gpubench.errors import GpubenchError
+
+    assert load_model_config("meta-llama/Llama-3.1-8B").name == load_model_config("llama-3.1-8b").name
+    assert load_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_layers == load_model_config("smollm2-135m").num_layers
+    with pytest.raises(GpubenchError, match="not a shipped config's Hugging Face id"):
+        load_model_config("Qwen/Qwen3-8B")
