@@ -324,7 +324,7 @@ class Engine:
         heap = self._heap
         next_event_s = heap[0][0] if heap else float("inf")  # nothing is pushed inside the run
         fin_due, alloc_due, pool = self._fin_due, self._alloc_due, self.pool
-        nd = len(self._dec)
+        num_decode_seqs = len(self._dec)
         lag_sum = self._lag_sum
         quantum = self.step_cost.decode_quantum
         res, progress = self.result, self._progress
@@ -339,9 +339,9 @@ class Engine:
             t = end
             if due is not None:
                 self._give_due_blocks(g)
-            dctx = lag_sum + nd * g
-            if dctx > dmax:
-                dur_s, dmax = quantum(nd, dctx)
+            decode_context_tokens = lag_sum + num_decode_seqs * g
+            if decode_context_tokens > dmax:
+                dur_s, dmax = quantum(num_decode_seqs, decode_context_tokens)
             end = t + dur_s
             res.num_steps += 1
             if progress and not res.num_steps & 511:
@@ -367,20 +367,20 @@ class Engine:
         if not fast and self._dec:
             self._leave_fast_mode()
         cfg, pool, policy = self.config, self.pool, self.policy
-        sreqs, sns = self._sched_reqs, self._sched_n
-        sreqs.clear()
-        sns.clear()
+        scheduled_reqs, scheduled_num_tokens = self._sched_reqs, self._sched_n
+        scheduled_reqs.clear()
+        scheduled_num_tokens.clear()
         budget = cfg.max_num_batched_tokens
         bs = self.block_size
-        pt = ps = pctx = nd = dctx = 0
+        num_prefill_tokens = num_prefill_seqs = prefill_context_tokens = num_decode_seqs = decode_context_tokens = 0
         extra_s = 0.0
         num_preempted = hit_tokens = pool_tokens = 0
         reason = ""
         if fast:
             g = self._g
-            nd = len(self._dec)
-            dctx = self._lag_sum + nd * g
-            budget -= nd
+            num_decode_seqs = len(self._dec)
+            decode_context_tokens = self._lag_sum + num_decode_seqs * g
+            budget -= num_decode_seqs
             if g in self._alloc_due:
                 self._give_due_blocks(g)
             running = self._prefilling
@@ -410,18 +410,18 @@ class Engine:
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:  # already in this step's batch: take it back out
-                        k = sreqs.index(victim)
-                        vn = sns[k]
-                        del sreqs[k], sns[k]
+                        k = scheduled_reqs.index(victim)
+                        vn = scheduled_num_tokens[k]
+                        del scheduled_reqs[k], scheduled_num_tokens[k]
                         budget += vn
                         vc = victim.num_computed
                         if victim.num_output and vc == victim.num_tokens - 1:
-                            nd -= 1
-                            dctx -= vc
+                            num_decode_seqs -= 1
+                            decode_context_tokens -= vc
                         else:
-                            pt -= vn
-                            ps -= 1
-                            pctx -= vc
+                            num_prefill_tokens -= vn
+                            num_prefill_seqs -= 1
+                            prefill_context_tokens -= vc
                         i -= 1
                     self._preempt(victim)
                     num_preempted += 1
@@ -434,19 +434,19 @@ class Engine:
                     reason = "no_blocks"
                     break
                 r.blocks.extend(new)
-            sreqs.append(r)
-            sns.append(n)
+            scheduled_reqs.append(r)
+            scheduled_num_tokens.append(n)
             budget -= n
             if r.num_output and n == 1 and c == r.num_tokens - 1:
-                nd += 1
-                dctx += c
+                num_decode_seqs += 1
+                decode_context_tokens += c
             else:
                 # vLLM caches a request's full blocks when it allocates them (schedule time), so a
                 # request admitted later in this same pass can hit blocks this step computes.
                 self._cache_full_blocks(r, c + n)
-                pt += n
-                ps += 1
-                pctx += c
+                num_prefill_tokens += n
+                num_prefill_seqs += 1
+                prefill_context_tokens += c
                 if c + n == r.num_tokens:
                     extra_s += policy.on_prefill_complete(r, c + n)
             i += 1
@@ -482,12 +482,12 @@ class Engine:
                 if n == 0:
                     continue  # an asynchronous load started; the request waits for it
                 c = r.num_computed
-                sreqs.append(r)
-                sns.append(n)
+                scheduled_reqs.append(r)
+                scheduled_num_tokens.append(n)
                 budget -= n
-                pt += n
-                ps += 1
-                pctx += c
+                num_prefill_tokens += n
+                num_prefill_seqs += 1
+                prefill_context_tokens += c
                 if c + n == r.num_tokens:
                     extra_s += policy.on_prefill_complete(r, c + n)
 
@@ -495,20 +495,23 @@ class Engine:
         if not fast:
             self._prefilling = list(self.running)  # the group is empty in exact mode
         self._pass_preempted = num_preempted
-        if not sreqs and not nd:
+        if not scheduled_reqs and not num_decode_seqs:
             # NOTE: a pass that only preempted (the last running request evicted itself) schedules
             # nothing; like vLLM's next engine iteration, try_step runs another pass at once.
             self.result.num_preemptions += num_preempted
             self._check_step(budget)
             return None
-        dur_s = self.step_cost.step_s(num_prefill_tokens=pt, num_prefill_seqs=ps, prefill_context_tokens=pctx,
-                                      num_decode_seqs=nd, decode_context_tokens=dctx) + extra_s
+        dur_s = self.step_cost.step_s(
+            num_prefill_tokens=num_prefill_tokens, num_prefill_seqs=num_prefill_seqs,
+            prefill_context_tokens=prefill_context_tokens, num_decode_seqs=num_decode_seqs,
+            decode_context_tokens=decode_context_tokens) + extra_s
         res = self.result
         res.num_steps += 1
         res.num_preemptions += num_preempted
         if cfg.record_steps:
             res.steps.append((
-                res.num_steps, now_s, dur_s, pt, nd, ps, nd, len(self.running),
+                res.num_steps, now_s, dur_s, num_prefill_tokens, num_decode_seqs, num_prefill_seqs, num_decode_seqs,
+                len(self.running),
                 len(self.queue) + len(self.loading), pool.num_used_blocks, policy.num_pinned_blocks(),
                 pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),
                 reason, num_preempted, hit_tokens, pool_tokens,
@@ -529,15 +532,15 @@ class Engine:
 
     def _fast_plan(self) -> bool:
         """True when this step can run on the decode-group fast path (see the NOTE above)."""
-        nd = len(self._dec)
-        left = self.config.max_num_batched_tokens - nd
+        num_decode_seqs = len(self._dec)
+        left = self.config.max_num_batched_tokens - num_decode_seqs
         if left < 0:
             return False
         pre = self._prefilling
         demand = 0
         for r in pre:
             demand += r.num_tokens - r.num_computed
-        if demand > left and nd:
+        if demand > left and num_decode_seqs:
             # Prefills do not all fit: decodes still all run iff they come first in running order.
             if self._dec_max_pos_dirty:
                 self._dec_max_pos = max(r.run_pos for r in self._dec.values())
