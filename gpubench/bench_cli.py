@@ -38,6 +38,9 @@ def register(sub) -> None:
     c.add_argument("run_b", metavar="RUN_B")
     c.add_argument("--all", action="store_true", help="list every key, not only flagged ones")
     c.add_argument("--json", action="store_true", help="print JSON")
+    c.add_argument("--fail-slower", type=float, default=None, metavar="PCT",
+                   help="exit 1 when a flagged key is more than PCT %% slower in B than in A (a regression gate, "
+                        "as pytest-benchmark's --benchmark-compare-fail)")
     c.set_defaults(func=cmd_compare)
 
 
@@ -172,12 +175,26 @@ def cmd_compare(args) -> int:
     from gpubench import report
     from gpubench.results import load
 
+    from gpubench.errors import ConfigError
+
+    if args.fail_slower is not None and not (0 <= args.fail_slower < float("inf")):
+        raise ConfigError(f"--fail-slower must be a finite percentage >= 0, got {args.fail_slower}")
     out = report.compare_runs(load(args.run_a), load(args.run_b))
+    limit = None if args.fail_slower is None else 1.0 - args.fail_slower / 100.0
+    regressions = [c for p in out["probes"].values() for c in p["changes"]
+                   if limit is not None and c["flagged"] and c["speed_ratio"] < limit]
+    out["regressions"] = [f"{c['probe']}:{c['key']}" for c in regressions]
+    status = 1 if regressions else 0
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0
+        return status
     con = Console(width=max(Console().width, 140))
-    con.print(f"A = {out['run_a']}\nB = {out['run_b']}\nspeed ratio = t_median(A) / t_median(B) per key "
+    da, db = out["device_a"], out["device_b"]
+    con.print(f"A = {out['run_a']}  ({da['name']}, sku {da['sku']}, host {da['host']})\n"
+              f"B = {out['run_b']}  ({db['name']}, sku {db['sku']}, host {db['host']})", highlight=False)
+    if not out["same_device"]:
+        con.print("note: the runs are on different devices: ratios compare machines, not a change", highlight=False)
+    con.print("speed ratio = t_median(A) / t_median(B) per key "
               "(> 1: B faster); flagged when |ratio - 1| > the larger (p80 - p20)/median spread", highlight=False)
     t = Table(title="per probe")
     for col in ("probe", "keys", "geomean ratio", "flagged", "only A", "only B"):
@@ -197,7 +214,13 @@ def cmd_compare(args) -> int:
         con.print(k)
     if out["only_a"] or out["only_b"]:
         con.print(f"probes only in A: {out['only_a']}; only in B: {out['only_b']}", highlight=False)
-    return 0
+    if out["no_common_keys"]:
+        con.print(f"probes with no key in common (sizes derive from each machine's caches): "
+                  f"{', '.join(out['no_common_keys'])}", highlight=False)
+    if regressions:
+        con.print(f"FAIL: {len(regressions)} key(s) more than {args.fail_slower:g} % slower in B: "
+                  f"{', '.join(out['regressions'][:5])}", highlight=False)
+    return status
 
 
 def cmd_skus(args) -> int:

@@ -245,7 +245,13 @@ def compare_runs(a: Run, b: Run) -> dict:
     The spread of a row is (p80 - p20) / median of its repetitions; a change is flagged when
     |ratio - 1| exceeds the larger of the two spreads. Invalid rows are left out.
     """
-    out = {"run_a": str(a.run_dir), "run_b": str(b.run_dir), "probes": {}}
+    def device(run):
+        d = run.manifest.get("device") or {}
+        return {"name": d.get("name"), "sku": run.manifest.get("sku"), "host": run.manifest.get("host"),
+                "created_utc": run.manifest.get("created_utc")}
+
+    out = {"run_a": str(a.run_dir), "run_b": str(b.run_dir), "device_a": device(a), "device_b": device(b),
+           "same_device": device(a)["name"] == device(b)["name"], "probes": {}, "no_common_keys": []}
     for probe in sorted(set(a.frames) & set(b.frames)):
         da, db = _valid(a.frames[probe]), _valid(b.frames[probe])
         if "t_median_s" not in da or "t_median_s" not in db:
@@ -259,6 +265,9 @@ def compare_runs(a: Run, b: Run) -> dict:
             sa, sb = _spread(ra), _spread(rb)
             changes.append(KeyChange(probe, k, ratio, sa, sb, abs(ratio - 1) > max(sa, sb)))
         if not changes:
+            # Said, not dropped: keys embed sizes derived from each machine (e.g. STREAM arrays as a
+            # multiple of its cache), so two different machines can share none.
+            out["no_common_keys"].append(probe)
             continue
         ratios = [c.speed_ratio for c in changes]
         out["probes"][probe] = {

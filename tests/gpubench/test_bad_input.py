@@ -74,3 +74,23 @@ def test_a_run_measured_twice_is_refused_on_read(tmp_path):
     (run / "stream.jsonl").write_text("\n".join(lines + lines[:1]) + "\n")
     p = subprocess.run([sys.executable, "-m", "gpubench", "show", str(run)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "duplicates line 1" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_compare_names_both_devices_says_which_probes_share_no_key_and_can_fail(tmp_path):
+    """Two committed CPU runs of two different machines (AMD EPYC, Intel Xeon)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "results/eval/cpu/probes/cpu"
+    amd, intel = root / "20261129T171339Z-vm", root / "20261201T112057Z-vm"
+    p = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(amd), str(intel), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["device_a"]["name"].startswith("AMD") and out["device_b"]["name"].startswith("Intel")
+    assert out["same_device"] is False and "stream" in out["no_common_keys"]  # STREAM sizes follow each LLC
+    gate = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(amd), str(intel), "--fail-slower", "5"],
+                          capture_output=True, text=True, timeout=60)
+    assert gate.returncode == 1 and "FAIL:" in gate.stdout
+    same = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(intel), str(intel), "--fail-slower", "5"],
+                          capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0
