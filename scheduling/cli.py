@@ -122,6 +122,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", "--quiet", action="store_true", dest="no_progress",
                    help="no progress bar (--quiet is the same, as in gpubench sweep)")
+    p.add_argument("--json", action="store_true", help="print the summary (config and metrics) as JSON, not a table")
     p.add_argument("--no-step-log", action="store_true",
                    help="keep no per-step log (steps.csv gets its header only; `gpubench view` needs the log)")
     add_engine_options(p)
@@ -210,6 +211,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             result = run_replay(jobs, config, progress=progress)
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps({"out": str(out), "config": config.to_dict(), "metrics": result.summary}, default=str, indent=2))
+        return 0
     print_summary(result.summary, config, out)
     return 0
 

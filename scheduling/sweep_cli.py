@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="run on Ray: 'local' starts one here, else a cluster address (needs the ray extra)")
     p.add_argument("--out", type=Path, required=True, help="output directory (resumed if it exists)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print the table as JSON records, not a summary table")
     p.add_argument("--plots-only", action="store_true",
                    help="only redraw OUT's plots and tables.md from its sweep.csv (runs nothing)")
     p.add_argument("--quiet", "--no-progress", action="store_true", dest="quiet",
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         "gpubench sweep " + " ".join(shlex.quote(a) for a in _reconstruct(args))
     frame = run_sweep(spec, args.out, workers=args.workers, ray_address=args.ray, command=command,
                       progress=not args.quiet, plots=not args.no_plots)
+    if args.json:
+        print(frame.to_json(orient="records"))
+        return 0
     _print_table(frame)
     print(f"wrote {args.out / 'sweep.csv'} ({len(frame)} runs)")
     return 0

@@ -95,3 +95,14 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
                  Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[:1]}
         time.sleep(0.2)
     assert not alive, f"workers {sorted(alive)} outlived the killed sweep"
+
+
+def test_replay_and_sweep_print_json_when_asked(tmp_path):
+    import json
+
+    p = cli("replay", "--synthetic", "2", "--jps", "1", "--out", str(tmp_path / "r"), "--no-progress", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["metrics"]["num_jobs"] == 2
+    q = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(tmp_path / "s"),
+            "--quiet", "--no-plots", "--json")
+    rows = json.loads(q.stdout)
+    assert q.returncode == 0 and len(rows) == 1 and rows[0]["policy"] == "fcfs" and rows[0]["error"] == ""
