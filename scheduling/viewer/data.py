@@ -61,7 +61,8 @@ def _jsonable(values: np.ndarray | pd.Series) -> list:
 
 def bin_steps(steps: pd.DataFrame, max_points: int) -> pd.DataFrame:
     """At most ``max_points`` rows: consecutive steps grouped; sums for token/preemption counts,
-    maxima for block and queue counts, the first step's time, the most frequent break reason."""
+    maxima for block and queue counts, the first step's time, the most frequent break reason, and
+    ``steps_in_bin``."""
     if len(steps) <= max_points:
         return steps
     group = np.arange(len(steps)) * max_points // len(steps)
@@ -72,6 +73,9 @@ def bin_steps(steps: pd.DataFrame, max_points: int) -> pd.DataFrame:
     agg["step"] = "min"
     out = g.agg(agg)
     out["break_reason"] = g["break_reason"].agg(lambda s: s.value_counts().index[0])
+    # How many steps each bin holds: the page divides the summed token counts by it to draw tokens
+    # *per step* (a bin's sum would read as one step of 40,000 tokens against an 8,192 budget).
+    out["steps_in_bin"] = g.size()
     return out.reset_index(drop=True)
 
 

@@ -402,9 +402,11 @@
     renderSummary(data);
     const S = data.steps, t = S.t_s;
     const C = n => cssVar(n);
+    // Tokens per step: a bin of binned steps holds sums over steps_in_bin steps; draw their mean.
+    const perStep = y => (S.steps_in_bin ? y.map((v, i) => v / S.steps_in_bin[i]) : y);
     timeChart('chart-batch', t, [
-      { name: 'prefill tokens', y: S.num_prefill_tokens, color: C('--prefill'), stack: true },
-      { name: 'decode tokens', y: S.num_decode_tokens, color: C('--decode'), stack: true },
+      { name: 'prefill tokens / step', y: perStep(S.num_prefill_tokens), color: C('--prefill'), stack: true },
+      { name: 'decode tokens / step', y: perStep(S.num_decode_tokens), color: C('--decode'), stack: true },
     ], { dur: S.dur_s, extra: i => `  (${S.break_reason[i]})` });
     timeChart('chart-queue', t, [
       { name: 'running', y: S.num_running, color: C('--prefill') },

@@ -275,3 +275,18 @@ def test_viewer_refuses_foreign_hosts_and_closes_idle_sockets(tmp_path, monkeypa
         idle.settimeout(5)
         assert idle.recv(1) == b""  # the server closed it after ~1 s of silence
         idle.close()
+
+
+def test_binned_steps_carry_their_count_so_the_page_draws_tokens_per_step():
+    import pandas as pd
+
+    from scheduling.viewer.data import bin_steps
+
+    steps = pd.DataFrame({"step": range(1, 101), "t_s": [i * 0.01 for i in range(100)], "dur_s": [0.01] * 100,
+                          "num_prefill_tokens": [8192] * 100, "num_decode_tokens": [4] * 100,
+                          "num_running": [5] * 100, "break_reason": ["token_budget"] * 100})
+    binned = bin_steps(steps, 10)
+    assert len(binned) == 10 and binned["steps_in_bin"].sum() == 100
+    per_step = binned["num_prefill_tokens"] / binned["steps_in_bin"]
+    assert (per_step == 8192).all()  # the budget, not ten times it
+    assert binned["num_prefill_tokens"].sum() == 819_200  # totals kept for the summary
