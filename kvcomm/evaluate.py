@@ -133,42 +133,44 @@ def _check_config(cfg: EvalConfig) -> None:
 def run_eval(cfg: EvalConfig, model=None, tokenizer=None, *, progress: bool = True) -> pd.DataFrame:
     """Run every (task, example, protocol) not yet in ``results.jsonl``; returns all rows.
 
+    The output directory is locked for the run: two evals on one --out would interleave rows.
+
     Args:
         model, tokenizer: an already loaded model (tests); loaded from ``cfg.model`` when None.
     """
-    import torch
-
-    from kvcomm.models import load_model, rope_info
-
     from gpubench.outdir import locked
 
     for task in cfg.tasks:
         check_task(task)
-    with locked(cfg.out_dir, "kvcomm run directory"):  # two evals on one --out would interleave rows
-        return _run_eval_locked(cfg, model, tokenizer, progress, torch, load_model, rope_info)
+    with locked(cfg.out_dir, "kvcomm run directory"):
+        _check_config(cfg)
+        results = cfg.out_dir / RESULTS_FILE
+        _drop_torn_tail(results)
+        done = _read_done(results)
+        todo = [(task, ex) for task in cfg.tasks for ex in generate(task, cfg.n, cfg.seed)
+                if any((task, ex.index, p.label) not in done for p in cfg.protocols)]
+        if todo:
+            _run_todo(cfg, todo, done, results, model, tokenizer, progress)
+        return load_rows(cfg.out_dir)
 
 
-def _run_eval_locked(cfg, model, tokenizer, progress, torch, load_model, rope_info) -> pd.DataFrame:
-    _check_config(cfg)
-    results = cfg.out_dir / RESULTS_FILE
-    _drop_torn_tail(results)
-    done = _read_done(results)
-    todo = [(task, ex) for task in cfg.tasks for ex in generate(task, cfg.n, cfg.seed)
-            if any((task, ex.index, p.label) not in done for p in cfg.protocols)]
-    if todo:
-        torch.set_num_threads(cfg.num_threads)
-        if model is None:
-            model, tokenizer = load_model(cfg.model)
-        if tokenizer is None:
-            raise KVCommError(f"model '{cfg.model}' has no tokenizer: the tasks are text")
-        rope = rope_info(model)
-        with _progress(progress, len(todo) * len(cfg.protocols)) as advance, results.open("a") as fh:
-            for task, ex in todo:
-                for row in _run_example(model, tokenizer, rope, cfg, ex, done):
-                    fh.write(json.dumps(asdict(row)) + "\n")
-                    fh.flush()
-                    advance(f"{task} {ex.index} {row.protocol}")
-    return load_rows(cfg.out_dir)
+def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, progress: bool) -> None:
+    import torch
+
+    from kvcomm.models import load_model, rope_info
+
+    torch.set_num_threads(cfg.num_threads)
+    if model is None:
+        model, tokenizer = load_model(cfg.model)
+    if tokenizer is None:
+        raise KVCommError(f"model '{cfg.model}' has no tokenizer: the tasks are text")
+    rope = rope_info(model)
+    with _progress(progress, len(todo) * len(cfg.protocols)) as advance, results.open("a") as fh:
+        for task, ex in todo:
+            for row in _run_example(model, tokenizer, rope, cfg, ex, done):
+                fh.write(json.dumps(asdict(row)) + "\n")
+                fh.flush()
+                advance(f"{task} {ex.index} {row.protocol}")
 
 
 def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[Row]:

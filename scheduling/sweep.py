@@ -380,59 +380,66 @@ def _run_ray(spec: SweepSpec, todo: Sequence[SweepCell], address: str) -> Iterat
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = None, ray_address: str | None = None,
-              command: str | None = None, progress: bool = True, plots: bool = True,
+              command: str | None = None, progress: bool = True, plots: bool = True, fresh: bool = False,
               on_row: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
     """Run the cells of ``spec`` not yet in ``out_dir/sweep.csv``; returns the whole table.
+
+    The directory is locked for the sweep (a second sweep on it would interleave its rows).
 
     Args:
         workers: local processes (default: the CPUs this process may use); 1 runs in-process.
         ray_address: run on Ray instead ("local" starts one here; else a cluster address).
         command: written to ``out_dir/COMMAND`` (the CLI passes its own command line).
+        fresh: discard the table (and its spec) first and run every cell: regenerate, not resume.
     """
-    from gpubench.outdir import locked
+    from gpubench.outdir import locked, write_text_atomic
 
     spec.validate()
     out = Path(out_dir)
-    with locked(out, "sweep directory"):  # a second sweep on this --out would interleave its rows
-        return _run_sweep_locked(spec, out, workers, ray_address, command, progress, plots, on_row)
+    with locked(out, "sweep directory"):
+        csv_path = out / CSV_NAME
+        if fresh:
+            csv_path.unlink(missing_ok=True)
+            (out / SPEC_NAME).unlink(missing_ok=True)
+        _check_spec(out, spec)
+        if command:
+            write_text_atomic(out / COMMAND_NAME, command.rstrip() + "\n")
+        done, failed = _done_keys(csv_path)
+        todo = [c for c in spec.cells() if c.key not in done]
+        table = _Table(csv_path)
+        retry = failed & {c.key for c in todo}
+        if retry:
+            table.drop_keys(retry)  # their new rows replace them
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        rows = _run_ray(spec, todo, ray_address) if ray_address else _run_pool(spec, todo, min(workers, max(1, len(todo))))
+        _append_rows(rows, table, on_row, total=len(todo), already_done=len(done), progress=progress)
+        frame = load_table(out)
+        if plots and len(frame):
+            write_plots(frame, out)
+        return frame
 
 
-def _run_sweep_locked(spec, out: Path, workers, ray_address, command, progress, plots, on_row) -> pd.DataFrame:
-    from gpubench.outdir import write_text_atomic
-
-    _check_spec(out, spec)
-    if command:
-        write_text_atomic(out / COMMAND_NAME, command.rstrip() + "\n")
-    csv_path = out / CSV_NAME
-    done, failed = _done_keys(csv_path)
-    todo = [c for c in spec.cells() if c.key not in done]
-    table = _Table(csv_path)
-    retry = failed & {c.key for c in todo}
-    if retry:
-        table.drop_keys(retry)  # their new rows replace them
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    rows = _run_ray(spec, todo, ray_address) if ray_address else _run_pool(spec, todo, min(workers, max(1, len(todo))))
-    if progress and todo:
+def _append_rows(rows, table: "_Table", on_row, *, total: int, already_done: int, progress: bool) -> None:
+    """Append each finished cell's row as it arrives, with a progress bar when asked."""
+    bar = task = None
+    if progress and total:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), TextColumn("{task.description}")) as bar:
-            task = bar.add_task(f"{len(done)} already done", total=len(todo))
-            for row in rows:
-                table.append(row)
-                if on_row:
-                    on_row(row)
-                bar.update(task, advance=1, description=row["key"] + (" (error)" if row.get("error") else ""))
-    else:
+        bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TimeRemainingColumn(), TextColumn("{task.description}"))
+        bar.start()
+        task = bar.add_task(f"{already_done} already done", total=total)
+    try:
         for row in rows:
             table.append(row)
             if on_row:
                 on_row(row)
-    frame = load_table(out)
-    if plots and len(frame):
-        write_plots(frame, out)
-    return frame
+            if bar is not None:
+                bar.update(task, advance=1, description=row["key"] + (" (error)" if row.get("error") else ""))
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def load_table(out_dir: str | Path) -> pd.DataFrame:

@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--ray", metavar="ADDRESS", default=None,
                        help="run on Ray: 'local' starts one here, else a cluster address (needs the ray extra)")
     p.add_argument("--out", type=Path, required=True, help="output directory (resumed if it exists)")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard OUT's table first and run every cell (regenerate instead of resuming)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print the table as JSON records, not a summary table")
     p.add_argument("--plots-only", action="store_true",
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["sweep"] else \
         "gpubench sweep " + " ".join(shlex.quote(a) for a in _reconstruct(args))
     frame = run_sweep(spec, args.out, workers=args.workers, ray_address=args.ray, command=command,
-                      progress=not args.quiet, plots=not args.no_plots)
+                      progress=not args.quiet, plots=not args.no_plots, fresh=args.fresh)
     if args.json:
         print(frame.to_json(orient="records"))
         return 0
@@ -114,6 +116,8 @@ def _reconstruct(args: argparse.Namespace) -> list[str]:
         out += ["--ray", args.ray]
     elif args.workers:
         out += ["--workers", str(args.workers)]
+    if args.fresh:
+        out += ["--fresh"]
     return out + ["--out", str(args.out)]
 
 

@@ -106,3 +106,15 @@ def test_replay_and_sweep_print_json_when_asked(tmp_path):
             "--quiet", "--no-plots", "--json")
     rows = json.loads(q.stdout)
     assert q.returncode == 0 and len(rows) == 1 and rows[0]["policy"] == "fcfs" and rows[0]["error"] == ""
+
+
+def test_fresh_regenerates_instead_of_resuming(tmp_path):
+    out = tmp_path / "sweep"
+    args = ("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out),
+            "--quiet", "--no-plots")
+    assert cli(*args).returncode == 0
+    lines = (out / "sweep.csv").read_text().splitlines()
+    (out / "sweep.csv").write_text("\n".join(lines + lines[1:]) + "\n")  # a table a resume would refuse
+    p = cli(*args, "--fresh")
+    assert p.returncode == 0, p.stderr
+    assert len(pd.read_csv(out / "sweep.csv")) == 1
