@@ -6,6 +6,10 @@ directory gets one line naming the holder instead of interleaving its rows with 
 sweeps on one ``--out`` used to lose finished cells; two ``run --resume`` doubled rows). The lock
 goes away with the process, so a killed run never leaves a stale one.
 
+``write_command(dir, command)``: the directory's ``COMMAND`` file says how to regenerate it (its
+first line); a rerun of that same command keeps the notes below it (when and at what load the
+committed figures were taken), a different command replaces the file.
+
 ``write_text_atomic(path, text)``: a temporary file in the same directory, fsync, rename, fsync of
 the directory: a crash or a full disk leaves the old file or the new one, never a truncated one.
 """
@@ -65,3 +69,15 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     finally:
         os.close(dir_fd)
     return p
+
+
+def write_command(directory: str | os.PathLike, command: str) -> Path:
+    """Write ``directory/COMMAND`` for ``command``, keeping the file's notes when its first line is
+    already this command (a rerun), replacing it otherwise."""
+    path = Path(directory) / "COMMAND"
+    command = command.strip()
+    if path.is_file():
+        existing = path.read_text(encoding="utf-8", errors="replace")
+        if existing.splitlines()[:1] == [command]:
+            return path
+    return write_text_atomic(path, command + "\n")

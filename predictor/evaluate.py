@@ -668,7 +668,9 @@ def run_evaluation(ec: EvalConfig) -> str:
     parts = step_model_parts(df, sku=ec.sku, calibration=ec.calibration)
     rowcal = rowcal_calibration(df, parts, sku=ec.sku, calibration=ec.calibration, target=ec.target, rows=ec.rows)
     (out / "calibration-rowcal.json").write_text(json.dumps(rowcal, indent=2) + "\n")
-    (out / "COMMAND").write_text(cmd + "\n")
+    from gpubench.outdir import write_command
+
+    write_command(out, cmd)
     (out / "headline.md").write_text(f"<!-- {cmd} -->\n" + res.headline)
     (out / "tables.md").write_text(report_markdown(res, df, cmd, target=ec.target))
     return res.headline

@@ -167,23 +167,15 @@ def to_markdown(result: dict) -> str:
 
 def write(result: dict, out: str | Path, *, command: str | None = None) -> Path:
     """comparison.json, comparison.md, turns.csv (joined), jobs.csv and comparison.png into ``out``."""
-    import os
-    import tempfile
+    from gpubench.outdir import write_text_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {k: v for k, v in result.items() if k not in ("turns", "jobs")} | {"command": command}
-
-    def atomic(name: str, text: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
-
-    atomic("comparison.json", json.dumps(doc, indent=2) + "\n")
-    atomic("comparison.md", (f"<!-- {command} -->\n" if command else "") + to_markdown(result))
-    atomic("turns.csv", result["turns"].to_csv(index=False))
-    atomic("jobs.csv", result["jobs"].to_csv(index=False))
+    write_text_atomic(out / "comparison.json", json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(out / "comparison.md", (f"<!-- {command} -->\n" if command else "") + to_markdown(result))
+    write_text_atomic(out / "turns.csv", result["turns"].to_csv(index=False))
+    write_text_atomic(out / "jobs.csv", result["jobs"].to_csv(index=False))
     _plot(result, out / "comparison.png")
     return out
 

@@ -392,7 +392,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
         command: written to ``out_dir/COMMAND`` (the CLI passes its own command line).
         fresh: discard the table (and its spec) first and run every cell: regenerate, not resume.
     """
-    from gpubench.outdir import locked, write_text_atomic
+    from gpubench.outdir import locked, write_command
 
     spec.validate()
     out = Path(out_dir)
@@ -403,7 +403,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
             (out / SPEC_NAME).unlink(missing_ok=True)
         _check_spec(out, spec)
         if command:
-            write_text_atomic(out / COMMAND_NAME, command.rstrip() + "\n")
+            write_command(out, command)
         done, failed = _done_keys(csv_path)
         todo = [c for c in spec.cells() if c.key not in done]
         table = _Table(csv_path)

@@ -118,3 +118,13 @@ def test_fresh_regenerates_instead_of_resuming(tmp_path):
     p = cli(*args, "--fresh")
     assert p.returncode == 0, p.stderr
     assert len(pd.read_csv(out / "sweep.csv")) == 1
+
+
+def test_rerunning_a_command_keeps_the_notes_of_its_command_file(tmp_path):
+    from gpubench.outdir import write_command
+
+    (tmp_path / "COMMAND").write_text("gpubench sweep --out x\n# taken at load 0.4\n")
+    write_command(tmp_path, "gpubench sweep --out x")
+    assert (tmp_path / "COMMAND").read_text().endswith("# taken at load 0.4\n")
+    write_command(tmp_path, "gpubench sweep --out x --jobs 5")
+    assert (tmp_path / "COMMAND").read_text() == "gpubench sweep --out x --jobs 5\n"
