@@ -125,6 +125,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary (config and metrics) as JSON, not a table")
     p.add_argument("--no-step-log", action="store_true",
                    help="keep no per-step log (steps.csv gets its header only; `gpubench view` needs the log)")
+    p.add_argument("--trace-out", metavar="FILE.json", default=None,
+                   help="also write the replay as a Chrome trace (open in ui.perfetto.dev or chrome://tracing): "
+                        "one track per job (queued, prefill, decode, tool call), one of engine steps, KV counters")
     add_engine_options(p)
     add_policy_options(p)
     p.set_defaults(func=cmd_replay)
@@ -194,6 +197,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.engine == "vllm":
         return cmd_replay_live(args)
+    trace_path = check_trace_out(args)
     config = config_from_args(args)
     jobs = load_jobs(args)
     console = Console(stderr=True)
@@ -211,13 +215,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
             result = run_replay(jobs, config, progress=progress)
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
+    write_trace_out(result, trace_path)
     if getattr(args, "json", False):
         import json
 
-        print(json.dumps({"out": str(out), "config": config.to_dict(), "metrics": result.summary}, default=str, indent=2))
+        doc = {"out": str(out), "config": config.to_dict(), "metrics": result.summary}
+        if trace_path is not None:
+            doc["trace"] = str(trace_path)
+        print(json.dumps(doc, default=str, indent=2))
         return 0
-    print_summary(result.summary, config, out)
+    print_summary(result.summary, config, out, trace_path)
     return 0
+
+
+def check_trace_out(args: argparse.Namespace):
+    """--trace-out's path (None without it), refused before the replay runs when it cannot be written."""
+    if getattr(args, "trace_out", None) is None:
+        return None
+    from scheduling.trace_export import check_trace_path
+
+    if getattr(args, "no_step_log", False):
+        raise ConfigError("--trace-out draws the engine steps from the step log; drop --no-step-log")
+    return check_trace_path(args.trace_out)
+
+
+def write_trace_out(result, trace_path) -> None:
+    if trace_path is not None:
+        from scheduling.trace_export import trace_of_result, write_trace
+
+        write_trace(trace_of_result(result), trace_path)
 
 
 def cmd_compare_replay(args: argparse.Namespace) -> int:
@@ -247,6 +273,7 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     from scheduling.replay import write_outputs
     from vllmref import env
 
+    trace_path = check_trace_out(args)
     if args.policy != "fcfs":
         raise ConfigError(f"--engine vllm runs vLLM's own scheduler (fcfs); --policy {args.policy} is simulator-only")
     def given(value, default):
@@ -270,11 +297,12 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     result = run_live_replay(jobs, config, progress=progress)
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
-    print_summary(result.summary, config, out)
+    write_trace_out(result, trace_path)
+    print_summary(result.summary, config, out, trace_path)
     return 0
 
 
-def print_summary(m: dict, config, out) -> None:
+def print_summary(m: dict, config, out, trace_path=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -309,3 +337,5 @@ def print_summary(m: dict, config, out) -> None:
     console = Console()
     console.print(t)
     console.print(f"wrote {out}/summary.json, steps.csv, turns.csv, jobs.csv")
+    if trace_path is not None:
+        console.print(f"wrote {trace_path} (Chrome trace: open it in ui.perfetto.dev)")
