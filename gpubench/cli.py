@@ -9,7 +9,7 @@ from gpubench import __version__
 from gpubench.errors import GpubenchError
 
 # Packages whose cli.py registers sub-commands, in the order --help lists them.
-_REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "kvcomm.cli", "vllmref.cli")
+_REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "kvcomm.cli", "vllmref.cli", "gpubench.completion")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -1,5 +1,6 @@
-"""`gpubench --help` and every sub-command's --help load no torch, pandas or matplotlib (seconds
-of import under load, for a page of text), and kvcomm's names agree with what it implements."""
+"""`gpubench --help`, every sub-command's --help and `gpubench completion` load no torch, pandas or
+matplotlib (seconds of import under load, for a page of text), and kvcomm's names agree with what
+it implements."""
 import json
 import subprocess
 import sys
@@ -7,16 +8,18 @@ import sys
 HEAVY = ("torch", "pandas", "matplotlib", "transformers")
 
 PROBE = """
-import json, sys
+import contextlib, io, json, sys
 from gpubench.cli import build_parser, main
 parser = build_parser()
 commands = [a for a in parser._subparsers._group_actions[0].choices]
 loaded = {}
 nested = [["kvcomm", "eval", "--help"], ["trace", "stats", "--help"], ["trace", "swesmith", "--help"],
           ["vllm", "setup", "--help"]]
-for argv in [["--help"]] + [[c, "--help"] for c in commands] + nested:
+completion = [["completion", "bash"], ["completion", "zsh"]]
+for argv in [["--help"]] + [[c, "--help"] for c in commands] + nested + completion:
     try:
-        main(argv)
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(argv)
     except SystemExit:
         pass
 loaded = [m for m in %r if m in sys.modules]
@@ -28,7 +31,7 @@ def test_help_of_every_command_imports_nothing_heavy():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"run", "replay", "sweep", "kvcomm", "trace", "vllm", "predict", "evaluate"} <= set(doc["commands"])
+    assert {"run", "replay", "sweep", "kvcomm", "trace", "vllm", "predict", "evaluate", "completion"} <= set(doc["commands"])
     assert doc["heavy"] == []
 
 
