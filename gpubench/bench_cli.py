@@ -26,6 +26,9 @@ def register(sub) -> None:
     r.add_argument("--set", action="append", default=[], metavar="PROBE.NAME=VALUE",
                    help="probe option, e.g. stream.max_array_bytes=1048576, l2.factor=2 (repeatable)")
     r.add_argument("--probe-budget-s", type=float, help="time budget of every probe in seconds (default: per probe)")
+    r.add_argument("--json", action="store_true",
+                   help="at the end print one JSON object on stdout (run_dir, ok, device, each probe's status and "
+                        "row counts, and `show --json`'s summary) instead of the table; progress stays on stderr")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("show", help="headline figures of a run: %% of spec/peak, spread, telemetry, failures")
@@ -92,9 +95,31 @@ def cmd_run(args) -> int:
     with progress:
         outcome = execute(req, on_event=on_event, on_start=on_start)
     summary = report.summarize_run(load(outcome.run_dir))
-    _print_summary(summary, Console(width=max(Console().width, 160)))
-    print(f"run dir: {outcome.run_dir}")
+    if getattr(args, "json", False):
+        import json
+        from dataclasses import asdict
+
+        doc = {"run_dir": str(outcome.run_dir), "ok": outcome.ok, "device": outcome.device_line,
+               "probes": [asdict(p) for p in outcome.probes], "summary": summary.to_dict()}
+        # Strict JSON for other programs: an undefined figure (NaN spread of one repetition) is null.
+        print(json.dumps(_finite_or_none(doc), indent=2, default=float, allow_nan=False))
+    else:
+        _print_summary(summary, Console(width=max(Console().width, 160)))
+        print(f"run dir: {outcome.run_dir}")
     return 0 if outcome.ok else 1
+
+
+def _finite_or_none(value):
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None."""
+    import math
+
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _fmt(v, nd=2) -> str:
