@@ -85,6 +85,7 @@ class Row:
     seam_aligned: bool
     sender_s: float
     kl_text: float = float("nan")  # KL(text || this protocol) of B's first answer token, nats
+    drift_tokens: list = field(default_factory=list)  # per sender: message start in its chat minus in B's
     extra: dict = field(default_factory=dict)
 
 
@@ -187,6 +188,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
+    drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
     prefix = receiver_prefix(model, layout)
     # text first: every other row's KL is measured against this example's text distribution
     specs = sorted(cfg.protocols, key=lambda s: s.name != "text")
@@ -208,7 +210,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                   em=exact_match(prediction, ex.answer), f1=token_f1(prediction, ex.answer),
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
-                  kl_text=first_token_kl(text_logits, rec.last_logits), extra=rec.extra)
+                  kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra)
 
 
 class _progress:
@@ -291,9 +293,19 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
                 "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
                 "recompute_fraction": float(frac),
                 "num_imported_mean": float(prow["num_imported"].mean()),
+                "drift_mean": _mean_drift(prow),
+                "seam_aligned_share": float(prow["seam_aligned"].mean()) if "seam_aligned" in prow else np.nan,
                 "goal": goal, "meets_goal": goal == "yes",
             })
     return pd.DataFrame(out)
+
+
+def _mean_drift(prow: pd.DataFrame) -> float:
+    """Mean over examples and senders of the position drift (NaN for rows without it)."""
+    if "drift_tokens" not in prow:
+        return float("nan")
+    values = [d for cell in prow["drift_tokens"] if isinstance(cell, list) for d in cell]
+    return float(np.mean(values)) if values else float("nan")
 
 
 def _kl_cell(r) -> str:
@@ -306,15 +318,17 @@ def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table (the README pastes this file, never retypes it)."""
     head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
             "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
-            "receiver TTFT median ms | speedup vs text | recomputed / imported | goal |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
+            "goal |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary.itertuples():
         lines.append(
             f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
             f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}] | "
             f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
-            f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | {r.goal} |")
+            f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
+            f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
+            f"{r.seam_aligned_share:.2f} | {r.goal} |")
     return head + "\n".join(lines) + "\n"
 
 
