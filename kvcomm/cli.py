@@ -91,8 +91,8 @@ def cmd_eval(args) -> int:
         _command_from_args(args)
     summary = write_reports(args.out, rows, command, [s.label for s in specs])
     # plain print: a rich Console wraps wide tables at 80 columns when stdout is not a terminal
-    print(summary[["task", "protocol", "n", "em", "rel_em", "agree_text", "speedup_median", "recompute_fraction",
-                   "meets_goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(summary[["task", "protocol", "n", "em", "rel_em", "rel_em_lo", "mcnemar_p", "kl_median", "agree_text",
+                   "speedup_median", "recompute_fraction", "goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
     return 0
 

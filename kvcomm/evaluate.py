@@ -4,10 +4,18 @@ One run directory holds::
 
     results.jsonl   one row per (task, example, protocol), appended and flushed as measured
     config.json     model, seed, tasks, protocols of the run (a rerun must match it to resume)
-    summary.csv     one row per (task, protocol): EM/F1 with 95 % bootstrap CIs, accuracy relative to
-    summary.md      text (paired bootstrap), median receiver TTFT, paired speedup vs text, recompute
+    summary.csv     one row per (task, protocol): EM/F1 with 95 % bootstrap CIs, EM and F1 relative to
+    summary.md      text (paired bootstrap), exact McNemar test on EM vs text, median KL of B's first
+                    answer token vs text, median receiver TTFT, paired speedup vs text, recompute
+                    share, and the goal verdict (yes / no / n too small to decide; kvcomm.metrics)
     summary.png     accuracy relative to text vs receiver prefill speedup, per protocol and task
     COMMAND         the command line that regenerates the directory
+
+Agreement with text: for every example B's ``text`` reception is computed first and each row stores
+``kl_text``, KL(text receiver || this receiver) of the first answer-token distribution over the full
+vocabulary (0 for ``text`` itself). Computing it at evaluation time against the same example's text
+logits costs nothing extra when text runs anyway, and one untimed text prefill when a resumed run
+only lacks other protocols' rows.
 
 Timing: for one example every protocol runs back to back on the same senders and B prefix, so the
 paired ratio text_TTFT / protocol_TTFT of that example sees the same machine state; the speedup we
@@ -28,13 +36,13 @@ import pandas as pd
 
 from gpubench.errors import KVCommError
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix
+from kvcomm.metrics import (GOAL_RECOMPUTE_FRACTION, GOAL_RELATIVE_ACCURACY, NUM_BOOTSTRAP,  # noqa: F401
+                            bootstrap_ci, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact,
+                            median_ci, relative_ci)
 from kvcomm.tasks import check_task, exact_match, extract_answer, generate, token_f1
 
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "config.json"
-NUM_BOOTSTRAP = 2000
-GOAL_RELATIVE_ACCURACY = 0.95
-GOAL_RECOMPUTE_FRACTION = 0.30
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class Row:
     num_prompt_tokens: int
     seam_aligned: bool
     sender_s: float
+    kl_text: float = float("nan")  # KL(text || this protocol) of B's first answer token, nats
+    drift_tokens: list = field(default_factory=list)  # per sender: message start in its chat minus in B's
     extra: dict = field(default_factory=dict)
 
 
@@ -178,11 +188,21 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
+    drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
     prefix = receiver_prefix(model, layout)
-    for spec in cfg.protocols:
-        if (ex.task, ex.index, spec.label) in done:
+    # text first: every other row's KL is measured against this example's text distribution
+    specs = sorted(cfg.protocols, key=lambda s: s.name != "text")
+    text_logits = None
+    for spec in specs:
+        if (ex.task, ex.index, spec.label) in done and (spec.name != "text" or text_logits is not None):
             continue
         rec = receive(model, spec, layout, senders, prefix, rope)
+        if spec.name == "text":
+            text_logits = rec.last_logits
+            if (ex.task, ex.index, spec.label) in done:
+                continue  # recomputed only as the KL reference of a resumed example
+        elif text_logits is None:
+            text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
         generated = answer(model, tokenizer, rec, cfg.max_new_tokens)
         prediction = extract_answer(generated)
         yield Row(task=ex.task, index=ex.index, protocol=spec.label, name=spec.name, boundary_k=spec.boundary_k,
@@ -190,7 +210,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                   em=exact_match(prediction, ex.answer), f1=token_f1(prediction, ex.answer),
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
-                  extra=rec.extra)
+                  kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra)
 
 
 class _progress:
@@ -230,30 +250,14 @@ def load_rows(out_dir: Path) -> pd.DataFrame:
 
 
 # ---- summary ------------------------------------------------------------------------------------
-def bootstrap_ci(values, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its 95 % percentile-bootstrap interval."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(num_resamples, x.size))].mean(axis=1)
-    return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def relative_ci(num, den, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """mean(num) / mean(den) with a paired bootstrap interval (examples resampled jointly)."""
-    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    if a.size == 0 or b.sum() == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, a.size, size=(num_resamples, a.size))
-    sa, sb = a[idx].sum(axis=1), b[idx].sum(axis=1)
-    ratios = np.divide(sa, sb, out=np.full_like(sa, np.nan), where=sb > 0)
-    return float(a.sum() / b.sum()), float(np.nanpercentile(ratios, 2.5)), float(np.nanpercentile(ratios, 97.5))
-
-
 def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd.DataFrame:
-    """One row per (task, protocol); relative accuracy and speedup are paired with ``text``."""
+    """One row per (task, protocol); every comparison with ``text`` is paired on the same examples.
+
+    Columns beyond EM/F1: ``rel_em``/``rel_f1`` (Σ protocol / Σ text, paired bootstrap CI),
+    ``text_only_right``/``protocol_only_right`` (the discordant pairs) and ``mcnemar_p`` (exact
+    McNemar on EM), ``kl_median`` with its CI (rows without ``kl_text``, from older runs, give NaN),
+    and ``goal`` ("yes" / "no" / "n too small to decide"; "-" for text), ``meets_goal`` = goal == "yes".
+    """
     out = []
     order = protocol_order or list(dict.fromkeys(rows["protocol"]))
     for task, trows in rows.groupby("task", sort=False):
@@ -263,35 +267,68 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
             em, em_lo, em_hi = bootstrap_ci(prow["em"])
             f1, f1_lo, f1_hi = bootstrap_ci(prow["f1"])
             common = prow.index.intersection(text.index)
-            rel, rel_lo, rel_hi = relative_ci(prow.loc[common, "em"], text.loc[common, "em"]) if len(common) else (np.nan,) * 3
-            speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if len(common) else pd.Series(dtype=float)
+            paired = len(common) > 0
+            nan3 = (np.nan,) * 3
+            rel, rel_lo, rel_hi = relative_ci(prow.loc[common, "em"], text.loc[common, "em"]) if paired else nan3
+            rel_f1, rel_f1_lo, rel_f1_hi = relative_ci(prow.loc[common, "f1"], text.loc[common, "f1"]) if paired else nan3
+            text_only, proto_only = discordant_counts(prow.loc[common, "em"], text.loc[common, "em"]) if paired else (0, 0)
+            kl = prow["kl_text"] if "kl_text" in prow else pd.Series(np.nan, index=prow.index)
+            kl_med, kl_lo, kl_hi = median_ci(kl)
+            speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if paired else pd.Series(dtype=float)
             frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
             # NOTE(H): agreement with text's own answer is the fidelity of the import, right or wrong
-            agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if len(common) else np.nan
+            agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if paired else np.nan
+            goal = "-" if proto == "text" else goal_verdict(rel_lo, rel_hi, frac) if paired else "no text rows"
             out.append({
-                "task": task, "protocol": proto, "n": len(prow),
+                "task": task, "protocol": proto, "n": len(prow), "n_paired": len(common),
                 "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
-                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi, "agree_text": float(agree),
+                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi,
+                "rel_f1": rel_f1, "rel_f1_lo": rel_f1_lo, "rel_f1_hi": rel_f1_hi,
+                "text_only_right": text_only, "protocol_only_right": proto_only,
+                "mcnemar_p": mcnemar_exact(text_only, proto_only),
+                "kl_median": kl_med, "kl_lo": kl_lo, "kl_hi": kl_hi,
+                "agree_text": float(agree),
                 "ttft_median_s": float(prow["prefill_s"].median()),
                 "ttft_p20_s": float(prow["prefill_s"].quantile(0.2)), "ttft_p80_s": float(prow["prefill_s"].quantile(0.8)),
                 "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
                 "recompute_fraction": float(frac),
                 "num_imported_mean": float(prow["num_imported"].mean()),
-                "meets_goal": bool(proto != "text" and rel >= GOAL_RELATIVE_ACCURACY and frac <= GOAL_RECOMPUTE_FRACTION),
+                "drift_mean": _mean_drift(prow),
+                "seam_aligned_share": float(prow["seam_aligned"].mean()) if "seam_aligned" in prow else np.nan,
+                "goal": goal, "meets_goal": goal == "yes",
             })
     return pd.DataFrame(out)
 
 
+def _mean_drift(prow: pd.DataFrame) -> float:
+    """Mean over examples and senders of the position drift (NaN for rows without it)."""
+    if "drift_tokens" not in prow:
+        return float("nan")
+    values = [d for cell in prow["drift_tokens"] if isinstance(cell, list) for d in cell]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _kl_cell(r) -> str:
+    if not np.isfinite(r.kl_median):
+        return "not recorded"
+    return f"{r.kl_median:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}]"
+
+
 def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table (the README pastes this file, never retypes it)."""
-    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | same answer as text | receiver TTFT "
-            "median ms | speedup vs text | recomputed / imported | goal |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
+            "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
+            "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
+            "goal |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary.itertuples():
         lines.append(
             f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
-            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.agree_text:.3f} | {1e3 * r.ttft_median_s:.1f} | "
-            f"{r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | {'yes' if r.meets_goal else '-'} |")
+            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}] | "
+            f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
+            f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
+            f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
+            f"{r.seam_aligned_share:.2f} | {r.goal} |")
     return head + "\n".join(lines) + "\n"
 
 

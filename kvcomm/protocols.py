@@ -118,6 +118,16 @@ class Layout:
     def num_imported(self) -> int:
         return sum(len(s.ids) for s in self.segments if s.kind == "import")
 
+    @property
+    def import_starts(self) -> list[int]:
+        """Position in B's sequence of each imported segment's first token (one per sender)."""
+        starts, pos = [], 0
+        for s in self.segments:
+            if s.kind == "import":
+                starts.append(pos)
+            pos += len(s.ids)
+        return starts
+
 
 @dataclass
 class Reception:
@@ -163,7 +173,12 @@ def encode_sender_ids(model, agent: str, prefix: list[int], msg: list[int], suff
 # ---- receiver layout ----------------------------------------------------------------------------
 def receiver_layout(tokenizer, example: Example, senders: list[SenderState]) -> Layout:
     """B's prompt (B's system prompt and chat template) cut into own and import segments."""
-    body = "".join(f"{'' if i == 0 else chr(10) * 2}Notes from agent {m.agent}:\n{_PLACEHOLDER.format(i)}"
+    return receiver_layout_ids(tokenizer, example, [s.message_ids for s in senders])
+
+
+def receiver_layout_ids(tokenizer, example: Example, message_ids: list[list[int]]) -> Layout:
+    """``receiver_layout`` from each sender's message token ids (no sender needs to have run)."""
+    body = "".join(f"{'' if i == 0 else chr(10) * 2}{example.notes_header.format(agent=m.agent)}{_PLACEHOLDER.format(i)}"
                    for i, m in enumerate(example.messages))
     chat = [{"role": "system", "content": RECEIVER_SYSTEM},
             {"role": "user", "content": f"{body}\n\nQuestion: {example.question}"}]
@@ -171,13 +186,23 @@ def receiver_layout(tokenizer, example: Example, senders: list[SenderState]) -> 
     rendered += example.answer_prefix
     segments: list[Segment] = []
     rest = rendered
-    for i, sender in enumerate(senders):
+    for i, ids in enumerate(message_ids):
         before, rest = rest.split(_PLACEHOLDER.format(i))
-        segments += [Segment("own", _ids(tokenizer, before)), Segment("import", list(sender.message_ids), i)]
+        segments += [Segment("own", _ids(tokenizer, before)), Segment("import", list(ids), i)]
     segments.append(Segment("own", _ids(tokenizer, rest)))
     texts = [m.text for m in example.messages]
     one_shot = _ids(tokenizer, _fill(rendered, texts))
     return Layout(segments=segments, seam_aligned=one_shot == [t for s in segments for t in s.ids])
+
+
+def message_drift(tokenizer, example: Example) -> list[int]:
+    """Per sender: position of its message's first token in its own chat minus that in B's prompt.
+
+    Tokenizer only (no model): how far every imported key must be re-rotated.
+    """
+    layouts = [sender_layout(tokenizer, m) for m in example.messages]
+    layout = receiver_layout_ids(tokenizer, example, [msg for _, msg, _ in layouts])
+    return [len(prefix) - start for (prefix, _, _), start in zip(layouts, layout.import_starts)]
 
 
 def _fill(rendered: str, texts: list[str]) -> str:

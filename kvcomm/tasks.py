@@ -15,6 +15,26 @@ docs/kvcomm-eval.md for the measured text accuracy):
   is 412."; B is asked one person's number, which is in either sender's notes, so B must read across
   two imported chunks (what CacheBlend is built for). Chance: 1/6.
 
+Agent-like tasks (their sender contexts come from ``kvcomm.agent_tasks``): in ``keycode`` the message
+sits 7 tokens from where B needs it and every seam falls on a newline, which no protocol can fail;
+these two tasks remove both crutches.
+
+- ``drift``: agent A (a security clerk, its own system prompt) first reads a day's access log
+  (~515 SmolLM2 tokens, with superseded codes in it) and then writes notes with the ``NUM_FACTS``
+  current codes, so A's message starts ~550 tokens (457-671 over the first 200 examples) later in
+  A's sequence than where B needs it (position 37). B's template
+  puts the notes on the header's line ("Notes from agent A: The code ..."), so tokenizing B's prompt
+  in one go would merge the space into the message's first token: the seam is not aligned. Question
+  and answer as in ``keycode`` (chance 1/4).
+- ``multihop``: a random entity graph (``agent_tasks.entity_graph_question``); agent A reads one
+  register (e.g. who works for which company), agent C another (which company is based in which city),
+  each among distractor chains, and each sends its facts; B is asked a question that needs one fact
+  from each ("In which city is the company that Alice Moreau works for based?"). Chance with one hop
+  right: 1/3 (a city from C's notes).
+
+Every task is answered under every protocol; ``text`` is the baseline with the very same information
+and template (B re-encodes the message tokens instead of importing them).
+
 The sizes come from a first measurement of text accuracy on small samples (docs/kvcomm-eval.md has
 the numbers): harder versions left the 135M model too little headroom above chance.
 
@@ -31,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpubench.errors import KVCommError, suggest
+from kvcomm.agent_tasks import access_log, document, entity_graph_question
 
 # Sender agents have their own system prompt (different from B's, on purpose: the imported message's
 # positions and context differ between A's sequence and B's, which is what the protocols must handle).
@@ -78,7 +99,8 @@ class Example:
     question: str
     answer: str
     answer_prefix: str = ""
-
+    # How B's prompt introduces each sender's notes; ``{agent}`` is the sender's name.
+    notes_header: str = "Notes from agent {agent}:\n"
 
     @property
     def example_id(self) -> str:
@@ -134,7 +156,46 @@ def twoagent(rng: random.Random, index: int) -> Example:
                    answer=room, answer_prefix=f"{who}'s room number is")
 
 
-TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent}
+DRIFT_SYSTEM = ("You are agent {agent}, the security clerk of the building. You read the access logs and keep "
+                "the other agents up to date with short notes.")
+DRIFT_INSTRUCTION = ("Here is today's access log.\n\n{log}\n\nWrite a short note for the other agents with the "
+                     "current code of every storage item that appears in the log.")
+# no newline after the colon: B reads the notes on the header's own line (see the module docstring)
+DRIFT_NOTES_HEADER = "Notes from agent {agent}: "
+
+
+def drift(rng: random.Random, index: int) -> Example:
+    """A read a long access log before writing its notes (drift of hundreds of tokens, unaligned seam)."""
+    facts = _facts(rng, NUM_FACTS)
+    log = access_log(rng, facts)
+    item, code = facts[rng.randrange(len(facts))]
+    notes = "Current codes from today's log. " + " ".join(f"The code for the {i} is {c}." for i, c in facts)
+    sender = AgentMessage(agent="A", system_prompt=DRIFT_SYSTEM.format(agent="A"),
+                          instruction=DRIFT_INSTRUCTION.format(log=log), text=notes)
+    return Example(task="drift", index=index, messages=(sender,), question=f"What is the code for the {item}?",
+                   answer=code, answer_prefix=f"The code for the {item} is", notes_header=DRIFT_NOTES_HEADER)
+
+
+MULTIHOP_SYSTEM = ("You are agent {agent}, a research assistant. You read registers and pass the facts that "
+                   "matter to the other agents.")
+MULTIHOP_INSTRUCTION = "Read this register and list its facts for the other agents.\n\n{document}"
+
+
+def multihop(rng: random.Random, index: int) -> Example:
+    """A and C each read one register; B's question needs a fact from each (two hops)."""
+    hop = entity_graph_question(rng)
+    messages = []
+    for agent, title, facts in (("A", "REGISTER 1", hop.document_1), ("C", "REGISTER 2", hop.document_2)):
+        messages.append(AgentMessage(
+            agent=agent, system_prompt=MULTIHOP_SYSTEM.format(agent=agent),
+            instruction=MULTIHOP_INSTRUCTION.format(document=document(rng, title, facts)),
+            text=" ".join(f.sentence for f in facts)))
+    return Example(task="multihop", index=index, messages=tuple(messages), question=hop.question,
+                   answer=hop.answer, answer_prefix=hop.answer_prefix)
+
+
+TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent,
+                                                             "drift": drift, "multihop": multihop}
 
 
 def check_task(name: str) -> str:

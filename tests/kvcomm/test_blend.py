@@ -12,7 +12,8 @@ from transformers import LlamaConfig
 from gpubench.errors import KVCommError
 from kvcomm.blend import blend_prefill, reuse_prefill
 from kvcomm.cache import KVCache, continue_from, prefill
-from kvcomm.models import TINY_CONFIGS, load_model
+from kvcomm.models import TINY_CONFIGS, load_model, rope_info
+from kvcomm.rope import reposition
 
 from .conftest import random_ids
 
@@ -69,6 +70,61 @@ def test_recompute_counts_and_selection_follow_deviation(tiny_llama, ratio):
     other = torch.tensor([i for i in range(36) if i not in set(out.selected_indices.tolist())])
     assert float((last[:, other] - reuse.keys[-1][0, :, other]).abs().max()) < 1e-5
     assert float((last[:, out.selected_indices] - reuse.keys[-1][0, :, out.selected_indices]).abs().max()) > 1e-3
+
+
+def _independent_deviation(model, prefix_ids, chunks, query, caches, layer: int, which: str = "values"):
+    """Per chunk token, Σ_heads,dims (fresh − imported)² at ``layer``, computed without blend.py.
+
+    "Fresh" is what a full prefill of the concatenated sequence holds at that layer (the exact K/V a
+    receiver would have computed); "imported" is each chunk's own cache, keys re-rotated to the fused
+    positions (values carry no position). Returns [num_chunk_tokens].
+    """
+    ids = torch.cat([prefix_ids, *chunks, query])
+    full, _ = prefill(model, ids)
+    start, num_chunk = prefix_ids.numel(), sum(c.numel() for c in chunks)
+    placed = []
+    for cache in caches:
+        placed.append(reposition(cache, start + sum(c.num_tokens for c in placed), rope_info(model)))
+    imported = torch.cat([getattr(c, which)[layer] for c in placed], dim=2)
+    fresh = getattr(full, which)[layer][:, :, start:start + num_chunk]
+    return ((fresh - imported) ** 2).sum(dim=(0, 1, 3))
+
+
+def _top(deviation: torch.Tensor, num_keep: int) -> set[int]:
+    return set(torch.topk(deviation, num_keep).indices.tolist())
+
+
+@pytest.mark.parametrize("check_layer", [1, 2])
+def test_deviation_and_selection_match_an_independent_full_prefill(tiny_model, check_layer):
+    """blend's reported deviation is the check layer's value deviation against a full prefill, and it
+    selects that deviation's top tokens; ranking by keys, or at another layer, selects other tokens."""
+    chunks, query, caches = _chunks(tiny_model, seed=5)
+    ratio, num_chunk = 0.25, 36
+    num_keep = round(ratio * num_chunk)
+    empty = torch.empty(0, dtype=torch.long)
+    expected = _independent_deviation(tiny_model, empty, chunks, query, caches, check_layer)
+    out = blend_prefill(tiny_model, caches, query, ratio=ratio, check_layer=check_layer)
+    torch.testing.assert_close(out.deviation, expected, atol=1e-5, rtol=1e-4)
+    assert set(out.selected_indices.tolist()) == _top(expected, num_keep)
+    # the comparison can tell the wrong variants apart on this input (else it would prove nothing)
+    by_keys = _independent_deviation(tiny_model, empty, chunks, query, caches, check_layer, "keys")
+    other_layer = _independent_deviation(tiny_model, empty, chunks, query, caches, 3 - check_layer)
+    assert _top(by_keys, num_keep) != _top(expected, num_keep)
+    assert _top(other_layer, num_keep) != _top(expected, num_keep)
+
+
+def test_deviation_behind_a_shared_prefix_matches_an_independent_full_prefill(tiny_qwen2):
+    """As the receiver uses it: B's exact prefix, chunks encoded behind their own copy of it."""
+    prefix_ids = random_ids(6, tiny_qwen2.config.vocab_size, seed=9)
+    prefix, _ = prefill(tiny_qwen2, prefix_ids)
+    chunks = [random_ids(n, tiny_qwen2.config.vocab_size, seed=30 + n) for n in (10, 13)]
+    # the second chunk is encoded at positions 6.. as well (alone behind the prefix), so it needs re-rotation
+    caches = [continue_from(tiny_qwen2, prefix, c)[0].slice(6) for c in chunks]
+    query = random_ids(4, tiny_qwen2.config.vocab_size, seed=21)
+    expected = _independent_deviation(tiny_qwen2, prefix_ids, chunks, query, caches, 1)
+    out = blend_prefill(tiny_qwen2, caches, query, ratio=0.3, prefix=prefix)
+    torch.testing.assert_close(out.deviation, expected, atol=1e-5, rtol=1e-4)
+    assert set((out.selected_indices - 6).tolist()) == _top(expected, round(0.3 * 23))
 
 
 def test_shared_prefix(tiny_qwen2):

@@ -58,6 +58,9 @@ def test_summary_relative_accuracy_speedup_and_goal(tmp_path):
     assert s.loc["kv-blend r=0.15", "recompute_fraction"] == pytest.approx(0.2)
     assert s.loc["kv-rerotated", "agree_text"] == pytest.approx(0.5) and s.loc["kv-blend r=0.15", "agree_text"] == 1.0
     assert list(s["meets_goal"]) == [False, False, True]
+    # kv-rerotated loses 5 of 10 right answers and fixes none: p = 2 / 2**5; its CI lies below 0.95
+    assert s.loc["kv-rerotated", "mcnemar_p"] == pytest.approx(2 / 32) and s.loc["kv-rerotated", "goal"] == "no"
+    assert s.loc["kv-blend r=0.15", "goal"] == "yes" and s.loc["kv-blend r=0.15", "rel_em_lo"] == 1.0
     summary = write_reports(tmp_path, _rows(), "gpubench kvcomm eval --n 10")
     assert (tmp_path / "COMMAND").read_text() == "gpubench kvcomm eval --n 10\n"
     md = (tmp_path / "summary.md").read_text()
@@ -135,3 +138,36 @@ def test_a_run_that_failed_before_its_first_row_does_not_bind_the_directory(tmp_
     (out / "results.jsonl").write_text('{"task": "keycode"}\n')
     with pytest.raises(KVCommError, match="other settings"):
         _check_config(bad)
+
+
+def test_rows_record_first_token_kl_against_text_also_on_resume(tiny_chat_model, tmp_path):
+    """kl_text is KL(text || protocol) of B's first answer token, recomputed exactly on resume."""
+    import torch
+
+    from kvcomm.metrics import first_token_kl
+    from kvcomm.protocols import encode_sender, receive, receiver_layout, receiver_prefix
+    from kvcomm.tasks import generate
+
+    model, tok = tiny_chat_model
+    # kv-verbatim listed before text: the row order must not matter for the reference
+    specs = (ProtocolSpec("kv-verbatim"), ProtocolSpec("text"), ProtocolSpec("kv-rerotated"))
+    cfg = EvalConfig(model="tiny", tasks=("keycode",), protocols=specs, n=2, out_dir=tmp_path)
+    rows = run_eval(cfg, model, tok, progress=False).set_index(["index", "protocol"])
+    ex = generate("keycode", 2)[1]
+    with torch.no_grad():
+        senders = [encode_sender(model, tok, m) for m in ex.messages]
+        layout = receiver_layout(tok, ex, senders)
+        prefix = receiver_prefix(model, layout)
+        logits = {s.label: receive(model, s, layout, senders, prefix).last_logits for s in specs}
+    for label in ("kv-verbatim", "kv-rerotated"):
+        assert rows.loc[(1, label), "kl_text"] == pytest.approx(first_token_kl(logits["text"], logits[label]), rel=1e-6)
+    assert rows.loc[(1, "kv-verbatim"), "kl_text"] > 1e-4  # wrong positions move B's distribution
+    assert (rows.xs("text", level="protocol")["kl_text"] == 0.0).all()
+    # resume with only the text rows kept: the KL reference is recomputed, and gives the same numbers
+    path = tmp_path / "results.jsonl"
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["protocol"] == "text"]
+    path.write_text("\n".join(kept) + "\n")
+    again = run_eval(cfg, model, tok, progress=False).set_index(["index", "protocol"])
+    assert len(again) == 6
+    for key in [(i, p) for i in (0, 1) for p in ("kv-verbatim", "kv-rerotated")]:
+        assert again.loc[key, "kl_text"] == pytest.approx(rows.loc[key, "kl_text"], rel=1e-6)

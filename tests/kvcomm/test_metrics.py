@@ -1,0 +1,121 @@
+"""Paired statistics against hand-computed values, and the goal verdict on synthetic outcomes."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kvcomm.evaluate import markdown_table, summarize
+from kvcomm.metrics import (UNDECIDED, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact, median_ci,
+                            relative_ci)
+
+
+def test_mcnemar_exact_matches_binomial_tails_by_hand():
+    assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * P[Binom(5, 1/2) = 0]
+    assert mcnemar_exact(1, 9) == pytest.approx(2 * (1 + 10) / 1024)  # 2 * P[Binom(10, 1/2) <= 1]
+    assert mcnemar_exact(9, 1) == mcnemar_exact(1, 9)  # two-sided: the direction does not matter
+    assert mcnemar_exact(2, 6) == pytest.approx(2 * (1 + 8 + 28) / 256)
+    assert mcnemar_exact(3, 3) == 1.0  # 2 * 42/64 > 1 is capped
+    assert mcnemar_exact(0, 0) == 1.0  # no discordant pair, no evidence
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 2)
+
+
+def test_discordant_counts_pair_examples():
+    text = [1, 1, 1, 0, 0, 1]
+    proto = [1, 0, 0, 1, 0, 1]
+    assert discordant_counts(proto, text) == (2, 1)  # two lost, one gained, concordant ones ignored
+    with pytest.raises(ValueError):
+        discordant_counts([1, 0], [1])
+
+
+def test_first_token_kl_of_known_distributions():
+    p, q = torch.tensor([0.5, 0.5], dtype=torch.float64).log(), torch.tensor([0.9, 0.1], dtype=torch.float64).log()
+    # 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5 ln(25/9) = ln(5/3)
+    assert first_token_kl(p, q) == pytest.approx(math.log(5 / 3), rel=1e-9)
+    # the other direction: 0.9 ln(1.8) + 0.1 ln(0.2)
+    assert first_token_kl(q, p) == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), rel=1e-9)
+    logits = torch.randn(512, generator=torch.Generator().manual_seed(0))
+    assert first_token_kl(logits, logits + 3.0) == pytest.approx(0.0, abs=1e-12)  # softmax ignores a shift
+    assert first_token_kl(logits, logits * 0.5) > 0.05
+    # a zero-probability reference token contributes nothing (no nan from -inf - -inf)
+    assert first_token_kl(np.array([0.0, -np.inf]), np.array([0.0, 0.0])) == pytest.approx(math.log(2))
+    with pytest.raises(ValueError):
+        first_token_kl(np.zeros(3), np.zeros(4))
+
+
+def _paired_outcomes(rng, n: int, text_acc: float, keep: float) -> tuple[np.ndarray, np.ndarray]:
+    """text right with prob text_acc; the protocol keeps each right answer with prob ``keep``
+    (true ratio = keep) and never fixes a wrong one."""
+    text = (rng.random(n) < text_acc).astype(float)
+    proto = text * (rng.random(n) < keep)
+    return proto, text
+
+
+def test_ratio_ci_covers_the_true_ratio_at_about_95_percent():
+    rng = np.random.default_rng(7)
+    covered = 0
+    trials = 200
+    for i in range(trials):
+        proto, text = _paired_outcomes(rng, 150, 0.7, 0.85)
+        _, lo, hi = relative_ci(proto, text, num_resamples=500, seed=i)
+        covered += lo <= 0.85 <= hi
+    # binomial(200, 0.95) is within [0.88, 0.99] with overwhelming probability; a CI that ignored the
+    # pairing (or were a point) would fall far outside
+    assert 0.88 <= covered / trials <= 0.99
+
+
+def test_ratio_ci_excludes_a_ratio_it_should_and_the_goal_follows():
+    rng = np.random.default_rng(1)
+    proto, text = _paired_outcomes(rng, 2000, 0.7, 0.80)
+    rel, lo, hi = relative_ci(proto, text)
+    assert lo <= 0.80 <= hi and hi < 0.95  # true ratio inside, the goal (and 1.0) excluded
+    assert goal_verdict(lo, hi, 0.1) == "no"
+    same, same_text = _paired_outcomes(rng, 2000, 0.7, 1.0)
+    assert goal_verdict(*relative_ci(same, same_text)[1:], 0.1) == "yes"
+    small, small_text = _paired_outcomes(np.random.default_rng(3), 20, 0.7, 0.9)
+    lo, hi = relative_ci(small, small_text)[1:]
+    assert lo < 0.95 <= hi and goal_verdict(lo, hi, 0.1) == UNDECIDED
+
+
+def test_goal_verdict_cases():
+    assert goal_verdict(0.96, 1.02, 0.2) == "yes"
+    assert goal_verdict(0.95, 1.0, 0.3) == "yes"  # bounds inclusive, as the issue states them
+    assert goal_verdict(0.80, 0.94, 0.0) == "no"
+    assert goal_verdict(0.90, 1.05, 0.0) == UNDECIDED
+    assert goal_verdict(0.99, 1.00, 0.31) == "no"  # too much recomputed, whatever the accuracy
+    assert goal_verdict(float("nan"), float("nan"), 0.0) == UNDECIDED  # text never right: no ratio
+
+
+def test_median_ci():
+    med, lo, hi = median_ci(np.arange(1, 10, dtype=float))
+    assert med == 5.0 and lo < 5.0 < hi and 1.0 <= lo and hi <= 9.0
+    assert median_ci([2.0, np.nan, 2.0]) == (2.0, 2.0, 2.0)  # missing values are left out
+    assert all(math.isnan(x) for x in median_ci([np.nan]))
+
+
+def _rows(n: int, lost: int) -> pd.DataFrame:
+    """text right on every example; 'kv-a' loses ``lost`` of them, 'kv-b' none."""
+    rows = []
+    for i in range(n):
+        for proto, em, kl in (("text", 1.0, 0.0), ("kv-a", float(i >= lost), 0.1 + i / n), ("kv-b", 1.0, 0.01)):
+            rows.append(dict(task="t", index=i, protocol=proto, em=em, f1=em, prefill_s=1.0, prediction=str(em),
+                             num_imported=10, num_recomputed=0 if proto != "text" else 10, kl_text=kl))
+    return pd.DataFrame(rows)
+
+
+def test_summary_reports_mcnemar_kl_and_undecided_goal():
+    s = summarize(_rows(10, 1)).set_index("protocol")
+    assert (s.loc["kv-a", "text_only_right"], s.loc["kv-a", "protocol_only_right"]) == (1, 0)
+    assert s.loc["kv-a", "mcnemar_p"] == 1.0 and s.loc["kv-b", "mcnemar_p"] == 1.0
+    assert s.loc["kv-a", "kl_median"] == pytest.approx(np.median(0.1 + np.arange(10) / 10))
+    assert s.loc["kv-a", "goal"] == UNDECIDED and not s.loc["kv-a", "meets_goal"]  # 0.9 with n = 10
+    assert s.loc["kv-b", "goal"] == "yes" and s.loc["text", "goal"] == "-"
+    assert UNDECIDED in markdown_table(summarize(_rows(10, 1)))
+    big = summarize(_rows(200, 40)).set_index("protocol")  # 0.8 of text at n = 200: decided
+    assert big.loc["kv-a", "goal"] == "no" and big.loc["kv-a", "mcnemar_p"] == pytest.approx(2 * 0.5 ** 40)
+    old = summarize(_rows(5, 0).drop(columns="kl_text"))  # rows of runs before kl_text existed
+    assert old["kl_median"].isna().all() and "not recorded" in markdown_table(old)
