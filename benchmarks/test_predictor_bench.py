@@ -39,3 +39,21 @@ def test_predict_time_single_batch(benchmark):
     assert t == pytest.approx(m.predict(batch).total_s, rel=1e-12)
     _info(benchmark, sku="h100-sxm", model="llama-3.1-8b", batch=BATCH,
           mixed_predictions_per_s=1 / benchmark.stats.stats.median)
+
+
+CPU_OPS_CALIBRATION = os.path.join(os.path.dirname(__file__), "..", "results", "eval", "cpu", "calibration-probes.json")
+
+
+def test_predict_decode_cpu_op_tables(benchmark):
+    """The CPU op-table path (probe-only CPU predictor): the same >= 20,000/s floor."""
+    m = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=CPU_OPS_CALIBRATION)
+    assert m.cpu_table is not None
+    rng = np.random.default_rng(0)
+    batch_sizes = np.full(NUM_PREDICTIONS // 8, BATCH)
+    context_sums = rng.integers(BATCH * 128, BATCH * 8192, batch_sizes.size)
+    out = benchmark(m.predict_decode, batch_sizes, context_sums)
+    assert np.all(out > 0)
+    per_s = batch_sizes.size / benchmark.stats.stats.median
+    _info(benchmark, sku="cpu", model="smollm2-135m", batch=BATCH, path="cpu_ops",
+          num_predictions_per_call=int(batch_sizes.size), decode_predictions_per_s=per_s)
+    assert per_s >= MIN_DECODE_PREDICTIONS_PER_S, f"{per_s:.0f} decode predictions/s < {MIN_DECODE_PREDICTIONS_PER_S}"

@@ -139,6 +139,7 @@ class Calibration:
     host_residual: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     curves: dict = field(default_factory=dict)
+    cpu_ops: dict = field(default_factory=dict)  # dtype -> predictor.cpu_tables.CpuOpTables
 
     def curve(self, name: str, dtype: str) -> Curve | None:
         """The ``name`` curve fitted for ``dtype``, or None."""
@@ -168,6 +169,7 @@ class Calibration:
             "hardware": {k: p.to_dict() for k, p in self.hardware.items()},
             "host_residual": {k: p.to_dict() for k, p in self.host_residual.items()},
             "curves": {k: {dt: c.to_dict() for dt, c in v.items()} for k, v in self.curves.items()},
+            **({"cpu_ops": {dt: t.to_dict() for dt, t in self.cpu_ops.items()}} if self.cpu_ops else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -210,9 +212,15 @@ class Calibration:
             if not isinstance(by_dtype, dict):
                 raise ConfigError(f"{where}: curves.{name} must map dtype -> curve")
             curves[name] = {str(dt): Curve.from_obj(c, f"{where}: curves.{name}.{dt}") for dt, c in by_dtype.items()}
+        raw_ops = d.get("cpu_ops") or {}
+        if not isinstance(raw_ops, dict):
+            raise ConfigError(f"{where}: 'cpu_ops' must map dtype -> tables")
+        from predictor.cpu_tables import CpuOpTables
+
+        cpu_ops = {str(dt): CpuOpTables.from_dict(t, f"{where}: cpu_ops.{dt}") for dt, t in raw_ops.items()}
         return cls(sku=str(d["sku"]), backend=str(d.get("backend", "cuda")), dtype=str(d.get("dtype", "bf16")),
                    params=block("params"), hardware=block("hardware"), host_residual=block("host_residual"),
-                   meta=dict(d.get("meta") or {}), curves=curves)
+                   meta=dict(d.get("meta") or {}), curves=curves, cpu_ops=cpu_ops)
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -299,7 +307,7 @@ def resolve(calibration, hw: HardwareSpec, dtype: str) -> Calibration:
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype,
                        params={**base.params, **cal.params}, hardware=dict(cal.hardware),
                        host_residual={**base.host_residual, **cal.host_residual}, meta=dict(cal.meta),
-                       curves={k: dict(v) for k, v in cal.curves.items()})
+                       curves={k: dict(v) for k, v in cal.curves.items()}, cpu_ops=dict(cal.cpu_ops))
 
 
 # ====================================================================== fitting from a run
@@ -641,6 +649,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
     curves, curve_report = _fit_duty_curve(run, hw, dtype, f, params["eta_active"].value)
     report.update(curve_report)
     _fit_launch(run, hw, params)
+    cpu_ops = _fit_cpu_ops(run, report)
     report["warnings"] = sanity_warnings(params, hw, report, run)
     meta = {"created_utc": _now(), "from": "run", "run_dir": str(run.run_dir),
             "run_git_commit": run.manifest.get("git_commit"), "run_created_utc": run.manifest.get("created_utc"),
@@ -648,7 +657,25 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
             "host": identity_from_device(run.manifest.get("device") or {}), "contended": contended,
             "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}
     return Calibration(sku=hw0.sku_id, backend=hw0.backend, dtype=dtype, params=params, hardware=hw_over,
-                       host_residual=cal.host_residual, meta=meta, curves=curves)
+                       host_residual=cal.host_residual, meta=meta, curves=curves, cpu_ops=cpu_ops)
+
+
+def _fit_cpu_ops(run, report: dict) -> dict:
+    """dtype -> CpuOpTables from the run's ``torch_ops`` rows (empty without them)."""
+    from predictor.cpu_tables import CpuOpTables
+
+    frame = run.frames.get("torch_ops")
+    if frame is None or not len(frame):
+        return {}
+    out = {}
+    for dt in sorted(set(frame["dtype"])):
+        tables = CpuOpTables.fit(frame, dt, f"{run.run_dir}: torch_ops")
+        out[dt] = tables
+        report[f"cpu_ops_{dt}"] = {"linear_rows": tables.d["linear"]["num_rows"],
+                                   "attn_decode_fit_mape": tables.d["attn_decode"]["fit_mape"],
+                                   "attn_prefill_fit_mape": {m: tables.d["attn_prefill"][m]["fit_mape"]
+                                                             for m in ("causal", "masked")}}
+    return out
 
 
 def sanity_warnings(params: dict, hw: HardwareSpec, report: dict, run=None) -> list[str]:

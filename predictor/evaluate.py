@@ -12,8 +12,15 @@ Methods (each fitted on a split's training rows only, then scored on its test ro
                 rows together with S(N) (scipy least squares on relative error). This asks whether
                 the forms transfer to an unseen model once the hardware constants are right, when
                 the probe calibration of a busy shared host is not.
-- ``vidur``     Vidur-style: the sum of per-op profiled medians of that step (torch.profiler, see
-                ``predictor.profile``), no host term. It needs no fit; it exists only on op-profiled rows.
+- ``cpu_ops``   probes only: StepModel with the calibration's CPU op tables (the ``torch_ops`` probe,
+                predictor.cpu_tables), nothing fitted on any step row; q/k/v and gate/up priced as
+                separate calls for the torch engine's rows and fused for vLLM's (``engine`` column).
+                Present only when the calibration has tables for the rows' dtype.
+- ``vidur``     Vidur-style profile-and-interpolate: per op kind (torch.profiler, see ``predictor.profile``),
+                a least-squares line over the *other* op-profiled steps of the same model (linear,
+                elementwise, copy, gather, kv_write on new tokens; attention on sequences, keys read
+                and query-key pairs; sampling on sequences), summed over kinds. The step it predicts is
+                never among the steps it interpolates from; it exists only on op-profiled rows.
 - ``rf``        a scikit-learn random forest on batch and model descriptors, log-time target.
 
 Splits: ``in_sample`` (train = test = all rows, for reference), ``by_batch`` and ``by_context``
@@ -39,8 +46,8 @@ from gpubench.errors import ConfigError, ResultsFormatError
 
 REQUIRED_COLUMNS = ("key", "model", "dtype", "device_type", "phase", "num_seqs", "num_new_tokens",
                     "context_sum", "context_max", "batch_json", "wall_s", "ops_profiled", "op_sum_s")
-METHODS = ("additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf")
-FORM_PAIRS = (("additive", "max"), ("additive_rowcal", "max_rowcal"))
+METHODS = ("cpu_ops", "additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf")
+FORM_PAIRS = (("cpu_ops", "max"), ("additive", "max"), ("additive_rowcal", "max_rowcal"))
 PHASES = ("all", "decode", "prefill", "mixed")
 RF_FEATURES = ("num_seqs", "num_new_tokens", "context_sum", "context_max", "kv_len_sum", "step_flops",
                "weight_bytes", "kv_read_bytes", "num_layers", "hidden_size")
@@ -230,21 +237,65 @@ class RowCalibrated:
         return self._predict(self.theta, self._rows(test), test.num_seqs.to_numpy(np.float64))
 
 
-class VidurStyle:
-    """Sum of the step's per-op profiled medians; no host term, nothing to fit.
+class ProbeOnly:
+    """Predictions fixed before any split (from probes alone): nothing to fit."""
 
-    ``column``: ``op_sum_s`` for wall-time targets, ``op_sum_cpu_s`` for ``thread_cpu_s``.
-    """
-    name = "vidur"
+    name = "cpu_ops"
 
-    def __init__(self, column: str = "op_sum_s"):
-        self.column = column
+    def __init__(self, base_s: pd.Series):
+        self.base_s = base_s
 
     def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
         pass
 
     def predict(self, test: pd.DataFrame) -> np.ndarray:
-        return np.where(test.ops_profiled.astype(bool), test[self.column].astype(float), np.nan)
+        return self.base_s.loc[test.index].to_numpy()
+
+
+def _kind_features(frame: pd.DataFrame, kind: str) -> np.ndarray:
+    """Regressors of one op kind's time (see the module docstring's ``vidur``)."""
+    one = np.ones(len(frame))
+    if kind == "attention":
+        new, ctx = frame.num_new_tokens.to_numpy(float), frame.kv_len_sum.to_numpy(float)
+        return np.stack([one, frame.num_seqs.to_numpy(float), ctx, new * frame.context_max.to_numpy(float)], axis=1)
+    if kind == "sampling":
+        return np.stack([one, frame.num_seqs.to_numpy(float)], axis=1)
+    return np.stack([one, frame.num_new_tokens.to_numpy(float), frame.num_seqs.to_numpy(float)], axis=1)
+
+
+class VidurStyle:
+    """Profile some of a model's steps op by op, interpolate the rest (see the module docstring).
+
+    ``column``: ``op_sum_s`` for wall-time targets, ``op_sum_cpu_s`` for ``thread_cpu_s`` (the
+    per-kind profiled times are rescaled by each training step's column / its kinds' sum).
+    """
+    name = "vidur"
+
+    def __init__(self, frame: pd.DataFrame, column: str = "op_sum_s"):
+        self.frame, self.column = frame, column
+
+    def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
+        pass  # it interpolates from the same model's other profiled steps, whichever split holds them
+
+    def predict(self, test: pd.DataFrame) -> np.ndarray:
+        out = np.full(len(test), np.nan)
+        prof = self.frame[self.frame.ops_profiled.astype(bool)]
+        for i, (idx, row) in enumerate(test.iterrows()):
+            if not bool(row.ops_profiled):
+                continue
+            others = prof[(prof.model == row.model) & (prof.key != row.key)]
+            if len(others) < 3:
+                continue
+            kinds = [json.loads(j) for j in others.ops_json]
+            clock = others[self.column].to_numpy(float) / np.array([sum(k.values()) for k in kinds])
+            total = 0.0
+            for kind in sorted({k for d in kinds for k in d}):
+                y = np.array([d.get(kind, 0.0) for d in kinds]) * clock
+                x = _kind_features(others, kind)
+                coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+                total += max(0.0, float((_kind_features(test.loc[[idx]], kind) @ coef)[0]))
+            out[i] = total
+        return out
 
 
 class ForestModel:
@@ -284,6 +335,26 @@ def _no_host(calibration, sku: str, dtype: str):
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
                        hardware=dict(cal.hardware), host_residual=zero, meta=dict(cal.meta),
                        curves={k: dict(v) for k, v in cal.curves.items()})
+
+
+def cpu_ops_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None:
+    """Probe-only predictions (CPU op tables) of every row, or None if the calibration has no
+    tables for every dtype of the rows (or is not a CPU calibration)."""
+    from predictor.calibrate import Calibration
+    from predictor.step import StepModel
+
+    if calibration is None:
+        return None
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    if cal.backend != "cpu" or not set(df.dtype) <= set(cal.cpu_ops):
+        return None
+    engines = df["engine"].fillna("torch") if "engine" in df.columns else pd.Series("torch", index=df.index)
+    out = pd.Series(np.nan, index=df.index, dtype=np.float64)
+    for (model, dtype, engine), g in df.assign(_engine=engines).groupby(["model", "dtype", "_engine"], sort=True):
+        sm = StepModel(*_hw_and_model(sku, model), calibration=cal, form="additive", dtype=dtype,
+                       gemm_layout="fused" if engine == "vllm" else "separate")
+        out.loc[g.index] = sm.predict_many([[tuple(s) for s in json.loads(b)] for b in g.batch_json])
+    return out
 
 
 def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd.Series:
@@ -360,10 +431,12 @@ def vidur_column(target: str) -> str:
 
 
 def _make_methods(base: dict, seed: int, target: str) -> list:
-    """One fresh instance of every method; ``base`` holds the no-host forms and the op parts."""
-    return [StepForm("additive", base["additive"]), StepForm("max", base["max"]),
+    """One fresh instance of every method; ``base`` holds the no-host forms, the op parts, the
+    probe-only predictions (None without CPU op tables) and the rows."""
+    probe_only = [ProbeOnly(base["cpu_ops"])] if base.get("cpu_ops") is not None else []
+    return [*probe_only, StepForm("additive", base["additive"]), StepForm("max", base["max"]),
             RowCalibrated("additive", base["parts"]), RowCalibrated("max", base["parts"]),
-            VidurStyle(vidur_column(target)), ForestModel(seed)]
+            VidurStyle(base["rows"], vidur_column(target)), ForestModel(seed)]
 
 
 def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series], *, target: str,
@@ -524,12 +597,14 @@ def plot_predictions(pred: pd.DataFrame, out: Path, split: str) -> list[Path]:
         for m in models:
             s = gm[gm.model == m]
             ax.scatter(s.measured_s * 1e3, s.predicted_s * 1e3, s=10, color=colors[m], label=m, alpha=0.8)
+        ax.set(title=f"{method} ({split})", xlabel="measured step (ms)", ylabel="predicted step (ms)")
         if len(gm):
             lo = 0.8 * min(gm.measured_s.min(), gm.predicted_s.min()) * 1e3
             hi = 1.25 * max(gm.measured_s.max(), gm.predicted_s.max()) * 1e3
             ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.set(xscale="log", yscale="log", title=f"{method} ({split})", xlabel="measured step (ms)",
-               ylabel="predicted step (ms)")
+            ax.set(xscale="log", yscale="log")
+        else:  # e.g. no op-profiled rows for the Vidur-style baseline (vLLM's rows)
+            ax.text(0.5, 0.5, "no rows", ha="center", va="center", transform=ax.transAxes)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     p1 = out / "pred_vs_measured.png"
@@ -539,15 +614,20 @@ def plot_predictions(pred: pd.DataFrame, out: Path, split: str) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, phase in zip(axes, ("decode", "all")):
         gp = g if phase == "all" else g[g.phase == phase]
+        drawn = 0
         for method in METHODS:
             gm = gp[(gp.method == method) & np.isfinite(gp.predicted_s)]
             if not len(gm):
                 continue
             e = gm.assign(ape=ape_pct(gm.measured_s, gm.predicted_s)).groupby("num_seqs").ape.median()
-            ax.plot(e.index, e.to_numpy(), marker="o", label=method)
-        ax.set(xscale="log", yscale="log", xlabel="sequences in the batch", ylabel="median APE (%)",
-               title=f"error vs batch, {phase} steps ({split})")
-        ax.legend(fontsize=8)
+            e = e[(e > 0) & (e.index > 0)]  # a log axis: an exact prediction has no place on it
+            if len(e):
+                ax.plot(e.index, e.to_numpy(), marker="o", label=method)
+                drawn += 1
+        ax.set(xlabel="sequences in the batch", ylabel="median APE (%)", title=f"error vs batch, {phase} steps ({split})")
+        if drawn:
+            ax.set(xscale="log", yscale="log")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     p2 = out / "error_vs_batch.png"
     fig.savefig(p2, dpi=110)
@@ -637,6 +717,8 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
                           f"{', '.join(sorted(set(df.device_type)))}: pass the SKU the rows came from")
     base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
     base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
+    base["cpu_ops"] = cpu_ops_base(df, sku=sku, calibration=calibration)
+    base["rows"] = df
     pred, fits = predict_folds(df, all_folds(df), base, target=target, seed=seed)
     per_fold = score(pred, ["split", "fold", "method"])
     pooled = score(pred, ["split", "method"]).assign(fold="pooled")
@@ -644,7 +726,27 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     met = met[["split", "fold", "method", "phase", "rows", "n", "r2", "mape_pct", "median_ape_pct", "p90_ape_pct"]]
     wil = wilcoxon_forms(pred)
     transfer = transfer_pairs(df, base, target=target, seed=seed) if df.model.nunique() > 1 else pd.DataFrame()
-    return EvalResult(pred, met, wil, transfer, fits, headline_text(met, wil))
+    headline = headline_text(met, wil)
+    if base["cpu_ops"] is not None:
+        headline += interval_coverage_text(df, base["cpu_ops"], calibration, target)
+    return EvalResult(pred, met, wil, transfer, fits, headline)
+
+
+def interval_coverage_text(df: pd.DataFrame, predicted: pd.Series, calibration, target: str) -> str:
+    """How often the measured step lies inside the CPU op tables' 80 % interval, per phase."""
+    from predictor.calibrate import Calibration
+
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    lows, highs = zip(*(cal.cpu_ops[dt].interval_factors() for dt in df.dtype))
+    y, p = df[target].to_numpy(np.float64), predicted.to_numpy()
+    inside = (y >= p * np.array(lows)) & (y <= p * np.array(highs))
+    parts = []
+    for phase in ("decode", "prefill", "mixed"):
+        sel = (df.phase == phase).to_numpy()
+        if sel.any():
+            parts.append(f"{phase} {inside[sel].mean():.0%} of {int(sel.sum())}")
+    return (f"- `cpu_ops` 80 % interval (x{min(lows):.2f} .. x{max(highs):.2f} of the prediction, from the probe "
+            f"run's own spread): holds the measured step for {', '.join(parts)} rows\n")
 
 
 def run_evaluation(ec: EvalConfig) -> str:

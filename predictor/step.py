@@ -17,6 +17,12 @@ dtype, else the scalar eta_duty (which attention ops always use). S(N) = s_floor
 s_slope * max(0, N - 1) with N the number of sequences. With ``cuda_graphs=True`` the host issues
 one graph launch, but the device still spends a graph-node interval per kernel, so the launch
 floor is N_kern * t_graph_node.
+
+On the CPU, a calibration with ``cpu_ops`` tables for the dtype (from the ``torch_ops`` probe)
+replaces the additive form: each op is priced from what the probe measured torch doing with that
+shape in a step's cold context (predictor.cpu_step); ``gemm_layout`` says whether the engine
+issues q/k/v and gate/up as separate calls ("separate", transformers and the torch engine) or
+fused ("fused", vLLM). ``form="max"`` stays the roofline baseline.
 """
 from __future__ import annotations
 
@@ -98,6 +104,17 @@ class StepPrediction:
         return d
 
 
+def _batch_from_features(f) -> list:
+    """A batch with the features' totals, for the CPU op tables (which price sequences, not totals):
+    decode-only features (T == S) become S decodes sharing the C keys; otherwise one prefill
+    sequence of T tokens over C - T cached (an approximation: callers with batches use them)."""
+    num_new, num_seqs, kv_tokens = int(round(f[1])), int(round(f[2])), float(f[4])
+    if num_new == num_seqs:
+        per_seq = max(1.0, kv_tokens / max(num_seqs, 1) - 1.0)
+        return [(1, per_seq)] * num_seqs
+    return [(num_new, max(0.0, kv_tokens - num_new))]
+
+
 class StepModel:
     """Predicts forward-step times of ``model`` on ``hardware``.
 
@@ -109,10 +126,11 @@ class StepModel:
         form: "additive" (sum of per-op max) or "max" (max of sums, the monolithic baseline).
         cuda_graphs: launch floor from graph-node intervals instead of eager launches (GPU only).
         dtype: weights/activations/KV dtype; None means bf16 on GPUs and fp32 on the CPU.
+        gemm_layout: "separate" or "fused" projections (CPU op tables only, see the module docstring).
     """
 
     def __init__(self, hardware, model, *, calibration=None, form: str = "additive",
-                 cuda_graphs: bool = False, dtype: str | None = None):
+                 cuda_graphs: bool = False, dtype: str | None = None, gemm_layout: str = "separate"):
         if form not in FORMS:
             raise ConfigError(f"unknown form '{form}' (choose from: {', '.join(FORMS)})")
         hw = HardwareSpec.from_sku(hardware) if isinstance(hardware, str) else hardware
@@ -135,6 +153,15 @@ class StepModel:
         self.cuda_graphs = bool(cuda_graphs)
         self.graph = OpGraph(self.model, DTYPE_BYTES[self.dtype])
         self._setup_constants()
+        self.gemm_layout = gemm_layout
+        self.cpu_table = None
+        tables = self.calibration.cpu_ops.get(self.dtype)
+        if hw.backend == "cpu" and form == "additive" and tables is not None:
+            from predictor.cpu_step import CpuTableStep
+
+            # "separate" is this project's torch engine, whose decode group is one SDPA call padded
+            # to its longest sequence; "fused" is vLLM, whose attention reads each sequence's blocks.
+            self.cpu_table = CpuTableStep(tables, self.model, gemm_layout, padded_decode=gemm_layout == "separate")
 
     @classmethod
     def for_names(cls, sku: str = "h100-sxm", model: str = "llama-3.1-8b", calibration=None, **kw) -> "StepModel":
@@ -296,6 +323,8 @@ class StepModel:
     def predict_features(self, feats) -> np.ndarray:
         """Step times (P,) in seconds for (P, 5) features (see predictor.ops.FEATURES)."""
         feats = np.atleast_2d(np.asarray(feats, dtype=np.float64))
+        if self.cpu_table is not None:
+            return np.array([self.cpu_table.predict_time(_batch_from_features(f)) for f in feats])
         t_c, t_m = self._op_times(feats)
         return self._combine(feats, t_c, t_m)[0]
 
@@ -321,6 +350,8 @@ class StepModel:
             kv_tokens += c + n
         if num_seqs == 0:
             batch_features(batch)
+        if self.cpu_table is not None:
+            return self.cpu_table.predict_time(batch)
         f = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
         sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
@@ -354,10 +385,21 @@ class StepModel:
             return max(blocks + launch + sample, host)
         return blocks + launch + host + sample
 
+    def predict_interval(self, batch) -> tuple[float, float] | None:
+        """An 80 % interval (seconds) around ``predict_time(batch)`` from the calibration's own
+        spread, or None when the calibration carries none (only the CPU op tables do so far)."""
+        if self.cpu_table is None:
+            return None
+        low, high = self.cpu_table.tables.interval_factors()
+        t = self.predict_time(batch)
+        return t * low, t * high
+
     def predict_many(self, batches) -> np.ndarray:
         """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""
         if len(batches) == 0:
             return np.zeros(0)
+        if self.cpu_table is not None:
+            return np.array([self.predict_time(b) for b in batches])
         return self.predict_features(np.stack([batch_features(b) for b in batches]))
 
     # ---------------------------------------------------------------- one step with breakdown
@@ -366,6 +408,8 @@ class StepModel:
         feats = batch_features(batch)[None, :]
         t_c, t_m = self._op_times(feats)
         total, parts = self._combine(feats, t_c, t_m)
+        if self.cpu_table is not None:
+            return self._predict_from_table(batch, feats, t_c, t_m)
         g = self.graph
         calls = g.num_calls
         flops = (feats @ g.flops.T)[0]
@@ -397,6 +441,36 @@ class StepModel:
             launch_added_s=float(parts["launch_added_s"][0]), host_s=float(parts["host_s"][0]),
             sample_s=float(parts["sample_s"][0]), num_kernels=int(self.num_kernels),
             num_seqs=int(feats[0, 2]), num_new_tokens=int(feats[0, 1]), tiers=self.calibration.tiers())
+
+    def _predict_from_table(self, batch, feats, t_c, t_m) -> StepPrediction:
+        """``predict`` with the CPU op tables: each op's time is the table's; t_c/t_m stay the
+        roofline's (what the op would take at peak rate or bandwidth, for reading the breakdown)."""
+        g = self.graph
+        calls = g.num_calls
+        times = self.cpu_table.op_times([tuple(b) for b in batch])
+        flops = (feats @ g.flops.T)[0]
+        b_read = (feats @ g.bytes_read.T)[0]
+        b_written = (feats @ g.bytes_written.T)[0]
+        w = (feats @ g.weight_read_bytes.T)[0]
+        ops = {}
+        for i, spec in enumerate(g.ops):
+            tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
+            mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
+            ops[spec.name] = OpTime(
+                name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
+                num_kernels=int(calls[i] * g.num_cpu_dispatches[i]), flops=float(flops[i] * calls[i]),
+                bytes_read=float(b_read[i] * calls[i]), bytes_written=float(b_written[i] * calls[i]),
+                weight_bytes=float(w[i] * calls[i]), gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm),
+                t_s=float(times[spec.name]), bound="compute" if tc > tm else "memory")
+        sample_s = float(times["sample"])
+        blocks_s = float(sum(v for k, v in times.items() if k != "sample"))
+        compute_s = float(sum(ops[k].t_c_s for k in ops if k != "sample"))
+        memory_s = float(sum(ops[k].t_m_s for k in ops if k != "sample"))
+        return StepPrediction(
+            total_s=blocks_s + sample_s, form="cpu_ops", backend="cpu", ops=ops, blocks_s=blocks_s,
+            compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=0.0,
+            sample_s=sample_s, num_kernels=int(self.num_kernels), num_seqs=int(feats[0, 2]),
+            num_new_tokens=int(feats[0, 1]), tiers={**self.calibration.tiers(), "cpu_ops": "measured"})
 
     # ---------------------------------------------------------------- physical floor
     def physical_floor_s(self, batch) -> float:

@@ -153,8 +153,10 @@ class PredictorStepCost(StepCost):
             if shared is None:
                 from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
 
-                shared = (StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs),
-                          {})
+                # The simulator replays vLLM's engine: fused qkv / gate_up projections (this matters
+                # only to the CPU op tables; GPU forms price by shape either way).
+                shared = (StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs,
+                                              gemm_layout="fused"), {})
                 self._SHARED[names] = shared
                 if len(self._SHARED) > self._SHARED_MAX:
                     self._SHARED.popitem(last=False)

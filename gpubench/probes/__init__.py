@@ -1,8 +1,8 @@
-"""CPU probes (stream, l2, launch, peak, gemm) and hidden debug probes.
+"""CPU probes (stream, l2, launch, peak, gemm, torch_ops) and hidden debug probes.
 
 Each module holds one probe family: its work formula (bytes or FLOPs per repetition), its plan
 (the sweep) and its measurement, which calls the compiled ``gpubench._cpu`` kernels (numpy's BLAS
-for gemm). The CUDA probes live with the CUDA backend.
+for gemm, torch for torch_ops). The CUDA probes live with the CUDA backend.
 """
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ def cpu_probes() -> dict:
     from gpubench.probes.launch import LaunchProbe
     from gpubench.probes.peak import PeakProbe
     from gpubench.probes.stream import StreamProbe
+    from gpubench.probes.torch_ops import TorchOpsProbe
 
-    probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe()]
+    probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe(), TorchOpsProbe()]
     return {p.name: p for p in probes}
 
 

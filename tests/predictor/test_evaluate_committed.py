@@ -61,9 +61,11 @@ def _run(command: str, here: Path, *, replace: dict[str, str] | None = None) -> 
 
 def _regenerate_here(ec: EvalConfig, here: Path) -> EvalConfig:
     """The evaluation's rows and calibration, measured on this machine from their COMMAND files."""
-    for line in _commands(ROOT / "results" / "steps" / "COMMAND"):
-        if any(r in line for r in ec.rows):
-            _run(line, here)
+    # each row file's command is in the COMMAND next to it (results/steps/, results/vllm-cpu/steps/)
+    for command_file in sorted({(ROOT / r).parent / "COMMAND" for r in ec.rows}):
+        for line in _commands(command_file):
+            if any(r in line for r in ec.rows):
+                _run(line, here)
     probe_lines = _commands(ROOT / "results" / "eval" / "cpu" / "probes" / "COMMAND")
     run_line = next(ln for ln in probe_lines if " gpubench run " in f" {ln} ")
     fit_line = next(ln for ln in probe_lines if ln.startswith("gpubench fit ") and ec.calibration in ln)

@@ -1,0 +1,156 @@
+"""One CPU engine step priced op by op from the calibration's ``cpu_ops`` tables (predictor.cpu_tables).
+
+``CpuTableStep(tables, model, layout)`` precomputes, for the model's shapes, one curve per
+projection over M and one per segment over T, so pricing a batch is a dozen 1-D interpolations in
+plain Python (the scheduler's hot path). The op names are the step graph's (predictor.ops), so a
+breakdown reads like the roofline model's.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from gpubench.errors import ConfigError
+from predictor.config import ModelConfig
+from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Plain-list curve: linear between xs, clamped below, proportional to x past the end."""
+
+    xs: tuple
+    ys: tuple
+
+    def at(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * x / xs[-1]
+        j = bisect.bisect_right(xs, x)
+        return ys[j - 1] + (x - xs[j - 1]) / (xs[j] - xs[j - 1]) * (ys[j] - ys[j - 1])
+
+
+SEGMENT_T_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class CpuTableStep:
+    """Step times of ``model`` from ``tables``; ``layout``: "separate" or "fused" projections.
+
+    ``padded_decode``: the decode group is one attention call padded to its longest sequence (this
+    project's torch engine: one SDPA with a key mask), so it reads B x max(L) keys; otherwise each
+    sequence's own L_i (vLLM's paged attention).
+    """
+
+    def __init__(self, tables: CpuOpTables, model: ModelConfig, layout: str = "separate",
+                 padded_decode: bool = False):
+        if layout not in LAYOUTS:
+            raise ConfigError(f"unknown GEMM layout '{layout}' (choose from: {', '.join(LAYOUTS)})")
+        self.tables, self.model, self.layout, self.padded_decode = tables, model, layout, padded_decode
+        cfg = model
+        h, q, kv, ff, vocab = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, cfg.vocab_size
+        ms = tables.linear_m
+
+        def lin(n, k):
+            c = tables.linear_curve(n, k, ms)
+            return _Curve(c.x, c.y)
+
+        if layout == "separate":
+            self.projections = {"qkv_proj": [lin(q, h), lin(kv, h), lin(kv, h)], "o_proj": [lin(h, q)],
+                                "gate_up": [lin(ff, h), lin(ff, h)], "down": [lin(h, ff)]}
+        else:
+            self.projections = {"qkv_proj": [lin(q + 2 * kv, h)], "o_proj": [lin(h, q)],
+                                "gate_up": [lin(2 * ff, h)], "down": [lin(h, ff)]}
+        self.lm_head = lin(vocab, h)
+
+        def seg(name, width, context_bytes):
+            c = tables.segment_curve(name, width, list(SEGMENT_T_GRID), context_bytes)
+            return _Curve(c.x, c.y)
+
+        # What the op before each segment streamed (bytes), in the engine's order: a layer starts
+        # after the previous layer's down projection; rope follows v (or the fused qkv); the second
+        # rope, the KV write and the post-attention norm follow other small ops (caches warm).
+        item = tables.itemsize
+        down_b, o_b, vocab_b = h * ff * item, h * q * item, vocab * h * item
+        v_b = (kv if layout == "separate" else q + 2 * kv) * h * item
+        up_b = (ff if layout == "separate" else 2 * ff) * h * item
+        self.norm_in, self.norm_post, self.norm_final = seg("rmsnorm", h, down_b), seg("rmsnorm", h, 0), seg("rmsnorm", h, down_b)
+        self.residual_attn, self.residual_mlp = seg("residual_add", h, o_b), seg("residual_add", h, down_b)
+        self.silu_mul, self.kv_write = seg("silu_mul", ff, up_b), seg("kv_write", kv, 0)
+        self.rope_q, self.rope_kv = seg("rope", q, v_b), seg("rope", kv, 0)
+        self.embed, self.argmax = seg("embed", h, None), seg("argmax", vocab, vocab_b)
+        self.num_layers = cfg.num_layers
+        hd = cfg.head_dim
+        heads = (cfg.num_heads, cfg.num_kv_heads, hd)
+        dc = config_coef(tables.d["attn_decode"], *heads)
+        self._dec = (dc["a"], dc["b"], dc["c_q"] * cfg.num_heads * hd + dc["e_kv"] * cfg.num_kv_heads * hd)
+        self._pre = {}
+        for mode in ("causal", "masked"):
+            pc = config_coef(tables.d["attn_prefill"][mode], *heads)
+            self._pre[mode] = (pc["a"], pc["b_new"] * cfg.num_heads * hd, pc["e_kv"] * cfg.num_kv_heads * hd,
+                               pc["p_pairs"] * cfg.num_heads * hd)
+
+    def attention_s(self, batch) -> float:
+        """One layer's attention: the decode group (one call) plus one call per prefill sequence.
+
+        Decodes are sequences with one new token and a cache (as the engine groups them); the
+        group's call reads every decode sequence's keys.
+        """
+        a, b, per_key = self._dec
+        num_decode = 0
+        decode_keys = 0
+        longest = 0
+        t = 0.0
+        for n, c in batch:
+            if n == 1 and c > 0:
+                num_decode += 1
+                decode_keys += c + 1
+                if c + 1 > longest:
+                    longest = c + 1
+            else:
+                pa, pb, pe, pp = self._pre["masked" if c > 0 else "causal"]
+                pairs = n * (c + n) if c > 0 else n * (n + 1) / 2
+                t += pa + pb * n + pe * (c + n) + pp * pairs
+        if num_decode:
+            keys = num_decode * longest if self.padded_decode else decode_keys
+            t += a + b * num_decode + per_key * keys
+        return t
+
+    def op_times(self, batch) -> dict:
+        """Seconds per step-graph op (summed over layers) for ``batch`` [(num_new, num_cached), ...]."""
+        num_new = sum(n for n, _ in batch)
+        num_seqs = len(batch)
+        layers = self.num_layers
+        return {
+            "embed": self.embed.at(num_new),
+            "input_norm": layers * self.norm_in.at(num_new),
+            "qkv_proj": layers * sum(c.at(num_new) for c in self.projections["qkv_proj"]),
+            "rope": layers * (self.rope_q.at(num_new) + self.rope_kv.at(num_new)),
+            "attention": layers * (self.kv_write.at(num_new) + self.attention_s(batch)),
+            "o_proj": layers * self.projections["o_proj"][0].at(num_new),
+            "residual": layers * self.residual_attn.at(num_new),
+            "post_norm": layers * self.norm_post.at(num_new),
+            "gate_up": layers * sum(c.at(num_new) for c in self.projections["gate_up"]),
+            "act_mul": layers * self.silu_mul.at(num_new),
+            "down": layers * self.projections["down"][0].at(num_new),
+            "residual2": layers * self.residual_mlp.at(num_new),
+            "final_norm": self.norm_final.at(num_seqs),
+            "lm_head": self.lm_head.at(num_seqs),
+            "sample": self.argmax.at(num_seqs),
+        }
+
+    def predict_time(self, batch) -> float:
+        """Seconds of one step (the sum of :meth:`op_times`), plain Python."""
+        num_new = 0
+        for n, _ in batch:
+            num_new += n
+        num_seqs = len(batch)
+        per_layer = (self.norm_in.at(num_new) + self.norm_post.at(num_new) + self.rope_q.at(num_new)
+                     + self.rope_kv.at(num_new) + self.kv_write.at(num_new) + self.residual_attn.at(num_new)
+                     + self.residual_mlp.at(num_new) + self.silu_mul.at(num_new) + self.attention_s(batch))
+        for curves in self.projections.values():
+            for c in curves:
+                per_layer += c.at(num_new)
+        return (self.num_layers * per_layer + self.embed.at(num_new) + self.norm_final.at(num_seqs)
+                + self.lm_head.at(num_seqs) + self.argmax.at(num_seqs))

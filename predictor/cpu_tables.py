@@ -1,0 +1,377 @@
+"""CPU op-cost tables: a step's time from the ``torch_ops`` probe rows alone (nothing fitted on steps).
+
+``gpubench fit`` builds them from a run's ``torch_ops`` rows into the calibration's ``cpu_ops``
+block (per dtype); ``StepModel`` on the CPU uses them when they are there. A step is priced op by
+op as an eager PyTorch engine issues it (docs/predictor.md, "CPU op tables")::
+
+    step = embed(T) + L x [2 rmsnorm(T,h) + linears + rope(T,q) + rope(T,kv) + kv_write(T,kv)
+                           + attention + 2 residual_add(T,h) + silu_mul(T,ff)]
+           + rmsnorm(S,h) + linear(S, vocab, h) + argmax(S, vocab)
+
+- ``linear(M, N, K)``: the probe's thread-CPU seconds per weight element g = t / (N K) at its
+  measured (K, N) nodes, interpolated in (log K, log N) and *linearly in M between the measured M*
+  (the grid is dense; MKL is not monotone in M and no envelope is imposed). Past the largest
+  measured M of a node, g grows in proportion to M (compute-bound); N and K outside the grid are
+  clamped (a larger matrix streams at the same rate per element). ``layout`` says how the engine
+  issues the projections: ``separate`` (q, k, v and gate, up as their own calls, as transformers
+  and this project's torch engine do) or ``fused`` (one qkv and one gate_up call, as vLLM does).
+- attention: laws fitted (non-negative least squares on relative error) to the probe's SDPA rows,
+  so any head configuration can be priced. Decode, per step with B decode sequences of L_i keys::
+
+      t = a + sum_i (b + c * H * d * L_i + e * Hkv * d * L_i)
+
+  (CPU SDPA with grouped-query attention behaves as if it re-reads the cache per query head: c
+  carries that; e the per-KV-head part). Prefill, per sequence of n new tokens over c cached::
+
+      t = a + b * H * d * n + e * Hkv * d * (c + n) + p * H * d * pairs
+
+  with pairs = n(n+1)/2 (causal, no cache) or n(c+n) (a boolean mask; every pair is computed),
+  one coefficient set per mode. Each law is also fitted per probed head configuration (query heads
+  per KV head 1, 3, 4, 7; head_dim 64, 128) and a model's coefficients are interpolated in
+  log(group) between those of its head_dim (``config_coef``); the single law is the fallback.
+- segments (rmsnorm, residual_add, silu_mul, rope, kv_write, embed, argmax): the probe's times
+  at T rows of width W, taken after a 16 MiB weight-streaming GEMV, interpolated in (log T, log W),
+  proportional to T past the largest T. What the op before a segment streamed sets its fixed cost
+  (an RMSNorm of one row: ~40 us hot, ~150 us after 16 MiB here), so the probe also times T = 1
+  after context GEMVs of 0..16 MiB and a segment at context c costs
+  ``t(T, W, c) = t(T, W, 16 MiB) - (t(1, W, 16 MiB) - t(1, W, c))``, c linear between the nodes.
+
+Machine phases: rows of the streaming families carry a reference GEMV timed with them; a row's
+time enters the tables as (row / its reference) x (the run's median reference), so a table taken
+over minutes on a shared host describes the run's typical phase, not whichever phase each row hit.
+
+Uncertainty: every table keeps the probe's spread (p20..p80 over repetitions, relative), every law
+its fit's relative residuals, and the run its reference GEMV's 10th and 90th percentile relative
+to the median (how far the machine's phases moved a streaming op during the run);
+:meth:`CpuOpTables.interval_factors` combines them into an 80 % interval for a step.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpubench.errors import ConfigError
+
+SCHEMA = "gpubench.cpu_ops/1"
+LAYOUTS = ("separate", "fused")
+SEGMENTS = ("rmsnorm", "residual_add", "silu_mul", "rope", "kv_write", "embed", "argmax")
+DECODE_TERMS = ("a", "b", "c_q", "e_kv")
+MAIN_CONTEXT_ELEMENTS = 1 << 22  # the segment grid's context GEMV (16 MiB of fp32)
+PREFILL_TERMS = ("a", "b_new", "e_kv", "p_pairs")
+
+
+def _interp_1d(xs: list, ys: list, x: float, *, proportional_past_end: bool) -> float:
+    """Linear interpolation of ys over increasing xs; clamped below; past the end either clamped or
+    scaled by x / xs[-1] (work proportional to x)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1] * (x / xs[-1]) if proportional_past_end else ys[-1]
+    j = bisect.bisect_right(xs, x)
+    w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+    return ys[j - 1] + w * (ys[j] - ys[j - 1])
+
+
+def _bracket(grid: list, v: float) -> tuple[int, int, float]:
+    """Indices (i, j) and weight w of v between grid[i] and grid[j] in log space (clamped)."""
+    if v <= grid[0]:
+        return 0, 0, 0.0
+    if v >= grid[-1]:
+        n = len(grid) - 1
+        return n, n, 0.0
+    j = bisect.bisect_right(grid, v)
+    w = (math.log(v) - math.log(grid[j - 1])) / (math.log(grid[j]) - math.log(grid[j - 1]))
+    return j - 1, j, w
+
+
+@dataclass(frozen=True)
+class Curve1D:
+    """Seconds (or seconds per element) at increasing x; see _interp_1d."""
+
+    x: tuple
+    y: tuple
+
+    def at(self, v: float, *, proportional_past_end: bool = True) -> float:
+        return _interp_1d(list(self.x), list(self.y), v, proportional_past_end=proportional_past_end)
+
+
+class _Grid2D:
+    """Curves over x on a (u, v) grid: value(u, v, x) = bilinear in (log u, log v) of curve(x)."""
+
+    def __init__(self, nodes: dict):
+        # nodes: (u, v) -> Curve1D. Missing (u, v) combinations are filled from the nearest u row.
+        self.nodes = nodes
+        self.us = sorted({u for u, _ in nodes})
+        self.vs = sorted({v for _, v in nodes})
+
+    def _curve(self, u, v) -> Curve1D:
+        if (u, v) in self.nodes:
+            return self.nodes[(u, v)]
+        # nearest measured v at this u (shapes over the size cap were not measured)
+        vs = [vv for uu, vv in self.nodes if uu == u]
+        best = min(vs, key=lambda vv: abs(math.log(vv) - math.log(v)))
+        return self.nodes[(u, best)]
+
+    def curve_at(self, u: float, v: float, xs: list) -> Curve1D:
+        """The interpolated curve at (u, v), sampled at xs (and past them by each node's rule)."""
+        iu, ju, wu = _bracket(self.us, u)
+        iv, jv, wv = _bracket(self.vs, v)
+        corners = [((iu, iv), (1 - wu) * (1 - wv)), ((iu, jv), (1 - wu) * wv),
+                   ((ju, iv), wu * (1 - wv)), ((ju, jv), wu * wv)]
+        ys = []
+        for x in xs:
+            tot = 0.0
+            for (a, b), w in corners:
+                if w:
+                    tot += w * self._curve(self.us[a], self.vs[b]).at(x)
+            ys.append(tot)
+        return Curve1D(tuple(xs), tuple(ys))
+
+
+def _nnls_relative(features: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative coefficients minimising the relative error; (coefficients, relative residuals)."""
+    from scipy.optimize import nnls
+
+    scale = features.max(axis=0)
+    scale[scale == 0] = 1.0
+    a = features / scale / t[:, None]
+    coef, _ = nnls(a, np.ones_like(t))
+    coef = coef / scale
+    return coef, features @ coef / t - 1.0
+
+
+def _rows(frame, family: str, dtype: str):
+    df = frame[(frame["family"] == family) & (frame["dtype"] == dtype)]
+    if "valid" in df.columns:
+        df = df[df["valid"].astype(bool)]
+    return df
+
+
+def _spread(df) -> float:
+    """Median relative p20..p80 half-width over repetitions of the rows (0 without them)."""
+    if not len(df) or "t_p80_s" not in df.columns:
+        return 0.0
+    return float(np.median((df["t_p80_s"] - df["t_p20_s"]) / (2 * df["t_median_s"])))
+
+
+def _phase_normalized(df):
+    """Row medians rescaled to the run's median reference GEMV (see the module docstring); rows
+    without ``ref_times_s`` (older runs) are used as measured."""
+    t = df["t_median_s"].to_numpy(float)
+    if "ref_times_s" not in df.columns:
+        return t
+    ref = np.array([np.median(r[1:]) if isinstance(r, (list, np.ndarray)) and len(r) > 1 else np.nan
+                    for r in df["ref_times_s"]])
+    ok = np.isfinite(ref) & (ref > 0)
+    if not ok.any():
+        return t
+    typical = float(np.median(ref[ok]))
+    return np.where(ok, t * typical / np.where(ok, ref, 1.0), t)
+
+
+def _fit_by_config(df, features: np.ndarray, t: np.ndarray, terms: tuple) -> list:
+    """The law fitted separately per probed head configuration (query heads per KV head, head_dim):
+    the per-key cost depends on the grouping in ways one linear law misses (one law: ~10-19 % fit
+    error here; per configuration: a few %)."""
+    out = []
+    group = (df["heads"] / df["kv_heads"]).to_numpy(float)
+    dim = df["head_dim"].to_numpy(float)
+    for g, hd in sorted(set(zip(group, dim))):
+        sel = (group == g) & (dim == hd)
+        if sel.sum() < len(terms) + 1:
+            continue
+        coef, resid = _nnls_relative(features[sel], t[sel])
+        out.append({"group": float(g), "head_dim": int(hd), "coef": dict(zip(terms, map(float, coef))),
+                    "fit_mape": float(np.mean(np.abs(resid))), "num_rows": int(sel.sum())})
+    return out
+
+
+def config_coef(law: dict, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """A law's coefficients for a head configuration: interpolated in log(group) between the probed
+    configurations of the nearest head_dim (clamped outside them); the single law without any."""
+    entries = law.get("by_config") or []
+    if not entries:
+        return dict(law["coef"])
+    dims = sorted({e["head_dim"] for e in entries})
+    best_dim = min(dims, key=lambda v: (abs(math.log(v) - math.log(head_dim)), -v))
+    rows = sorted((e for e in entries if e["head_dim"] == best_dim), key=lambda e: e["group"])
+    i, j, w = _bracket([e["group"] for e in rows], heads / kv_heads)
+    return {k: (1 - w) * rows[i]["coef"][k] + w * rows[j]["coef"][k] for k in rows[i]["coef"]}
+
+
+def pd_concat(*frames):
+    import pandas as pd
+
+    return pd.concat([f for f in frames if len(f)], ignore_index=True)
+
+
+def _phase_spread(df) -> dict:
+    """p10 and p90 of the reference GEMV's medians over their median (1.0 without references)."""
+    if "ref_times_s" not in df.columns:
+        return {"p10": 1.0, "p90": 1.0, "num_rows": 0}
+    ref = np.array([np.median(r[1:]) for r in df["ref_times_s"] if isinstance(r, (list, np.ndarray)) and len(r) > 1])
+    if not ref.size:
+        return {"p10": 1.0, "p90": 1.0, "num_rows": 0}
+    rel = ref / np.median(ref)
+    return {"p10": float(np.percentile(rel, 10)), "p90": float(np.percentile(rel, 90)), "num_rows": int(ref.size)}
+
+
+class CpuOpTables:
+    """The fitted tables for one dtype; ``to_dict``/``from_dict`` are the calibration's ``cpu_ops.<dtype>``."""
+
+    def __init__(self, d: dict):
+        self.d = d
+        lin = d["linear"]
+        self.linear = _Grid2D({(int(n["k"]), int(n["n"])): Curve1D(tuple(n["m"]), tuple(n["s_per_element"]))
+                               for n in lin["nodes"]})
+        self.linear_m = sorted({m for n in lin["nodes"] for m in n["m"]})
+        self.segments = {name: _Grid2D({(int(n["w"]), 1): Curve1D(tuple(n["t"]), tuple(n["s"])) for n in nodes})
+                         for name, nodes in d["segments"].items()}
+        # per segment and width: the T = 1 cost as a function of the context's bytes
+        self.segment_context = {name: {int(n["w"]): Curve1D(tuple(n.get("context_bytes") or ()), tuple(n.get("s_at_t1") or ()))
+                                       for n in nodes} for name, nodes in d["segments"].items()}
+        self.itemsize = 2 if d.get("dtype") == "bf16" else 4
+        self.decode = d["attn_decode"]["coef"]
+        self.prefill = {mode: d["attn_prefill"][mode]["coef"] for mode in ("causal", "masked")}
+
+    # ------------------------------------------------------------------ fit
+    @classmethod
+    def fit(cls, frame, dtype: str, source: str) -> "CpuOpTables":
+        """From a run's ``torch_ops`` rows (a DataFrame) for ``dtype``. Raises ConfigError if a family is missing."""
+        d: dict = {"schema": SCHEMA, "dtype": dtype, "source": source, "tier": "measured"}
+        lin = _rows(frame, "linear", dtype)
+        if not len(lin):
+            raise ConfigError(f"{source}: no valid torch_ops linear rows for {dtype}")
+        lin = lin.assign(t_phase_s=_phase_normalized(lin))
+        nodes = []
+        for (k, n), g in lin.groupby(["k", "n"]):
+            g = g.sort_values("m")
+            nodes.append({"k": int(k), "n": int(n), "m": [int(v) for v in g["m"]],
+                          "s_per_element": [float(v) for v in g["t_phase_s"] / (k * n)]})
+        d["linear"] = {"nodes": nodes, "num_rows": int(len(lin)), "spread": _spread(lin),
+                       "num_threads": int(lin["num_threads"].iloc[0]) if "num_threads" in lin else 1}
+        dec = _rows(frame, "attn_decode", dtype)
+        if not len(dec):
+            raise ConfigError(f"{source}: no valid torch_ops attn_decode rows for {dtype}")
+        f = decode_terms(dec["batch"].to_numpy(float), dec["context"].to_numpy(float) * dec["batch"].to_numpy(float),
+                         dec["heads"].to_numpy(float), dec["kv_heads"].to_numpy(float), dec["head_dim"].to_numpy(float))
+        t_dec = _phase_normalized(dec)
+        coef, resid = _nnls_relative(f, t_dec)
+        d["attn_decode"] = {"coef": dict(zip(DECODE_TERMS, map(float, coef))), "num_rows": int(len(dec)),
+                            "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(dec),
+                            "by_config": _fit_by_config(dec, f, t_dec, DECODE_TERMS)}
+        pre = _rows(frame, "attn_prefill", dtype)
+        if not len(pre):
+            raise ConfigError(f"{source}: no valid torch_ops attn_prefill rows for {dtype}")
+        d["attn_prefill"] = {}
+        for mode, masked in (("causal", False), ("masked", True)):
+            sub = pre[pre["masked"].astype(bool) == masked]
+            if not len(sub):
+                raise ConfigError(f"{source}: no valid {mode} attn_prefill rows for {dtype}")
+            f = prefill_terms(sub["new_tokens"].to_numpy(float), sub["cached_tokens"].to_numpy(float),
+                              sub["heads"].to_numpy(float), sub["kv_heads"].to_numpy(float),
+                              sub["head_dim"].to_numpy(float), masked)
+            t_pre = sub["t_median_s"].to_numpy(float)
+            coef, resid = _nnls_relative(f, t_pre)
+            d["attn_prefill"][mode] = {"coef": dict(zip(PREFILL_TERMS, map(float, coef))), "num_rows": int(len(sub)),
+                                       "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(sub),
+                                       "by_config": _fit_by_config(sub, f, t_pre, PREFILL_TERMS)}
+        seg = _rows(frame, "segment", dtype)
+        if len(seg) and "context_elements" not in seg.columns:
+            seg = seg.assign(context_elements=MAIN_CONTEXT_ELEMENTS)
+        # the main grid's context: the one its T > 1 rows ran after (16 MiB unless a test shrank it)
+        main_context = int(seg.loc[seg["rows"] > 1, "context_elements"].max()) if (seg["rows"] > 1).any() else MAIN_CONTEXT_ELEMENTS
+        itemsize = 2 if dtype == "bf16" else 4
+        d["segments"] = {}
+        for name in SEGMENTS:
+            sub = seg[seg["segment"] == name] if len(seg) else seg
+            if not len(sub):
+                raise ConfigError(f"{source}: no valid torch_ops '{name}' segment rows for {dtype}")
+            nodes = []
+            for w, g in sub.groupby("width"):
+                main = g[g["context_elements"] == main_context].sort_values("rows")
+                ctx = g[g["rows"] == 1].sort_values("context_elements")
+                nodes.append({"w": int(w), "t": [int(v) for v in main["rows"]], "s": [float(v) for v in main["t_median_s"]],
+                              "context_bytes": [int(v) * itemsize for v in ctx["context_elements"]],
+                              "s_at_t1": [float(v) for v in ctx["t_median_s"]]})
+            d["segments"][name] = nodes
+        d["segment_spread"] = _spread(seg)
+        d["phase_spread"] = _phase_spread(pd_concat(lin, dec))
+        return cls(d)
+
+    def to_dict(self) -> dict:
+        return self.d
+
+    @classmethod
+    def from_dict(cls, d, where: str) -> "CpuOpTables":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected an object")
+        for key in ("linear", "attn_decode", "attn_prefill", "segments"):
+            if key not in d:
+                raise ConfigError(f"{where}: missing '{key}'")
+        try:
+            tables = cls(d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: malformed cpu_ops table ({type(e).__name__}: {e})") from None
+        missing = [s for s in SEGMENTS if s not in tables.segments]
+        if missing:
+            raise ConfigError(f"{where}: segments lack {', '.join(missing)}")
+        return tables
+
+    # ------------------------------------------------------------------ use
+    def linear_curve(self, n: int, k: int, ms: list) -> Curve1D:
+        """Seconds of one ``linear(M, n, k)`` call at each M in ``ms`` (then proportional past them)."""
+        per_element = self.linear.curve_at(k, n, ms)
+        return Curve1D(per_element.x, tuple(v * n * k for v in per_element.y))
+
+    def segment_curve(self, name: str, width: int, ts: list, context_bytes: float | None = None) -> Curve1D:
+        """Seconds of segment ``name`` at each T in ``ts`` for ``width``; after a GEMV that streamed
+        ``context_bytes`` (None: the grid's 16 MiB context, i.e. fully evicted caches)."""
+        main = self.segments[name].curve_at(width, 1, ts)
+        if context_bytes is None:
+            return main
+        delta = self._context_delta(name, width, float(context_bytes))
+        return Curve1D(main.x, tuple(max(v - delta, 0.05 * v) for v in main.y))
+
+    def _context_delta(self, name: str, width: int, context_bytes: float) -> float:
+        """How much less a segment's T = 1 cost is after ``context_bytes`` than after the grid's
+        context, interpolated in log width between the measured widths (0 without context rows)."""
+        by_w = self.segment_context[name]
+        widths = sorted(w for w, c in by_w.items() if len(c.x) >= 2)
+        if not widths:
+            return 0.0
+        i, j, wgt = _bracket(widths, width)
+
+        def delta_at(w):
+            c = by_w[w]
+            # c.y[-1]: T = 1 at the largest context, the grid's own (its main T = 1 row)
+            return max(0.0, c.y[-1] - c.at(context_bytes, proportional_past_end=False))
+
+        return (1 - wgt) * delta_at(widths[i]) + wgt * delta_at(widths[j])
+
+    def interval_factors(self) -> tuple[float, float]:
+        """(low, high) factors of an 80 % interval around a step prediction: the run's machine-phase
+        spread (reference GEMV p10/p90 over its median), widened by the probes' repetition spread and
+        the attention laws' fit error in quadrature."""
+        phase = self.d.get("phase_spread") or {"p10": 1.0, "p90": 1.0}
+        other = math.sqrt(sum(p * p for p in (self.d["linear"].get("spread", 0.0), self.d.get("segment_spread", 0.0),
+                                              self.d["attn_decode"].get("fit_mape", 0.0))))
+        low = max(0.05, phase["p10"] - other)
+        return low, phase["p90"] + other
+
+
+def decode_terms(batch, kv_tokens, heads, kv_heads, head_dim) -> np.ndarray:
+    """Columns of the decode law (DECODE_TERMS) for B sequences reading ``kv_tokens`` keys in total."""
+    batch = np.asarray(batch, float)
+    return np.stack([np.ones_like(batch), batch, heads * head_dim * kv_tokens, kv_heads * head_dim * kv_tokens], axis=1)
+
+
+def prefill_terms(new, cached, heads, kv_heads, head_dim, masked: bool) -> np.ndarray:
+    """Columns of the prefill law (PREFILL_TERMS) for one sequence per row."""
+    new, cached = np.asarray(new, float), np.asarray(cached, float)
+    pairs = new * (cached + new) if masked else new * (new + 1) / 2
+    return np.stack([np.ones_like(new), heads * head_dim * new, kv_heads * head_dim * (cached + new),
+                     heads * head_dim * pairs], axis=1)

@@ -1,0 +1,145 @@
+"""CPU op tables: the torch_ops probe on tiny sizes (real torch kernels), fitted by the real fit path,
+used by StepModel; the interpolation and law fits checked against values computed independently."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpubench.errors import ConfigError
+from predictor.calibrate import Calibration, fit_run
+from predictor.cpu_tables import CpuOpTables, _nnls_relative, decode_terms
+from predictor.step import StepModel
+
+TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from tests.gpubench.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("torch_ops")
+    args = ["run", "--device", "cpu", "--quick", "--probes", "torch_ops", "--out", str(out)]
+    for s in TINY:
+        args += ["--set", s]
+    proc = run_cli(*args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next(out.glob("cpu/*"))
+    rows = [json.loads(line) for line in (run_dir / "torch_ops.jsonl").read_text().splitlines()]
+    return run_dir, pd.DataFrame(rows)
+
+
+def test_probe_rows_are_valid_and_cover_every_family(tiny_run):
+    _, rows = tiny_run
+    assert rows.valid.all(), rows[~rows.valid][["key", "invalid_reason"]].to_string()
+    assert set(rows.family) == {"linear", "attn_decode", "attn_prefill", "segment"}
+    assert rows.key.is_unique
+    assert (rows.timer == "thread_cpu").all() and (rows.num_threads == 1).all()
+    streaming = rows[rows.family.isin(["linear", "attn_decode"])]
+    assert streaming.ref_times_s.map(len).min() >= 5  # the reference GEMV timed next to each row
+    seg = rows[rows.family == "segment"]
+    assert set(seg.segment) == {"rmsnorm", "residual_add", "silu_mul", "rope", "kv_write", "embed", "argmax"}
+    # T = 1 after several contexts, including none at all
+    assert (seg[seg.rows == 1].groupby(["segment", "width"]).context_elements.nunique() >= 3).all()
+    assert (seg[seg.rows == 1].context_elements == 0).any()
+    lin = rows[rows.family == "linear"]
+    assert (lin.flops == 2 * lin.m * lin.n * lin.k).all()
+
+
+def test_fit_writes_tables_that_reproduce_the_probe_nodes(tiny_run, tmp_path):
+    run_dir, rows = tiny_run
+    cal = fit_run(run_dir, argv=["test"], allow_contended=True)
+    assert "fp32" in cal.cpu_ops
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    tables = Calibration.load(path).cpu_ops["fp32"]  # round trip through the file
+    lin = rows[rows.family == "linear"]
+    node = lin.groupby(["k", "n"]).m.count().idxmax()
+    k, n = node
+    sub = lin[(lin.k == k) & (lin.n == n)].sort_values("m")
+    ms = sub.m.tolist()
+    curve = tables.linear_curve(int(n), int(k), ms)
+    raw = tables.d["linear"]["nodes"]
+    stored = next(x for x in raw if x["k"] == k and x["n"] == n)
+    # at a grid node, the table is the stored per-element cost times N*K (no smoothing, no envelope)
+    assert np.allclose(curve.y, np.array(stored["s_per_element"]) * n * k)
+    # past the largest measured M, cost is proportional to M
+    past = tables.linear_curve(int(n), int(k), [ms[-1], 4 * ms[-1]])
+    assert past.y[1] == pytest.approx(4 * past.y[0])
+
+
+def test_phase_normalization_uses_the_row_reference_ratio(tiny_run):
+    from predictor.cpu_tables import _phase_normalized
+
+    _, rows = tiny_run
+    lin = rows[(rows.family == "linear")].copy()
+    ref = lin.ref_times_s.map(lambda r: float(np.median(r[1:])))
+    got = _phase_normalized(lin)
+    expect = lin.t_median_s.to_numpy() * ref.median() / ref.to_numpy()
+    assert np.allclose(got, expect)
+
+
+def test_segment_context_delta_interpolates_between_measured_contexts(tiny_run):
+    run_dir, rows = tiny_run
+    tables = fit_run(run_dir, argv=["test"], allow_contended=True).cpu_ops["fp32"]
+    seg = rows[(rows.family == "segment") & (rows.segment == "rmsnorm")]
+    w = int(seg.width.min())
+    t1 = seg[(seg.width == w) & (seg.rows == 1)].set_index("context_elements").t_median_s
+    main_ctx = int(seg[seg.rows > 1].context_elements.max())
+    full = tables.segment_curve("rmsnorm", w, [1]).y[0]
+    assert full == pytest.approx(t1.loc[main_ctx])
+    cold0 = tables.segment_curve("rmsnorm", w, [1], context_bytes=0).y[0]
+    assert cold0 == pytest.approx(max(t1.loc[0], 0.05 * full))
+    # the main grid's own context changes nothing
+    assert tables.segment_curve("rmsnorm", w, [1], context_bytes=main_ctx * 4).y[0] == pytest.approx(full)
+
+
+def test_decode_law_recovers_known_coefficients():
+    rng = np.random.default_rng(0)
+    b = rng.integers(1, 64, 80).astype(float)
+    ctx = rng.integers(32, 8192, 80).astype(float)
+    h = rng.choice([8, 12, 16, 32], 80).astype(float)
+    hkv = h / rng.choice([1, 2, 4], 80)
+    d = rng.choice([64, 128], 80).astype(float)
+    f = decode_terms(b, b * ctx, h, hkv, d)
+    true = np.array([20e-6, 3e-6, 7e-11, 1.5e-9])
+    coef, resid = _nnls_relative(f, f @ true)
+    assert np.allclose(coef, true, rtol=1e-6) and np.abs(resid).max() < 1e-9
+
+
+def test_step_model_uses_tables_and_breakdown_sums(tiny_run):
+    run_dir, _ = tiny_run
+    cal = fit_run(run_dir, argv=["test"], allow_contended=True)
+    batch = [(1, 100), (1, 300), (16, 0)]
+    tab = StepModel("cpu", "tiny-llama", calibration=cal)
+    roof = StepModel("cpu", "tiny-llama", calibration=cal, form="max")
+    assert tab.cpu_table is not None and roof.cpu_table is None
+    p = tab.predict(batch)
+    assert p.form == "cpu_ops"
+    assert p.total_s == pytest.approx(sum(o.t_s for o in p.ops.values()))
+    assert p.total_s == pytest.approx(tab.predict_time(batch))
+    assert tab.predict_many([batch])[0] == pytest.approx(p.total_s)
+    fused = StepModel("cpu", "tiny-llama", calibration=cal, gemm_layout="fused")
+    assert fused.predict_time(batch) != pytest.approx(p.total_s)
+    # the torch engine pads its decode group to the longest sequence; vLLM reads each sequence's own keys
+    uneven, even = [(1, 3900), (1, 100)], [(1, 2000), (1, 2000)]
+    assert tab.predict_time(uneven) > tab.predict_time(even)
+    assert fused.predict_time(uneven) == pytest.approx(fused.predict_time(even))
+    assert math.isfinite(p.total_s) and p.total_s > 0
+    with pytest.raises(ConfigError, match="layout"):
+        StepModel("cpu", "tiny-llama", calibration=cal, gemm_layout="sideways")
+
+
+def test_malformed_tables_are_one_line_errors(tiny_run):
+    run_dir, _ = tiny_run
+    d = fit_run(run_dir, argv=["test"], allow_contended=True).to_dict()
+    del d["cpu_ops"]["fp32"]["segments"]["argmax"]
+    with pytest.raises(ConfigError, match="segments lack argmax"):
+        Calibration.from_dict(d)
+    d["cpu_ops"]["fp32"] = {"linear": 3}
+    with pytest.raises(ConfigError, match="cpu_ops.fp32"):
+        Calibration.from_dict(d)
+    assert isinstance(CpuOpTables, type)
