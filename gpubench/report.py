@@ -150,6 +150,29 @@ def _gemm(df, peaks: dict) -> list[Headline]:
     return out
 
 
+def _torch_ops(df) -> list[Headline]:
+    """torch_ops: the streaming rate of a decode-shaped linear (M = 1, largest weight), the decode
+    attention of the largest cache, and one cold RMSNorm row (the fixed cost small ops pay in a step)."""
+    out = []
+    lin = df[(df["family"] == "linear") & (df["m"] == df.loc[df["family"] == "linear", "m"].min())] if "m" in df else df[:0]
+    if len(lin):
+        r = lin.loc[lin["weight_bytes"].idxmax()]
+        out.append(_rate(r, "bytes", 1e9, "GB/s", "torch_ops",
+                         f"linear M={int(r['m'])} N={int(r['n'])} K={int(r['k'])} (weights streamed, torch)"))
+    dec = df[df["family"] == "attn_decode"]
+    if len(dec):
+        r = dec.loc[dec["bytes"].idxmax()]
+        out.append(_rate(r, "bytes", 1e9, "GB/s", "torch_ops",
+                         f"decode SDPA B={int(r['batch'])} L={int(r['context'])} H={int(r['heads'])}/{int(r['kv_heads'])} (KV read)"))
+    seg = df[(df["family"] == "segment") & (df.get("segment") == "rmsnorm") & (df.get("rows") == 1)] if "segment" in df else df[:0]
+    if len(seg):
+        r = seg.loc[seg["context_elements"].idxmax()] if "context_elements" in seg else seg.iloc[0]
+        out.append(Headline(probe="torch_ops", label=f"RMSNorm of 1 row x {int(r['width'])}, after a streaming GEMV",
+                            value=r["t_median_s"] * 1e6, unit="us", key=r["key"], median=r["t_median_s"] * 1e6,
+                            lo=r["t_min_s"] * 1e6, hi=r["t_max_s"] * 1e6, cv=float(r["cv"]), n=int(r["n_reps"])))
+    return out
+
+
 def _size(b) -> str:
     b = float(b)
     return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 1024:.0f} KiB"
@@ -178,7 +201,7 @@ def summarize_run(run: Run) -> RunSummary:
         good = _valid(df)
         if not len(good) or "t_min_s" not in good:
             continue
-        fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak}.get(probe)
+        fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak, "torch_ops": _torch_ops}.get(probe)
         if fn:
             s.headlines += fn(good)
         elif probe == "gemm":
