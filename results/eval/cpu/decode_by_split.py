@@ -11,7 +11,8 @@ for split in ("in_sample", "by_batch", "by_context", "by_model"):
     out[split] = d[(d.split == split) & (d.fold == "pooled")].set_index("method").mape_pct
 for fold in sorted(d[(d.split == "by_model") & (d.fold != "pooled")].fold.unique()):
     out[f"held out: {fold}"] = d[(d.split == "by_model") & (d.fold == fold)].set_index("method").mape_pct
-t = pd.DataFrame(out).loc[["additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf"]]
+t = pd.DataFrame(out)
+t = t.reindex([m for m in ("cpu_ops", "additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf") if m in t.index])
 print("| method | " + " | ".join(t.columns) + " |")
 print("|---" * (len(t.columns) + 1) + "|")
 for m, r in t.iterrows():
