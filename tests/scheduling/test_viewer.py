@@ -121,7 +121,12 @@ def test_cli_serves_until_interrupted(run_dir):
         assert b"gpubench step log" in urllib.request.urlopen(url, timeout=10).read()
     finally:
         proc.send_signal(2)  # SIGINT, as Ctrl-C
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # say why it hung instead of leaving a server behind
+            _, err = proc.communicate(timeout=10)
+            raise AssertionError(f"gpubench view did not stop within 20 s of SIGINT; stderr: {err[-2000:]!r}") from None
     assert proc.returncode == 0
 
 
