@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import signal
 import time
 from pathlib import Path
 
@@ -44,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
         server = ViewerServer(args.run_dir, port=args.port)
     except OSError as err:
         raise GpubenchError(f"cannot listen on 127.0.0.1:{args.port} ({err.strerror or err})") from None
+    # Ctrl-C must stop the server even when the shell started us with SIGINT ignored (a background
+    # job of a non-interactive shell inherits SIG_IGN, and Python then installs no handler); SIGTERM
+    # stops it the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     server.start()
     print(f"viewer for {args.run_dir} at {server.url}  (Ctrl-C to stop)", flush=True)
     if not args.no_open:

@@ -111,9 +111,15 @@ def test_cli_export_and_errors(run_dir, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not a directory" in proc.stderr
 
 
-def test_cli_serves_until_interrupted(run_dir):
+@pytest.mark.parametrize("sigint_ignored_at_start", [False, True], ids=["terminal", "background-job"])
+def test_cli_serves_until_interrupted(run_dir, sigint_ignored_at_start):
+    # A background job of a non-interactive shell starts with SIGINT ignored; Ctrl-C (SIGINT) must
+    # still stop the server.
+    import signal
+
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored_at_start else None
     proc = subprocess.Popen([sys.executable, "-m", "gpubench.cli", "view", str(run_dir), "--no-open"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=ignore)
     try:
         line = proc.stdout.readline()
         url = line.split(" at ")[1].split()[0]
