@@ -7,29 +7,9 @@ breakdown reads like the roofline model's.
 """
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
-
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef
-
-
-@dataclass(frozen=True)
-class _Curve:
-    """Plain-list curve: linear between xs, clamped below, proportional to x past the end."""
-
-    xs: tuple
-    ys: tuple
-
-    def at(self, x: float) -> float:
-        xs, ys = self.xs, self.ys
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1] * x / xs[-1]
-        j = bisect.bisect_right(xs, x)
-        return ys[j - 1] + (x - xs[j - 1]) / (xs[j] - xs[j - 1]) * (ys[j] - ys[j - 1])
 
 
 SEGMENT_T_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -53,8 +33,7 @@ class CpuTableStep:
         ms = tables.linear_m
 
         def lin(n, k):
-            c = tables.linear_curve(n, k, ms)
-            return _Curve(c.x, c.y)
+            return tables.linear_curve(n, k, ms)
 
         if layout == "separate":
             self.projections = {"qkv_proj": [lin(q, h), lin(kv, h), lin(kv, h)], "o_proj": [lin(h, q)],
@@ -65,8 +44,7 @@ class CpuTableStep:
         self.lm_head = lin(vocab, h)
 
         def seg(name, width, context_bytes):
-            c = tables.segment_curve(name, width, list(SEGMENT_T_GRID), context_bytes)
-            return _Curve(c.x, c.y)
+            return tables.segment_curve(name, width, list(SEGMENT_T_GRID), context_bytes)
 
         # What the op before each segment streamed (bytes), in the engine's order: a layer starts
         # after the previous layer's down projection; rope follows v (or the fused qkv); the second

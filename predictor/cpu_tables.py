@@ -63,7 +63,7 @@ MAIN_CONTEXT_ELEMENTS = 1 << 22  # the segment grid's context GEMV (16 MiB of fp
 PREFILL_TERMS = ("a", "b_new", "e_kv", "p_pairs")
 
 
-def _interp_1d(xs: list, ys: list, x: float, *, proportional_past_end: bool) -> float:
+def _interp_1d(xs, ys, x: float, *, proportional_past_end: bool) -> float:
     """Linear interpolation of ys over increasing xs; clamped below; past the end either clamped or
     scaled by x / xs[-1] (work proportional to x)."""
     if x <= xs[0]:
@@ -95,7 +95,7 @@ class Curve1D:
     y: tuple
 
     def at(self, v: float, *, proportional_past_end: bool = True) -> float:
-        return _interp_1d(list(self.x), list(self.y), v, proportional_past_end=proportional_past_end)
+        return _interp_1d(self.x, self.y, v, proportional_past_end=proportional_past_end)
 
 
 class _Grid2D:
@@ -157,14 +157,20 @@ def _spread(df) -> float:
     return float(np.median((df["t_p80_s"] - df["t_p20_s"]) / (2 * df["t_median_s"])))
 
 
+def _reference_medians(df) -> np.ndarray:
+    """Per row, the median of its reference GEMV's repetitions (first one discarded, as the stats
+    do); NaN for rows without references (older runs, families that take none)."""
+    if "ref_times_s" not in df.columns:
+        return np.full(len(df), np.nan)
+    return np.array([np.median(r[1:]) if isinstance(r, (list, np.ndarray)) and len(r) > 1 else np.nan
+                     for r in df["ref_times_s"]])
+
+
 def _phase_normalized(df):
     """Row medians rescaled to the run's median reference GEMV (see the module docstring); rows
     without ``ref_times_s`` (older runs) are used as measured."""
     t = df["t_median_s"].to_numpy(float)
-    if "ref_times_s" not in df.columns:
-        return t
-    ref = np.array([np.median(r[1:]) if isinstance(r, (list, np.ndarray)) and len(r) > 1 else np.nan
-                    for r in df["ref_times_s"]])
+    ref = _reference_medians(df)
     ok = np.isfinite(ref) & (ref > 0)
     if not ok.any():
         return t
@@ -202,17 +208,10 @@ def config_coef(law: dict, heads: int, kv_heads: int, head_dim: int) -> dict:
     return {k: (1 - w) * rows[i]["coef"][k] + w * rows[j]["coef"][k] for k in rows[i]["coef"]}
 
 
-def pd_concat(*frames):
-    import pandas as pd
-
-    return pd.concat([f for f in frames if len(f)], ignore_index=True)
-
-
 def _phase_spread(df) -> dict:
     """p10 and p90 of the reference GEMV's medians over their median (1.0 without references)."""
-    if "ref_times_s" not in df.columns:
-        return {"p10": 1.0, "p90": 1.0, "num_rows": 0}
-    ref = np.array([np.median(r[1:]) for r in df["ref_times_s"] if isinstance(r, (list, np.ndarray)) and len(r) > 1])
+    ref = _reference_medians(df)
+    ref = ref[np.isfinite(ref) & (ref > 0)]
     if not ref.size:
         return {"p10": 1.0, "p90": 1.0, "num_rows": 0}
     rel = ref / np.median(ref)
@@ -299,7 +298,9 @@ class CpuOpTables:
                               "s_at_t1": [float(v) for v in ctx["t_median_s"]]})
             d["segments"][name] = nodes
         d["segment_spread"] = _spread(seg)
-        d["phase_spread"] = _phase_spread(pd_concat(lin, dec))
+        import pandas as pd  # fit only: a calibration is read (and steps priced) without pandas
+
+        d["phase_spread"] = _phase_spread(pd.concat([lin, dec], ignore_index=True))
         return cls(d)
 
     def to_dict(self) -> dict:

@@ -407,9 +407,9 @@ class StepModel:
         """Predict one step. ``batch``: list of (num_new_tokens, num_cached_tokens) per sequence."""
         feats = batch_features(batch)[None, :]
         t_c, t_m = self._op_times(feats)
-        total, parts = self._combine(feats, t_c, t_m)
         if self.cpu_table is not None:
             return self._predict_from_table(batch, feats, t_c, t_m)
+        total, parts = self._combine(feats, t_c, t_m)
         g = self.graph
         calls = g.num_calls
         flops = (feats @ g.flops.T)[0]

@@ -48,3 +48,12 @@ def opt(cfg, probe: str, name: str, default):
     if isinstance(default, bool):
         return str(v).lower() in ("1", "true", "yes", "on")
     return type(default)(float(v)) if isinstance(default, int) else type(default)(v)
+
+
+def torch_unavailable_reason() -> str | None:
+    """Why torch cannot be imported (a probe family that needs it is skipped with this), or None."""
+    try:
+        import torch  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means: skip with its reason
+        return f"torch not importable ({type(exc).__name__}: {exc})"
+    return None

@@ -15,18 +15,10 @@ from __future__ import annotations
 import time
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import opt
+from gpubench.probes.common import opt, torch_unavailable_reason
 
 COUNTS = (1, 10, 100, 1000, 10000)
 QUICK_COUNTS = (1, 100, 10000)
-
-
-def _torch_reason() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means: skip with its reason
-        return f"torch not importable ({type(exc).__name__}: {exc})"
-    return None
 
 
 class LaunchProbe(Probe):
@@ -36,7 +28,7 @@ class LaunchProbe(Probe):
     time_budget_s = 300.0
 
     def notes(self, cfg: ProbeConfig) -> list[str]:
-        reason = _torch_reason()
+        reason = torch_unavailable_reason()
         return [f"torch_dispatch skipped: {reason}"] if reason else []
 
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
@@ -44,7 +36,7 @@ class LaunchProbe(Probe):
         max_count = opt(cfg, "launch", "max_count", max(counts))
         reps = opt(cfg, "launch", "num_reps", cfg.num_reps)
         kinds = ["omp_fork_join", "py_ext_call"]
-        if _torch_reason() is None:
+        if torch_unavailable_reason() is None:
             kinds.append("torch_dispatch")
         return [MeasurementSpec(key=f"launch_{kind}_{count}", params={"kind": kind, "count": count, "num_reps": reps},
                                 label=f"{kind} x{count}")

@@ -38,7 +38,7 @@ import time
 import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import llc_bytes, mem_available_bytes, opt
+from gpubench.probes.common import llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
 
 # M grid: every M to 16 (MKL's kernel choice changes between neighbours there), then ~1.25x steps.
 LINEAR_M = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 320,
@@ -81,14 +81,6 @@ SEGMENT_CONTEXTS = (0, 1 << 17, 1 << 19, 1 << 20, 1 << 22)
 QUICK_SEGMENT_CONTEXTS = (0, 1 << 18, 1 << 22)
 REFERENCE_SHAPE = (1024, 1024)    # (N, K) of the reference GEMV timed next to every streaming row
 REFERENCE_REPS = 7
-
-
-def _torch_reason() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means: skip with its reason
-        return f"torch not importable ({type(exc).__name__}: {exc})"
-    return None
 
 
 def linear_flops(m: int, n: int, k: int) -> int:
@@ -147,7 +139,7 @@ class TorchOpsProbe(Probe):
     time_budget_s = 1500.0
 
     def supported(self, backend) -> tuple[bool, str]:
-        reason = _torch_reason()
+        reason = torch_unavailable_reason()
         return (reason is None), (reason or "")
 
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
@@ -241,11 +233,6 @@ class TorchOpsProbe(Probe):
                       "attn_prefill": _measure_prefill, "segment": _measure_segment}[p["family"]](spec)
         base = {k: v for k, v in p.items() if k != "pool_elements"}
         return {**base, "torch_version": str(torch.__version__), **fields}
-
-    def derive(self, row: dict, summary: dict) -> dict:
-        from gpubench.stats import rates
-
-        return rates(summary, bytes_moved=row.get("bytes"), flops=row.get("flops"))
 
 
 def _distinct(specs: list[MeasurementSpec]) -> list[MeasurementSpec]:
