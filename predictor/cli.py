@@ -45,7 +45,11 @@ def register(sub) -> None:
     p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
     p.add_argument("--force-calibration", action="store_true",
                    help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
-    p.add_argument("--cuda-graphs", action="store_true", help="launch floor from CUDA-graph node intervals")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="GPU: each kernel pays the CUDA-graph node interval instead of the eager launch interval")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="GPU: the host's per-step work overlaps the device (vLLM V1's asynchronous scheduling), "
+                        "so a step takes max(device, host) instead of their sum")
     p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPUs, fp32 on the CPU")
     p.add_argument("--breakdown", action="store_true", help="print the per-op table")
@@ -108,25 +112,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batch = parse_batch_json(args.batch_json) if args.batch_json else \
         build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
+    overlap = args.async_scheduling and model.hardware.backend != "cpu"
+    total_s = model.predict_time(batch, async_scheduling=True) if overlap else pred.total_s
     if args.json:
         out = pred.to_dict()
+        out["total_sync_s"], out["total_s"], out["async_scheduling"] = pred.total_s, total_s, overlap
         out["request"] = {"sku": model.hardware.sku_id, "model": model.model.name, "dtype": model.dtype,
                           "phase": None if args.batch_json else args.phase, "batch": [list(s) for s in batch],
-                          "cuda_graphs": model.cuda_graphs}
+                          "cuda_graphs": model.cuda_graphs, "async_scheduling": overlap}
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
     hw = model.hardware
-    launch_name = "dispatch" if hw.backend == "cpu" else ("graph floor" if model.cuda_graphs else "launch floor")
+    launch_name = "dispatch" if hw.backend == "cpu" else ("graph nodes" if model.cuda_graphs else "launches")
     unit = "op dispatches" if hw.backend == "cpu" else "kernels"
     what = (f"batch of {pred.num_seqs} ({pred.num_new_tokens} new tokens)" if args.batch_json else
             f"{args.phase} batch {args.batch} context {args.context}"
             f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}")
-    print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {pred.total_s * 1e3:.3f} ms [{pred.form}]"
-          f" = {pred.num_new_tokens / pred.total_s:,.0f} tokens/s")
+    form = f"{pred.form}, async" if overlap else pred.form
+    print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {total_s * 1e3:.3f} ms [{form}]"
+          f" = {pred.num_new_tokens / total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
           f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
-          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms | sampling {pred.sample_s * 1e3:.3f} ms")
+          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms{' (overlapped)' if overlap else ''} | sampling {pred.sample_s * 1e3:.3f} ms")
     t = pred.tiers
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
           f"eta_duty {t['eta_duty']}, launch {t['t_dispatch_s' if hw.backend == 'cpu' else 't_launch_s']}, host {t['s_floor_ms']}")

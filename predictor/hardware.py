@@ -38,7 +38,7 @@ class HardwareSpec:
     peak_flops_per_s: dict  # dtype -> dense spec peak (FLOP/s); "vector" -> non-tensor fp32 peak
     mem_bytes_per_s: float
     l2_bytes: float  # CPU: last-level cache
-    memory_bytes: float
+    memory_bytes: float  # GPU: the total the driver reports (binary MiB); CPU: the host's memory
     host_link_bytes_per_s: float | None = None
     spec_clock_mhz: float = 0.0
     s_floor_ms: float | None = None  # published host-residual floor (engine-step semantics)
@@ -101,7 +101,7 @@ class HardwareSpec:
             peak_flops_per_s=peaks,
             mem_bytes_per_s=bw,
             l2_bytes=sku.l2_bytes,
-            memory_bytes=sku.memory_bytes,
+            memory_bytes=sku.device_memory_bytes,
             host_link_bytes_per_s=sku.host_link_gbs * 1e9 if sku.host_link_gbs else None,
             spec_clock_mhz=sku.spec_clock_mhz,
             s_floor_ms=sku.s_floor_ms,

@@ -7,16 +7,23 @@ Per op (docs/predictor.md), with spec peak P of the op's unit and bandwidth B::
 
 Step (``form="additive"``)::
 
-    GPU:  t = max(sum_op max(t_c, t_m), N_kern * t_launch) + S(N) + t_samp
+    GPU:  t = sum_op max(t_c, t_m) + N_kern * t_interval + S(N) + t_samp
     CPU:  t = sum_op max(t_c, t_m) + N_dispatch * t_dispatch + S(N) + t_samp   (no async queue)
 
-``form="max"`` is the monolithic baseline: ``sum_op max`` becomes ``max(sum t_c, sum t_m)``; the
-other terms (T_0) are the same, so additive >= max on the same op list. eta_duty(M) is the
+On a GPU every kernel pays the device-side interval between dependent kernels: the eager
+back-to-back launch interval, or with ``cuda_graphs=True`` the (shorter) graph-node interval; and
+t_m there is bytes / (B * eta_max) with no x_half term (see ``_setup_constants``). GPU attention is
+priced per part and per sequence (``_gpu_attention``): a mixed batch's decodes and prefill chunks
+each get their own max(t_c, t_m), and a decode batch whose longest sequence cannot spread over the
+SMs (split-KV decoding gives every sequence the same number of splits) is bound by that sequence.
+
+``form="max"`` is the monolithic baseline: ``sum_op max`` becomes ``max(sum t_c, sum t_m)`` and the
+launch term a floor, ``max(blocks, N_kern * t_interval)``; the other terms (T_0) are the same, so
+additive >= max on the same op list. eta_duty(M) is the
 calibration's measured per-M curve (``curves.eta_duty_by_m``) for GEMM ops when it has one for the
 dtype, else the scalar eta_duty (which attention ops always use). S(N) = s_floor +
-s_slope * max(0, N - 1) with N the number of sequences. With ``cuda_graphs=True`` the host issues
-one graph launch, but the device still spends a graph-node interval per kernel, so the launch
-floor is N_kern * t_graph_node.
+s_slope * max(0, N - 1) with N the number of sequences. ``predict_time(batch, async_scheduling=True)``
+overlaps S(N) with the device work (vLLM V1's asynchronous scheduling).
 
 On the CPU, a calibration with ``cpu_ops`` tables for the dtype (from the ``torch_ops`` probe)
 replaces the additive form: each op is priced from what the probe measured torch doing with that
@@ -42,6 +49,17 @@ from predictor.ops import OpGraph, batch_features, decode_features
 FORMS = ("additive", "max")
 # M-tile segments the GEMM monotone envelope covers (128-row tiles: M up to ~1M tokens).
 GEMM_ENVELOPE_SEGMENTS = 8192
+# NOTE(predictor): split-KV decode attention (FlashDecoding; FlashAttention's num_splits heuristic):
+# one CTA per (sequence, KV head, split); one split count for the whole batch, chosen to fill the
+# SMs once the batch's own CTAs fill less than 80 % of them, at most one split per 128-token KV
+# tile and 128 splits.
+ATTN_SPLIT_FILL = 0.8
+ATTN_SPLIT_KV_TILE = 128
+ATTN_MAX_SPLITS = 128
+# A CTA streams at most about twice its SM's fair share of DRAM bandwidth (memory-bound kernels
+# reach peak bandwidth with roughly half of the SMs busy), so a decode batch whose longest sequence
+# has few CTAs is bound by that sequence, not by the batch's total bytes.
+SM_BANDWIDTH_SHARE = 2.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +142,8 @@ class StepModel:
         calibration: None (published, then spec defaults), a calibration.json path, a dict, or a
             Calibration; it must be for the same SKU.
         form: "additive" (sum of per-op max) or "max" (max of sums, the monolithic baseline).
-        cuda_graphs: launch floor from graph-node intervals instead of eager launches (GPU only).
+        cuda_graphs: charge each kernel the graph-node interval instead of the eager launch
+            interval (GPU only).
         dtype: weights/activations/KV dtype; None means bf16 on GPUs and fp32 on the CPU.
         gemm_layout: "separate" or "fused" projections (CPU op tables only, see the module docstring).
     """
@@ -188,7 +207,14 @@ class StepModel:
         self._flops_per_s = np.where(matrix, tensor_peak, vector_peak) * eta_c
         # t_m = bytes * (x + x_half) / (B * eta_max * x) = (bytes + x_half * L2) / (B * eta_max)
         self._mem_bytes_per_s = hw.mem_bytes_per_s * self.eta_max
-        self._mem_latency_bytes = self.x_half * hw.l2_bytes
+        self.gpu = hw.backend != "cpu"
+        # NOTE(predictor): on a GPU the law's fixed term x_half * L2 / (B * eta_max) is what a
+        # standalone cold transfer pays around its kernel (launch, ramp, drain). Inside a step that
+        # per-kernel cost is the device interval charged to every kernel below; keeping the term as
+        # well charged it twice, and scaled with the L2 size (8 us per op on an H100, 59 us on an
+        # L40S with its 96 MB L2: a Llama-3.1-8B decode at 45 ms instead of ~21). So a GPU op
+        # streams at B * eta_max; the CPU (no launch interval) keeps the law.
+        self._mem_latency_bytes = 0.0 if self.gpu else self.x_half * hw.l2_bytes
         if hw.backend == "cpu":
             self.num_kernels = g.total_cpu_dispatches()
             self.t_launch_s = v("t_dispatch_s")
@@ -201,7 +227,59 @@ class StepModel:
         self._block_mask = np.ones(g.num_ops, dtype=bool)
         self._block_mask[g.sample_index] = False
         self._setup_gemm_envelope()
+        self._setup_attention()
         self._setup_scalar_path()
+
+    def _setup_attention(self) -> None:
+        """Constants of the GPU attention pricing (``_gpu_attention``)."""
+        g = self.graph
+        i = g.names.index("attention")
+        self._attn_index = i
+        self._attn_flops = tuple(g.flops[i])
+        self._attn_bytes = tuple(g.bytes[i])
+        self._attn_rate = float(self._flops_per_s[i])
+        # KV bytes one cached token costs one layer's attention (K and V of every KV head)
+        self._kv_bytes_per_token = float(g.kv_read_bytes[i, 4])
+        self._kv_heads = max(1, int(self.model.num_kv_heads))
+
+    def _attention_splits(self, num_seqs, max_tokens):
+        """Split-KV count of a decode batch (numpy arrays or floats; see ATTN_SPLIT_FILL)."""
+        sms = self.hardware.num_sms
+        ctas = np.maximum(np.asarray(num_seqs, dtype=np.float64) * self._kv_heads, 1.0)
+        tiles = np.maximum(np.ceil(np.asarray(max_tokens, dtype=np.float64) / ATTN_SPLIT_KV_TILE), 1.0)
+        fill = np.minimum(np.minimum(np.ceil(sms / ctas), tiles), ATTN_MAX_SPLITS)
+        return np.where(ctas >= ATTN_SPLIT_FILL * sms, 1.0, np.maximum(fill, 1.0))
+
+    def _longest_sequence_bytes(self, num_seqs, max_tokens):
+        """Bytes the decode attention behaves as if it streamed when its longest sequence (of
+        ``max_tokens`` KV tokens) sets the time: that sequence's CTAs, at SM_BANDWIDTH_SHARE times
+        their SMs' share of the bandwidth, against the whole device."""
+        splits = self._attention_splits(num_seqs, max_tokens)
+        per_cta = np.asarray(max_tokens, dtype=np.float64) * self._kv_bytes_per_token / (self._kv_heads * splits)
+        return per_cta * self.hardware.num_sms / SM_BANDWIDTH_SHARE
+
+    def _gpu_attention(self, decode: tuple, prefill: tuple, max_decode_tokens: float) -> tuple:
+        """(t_c, t_m, t) of one layer's attention on a GPU, per call.
+
+        ``decode`` and ``prefill`` are the (T, S, A, C) feature sums of the batch's decode
+        sequences (one new token) and of its prefill chunks. Each part gets its own
+        max(t_c, t_m): a prefill chunk's compute does not hide the decodes' KV reads. The decode
+        part's memory time is at least its longest sequence's (``_longest_sequence_bytes``).
+        """
+        fc, bc, rate, bw = self._attn_flops, self._attn_bytes, self._attn_rate, self._mem_bytes_per_s
+        t_c = t_m = t = 0.0
+        for part, is_decode in ((decode, True), (prefill, False)):
+            if part[1] == 0:
+                continue
+            flops = fc[1] * part[0] + fc[2] * part[1] + fc[3] * part[2] + fc[4] * part[3]
+            nbytes = bc[1] * part[0] + bc[2] * part[1] + bc[3] * part[2] + bc[4] * part[3]
+            if is_decode:
+                nbytes = max(nbytes, float(self._longest_sequence_bytes(part[1], max_decode_tokens)))
+            part_c, part_m = flops / rate, nbytes / bw
+            t_c += part_c
+            t_m += part_m
+            t += max(part_c, part_m)
+        return t_c, t_m, t
 
     def _setup_duty_curve(self) -> None:
         """GEMM ops' eta_duty(M) / scalar eta_duty, as nodes in (log2 M, log ratio); None without a curve.
@@ -296,27 +374,40 @@ class StepModel:
             env = self._gemm_env[np.arange(g.gemm_index.size), self._segment(m)]
             t_c[:, g.gemm_index] = np.minimum(t_c[:, g.gemm_index], env)
         t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
+        if self.gpu:
+            # features carry no per-sequence detail: a decode-only row (T == S) is taken as S equal
+            # sequences, which is what predict() computes for such a batch
+            i = self._attn_index
+            decode = feats[:, 1] == feats[:, 2]
+            bound = self._longest_sequence_bytes(feats[:, 2], feats[:, 4] / np.maximum(feats[:, 2], 1.0))
+            t_m[:, i] = np.where(decode, np.maximum(t_m[:, i], bound / self._mem_bytes_per_s), t_m[:, i])
         return t_c, t_m
 
-    def _combine(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray):
-        """Step totals (P,) and their parts from per-call op times."""
+    def _combine(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_t: np.ndarray | None = None):
+        """Step totals (P,) and their parts from per-call op times (``op_t``: each op's time per
+        call in the additive form when it is not max(t_c, t_m), as for GPU attention)."""
         calls = self.graph.num_calls
         mask = self._block_mask
         compute_s = t_c[:, mask] @ calls[mask]
         memory_s = t_m[:, mask] @ calls[mask]
+        op_t = np.maximum(t_c, t_m) if op_t is None else op_t
         if self.form == "additive":
-            blocks_s = np.maximum(t_c, t_m)[:, mask] @ calls[mask]
+            blocks_s = op_t[:, mask] @ calls[mask]
         else:
             blocks_s = np.maximum(compute_s, memory_s)
         s = self.graph.sample_index
-        sample_s = np.maximum(t_c[:, s], t_m[:, s])
-        if self.hardware.backend == "cpu":
+        sample_s = op_t[:, s]
+        if self.hardware.backend == "cpu" or self.form == "additive":
+            # CPU: each dispatch is paid before its op runs; GPU: each kernel pays the interval
             launch_added_s = np.full_like(blocks_s, self.launch_s)
         else:
             launch_added_s = np.maximum(0.0, self.launch_s - blocks_s)
         num_seqs = feats[:, 2]
         host_s = self.s_floor_s + self.s_slope_s * np.maximum(0.0, num_seqs - 1)
-        total_s = blocks_s + launch_added_s + host_s + sample_s
+        if self.hardware.backend == "cpu" or self.form == "additive":
+            total_s = blocks_s + launch_added_s + host_s + sample_s
+        else:  # max(blocks, floor), not blocks + (floor - blocks): that sum is off by an ulp
+            total_s = np.maximum(blocks_s, self.launch_s) + host_s + sample_s
         return total_s, dict(blocks_s=blocks_s, compute_s=compute_s, memory_s=memory_s,
                              launch_added_s=launch_added_s, host_s=host_s, sample_s=sample_s)
 
@@ -341,6 +432,7 @@ class StepModel:
         no device queue to overlap with, so there the flag changes nothing.
         """
         num_new = num_seqs = pairs = kv_tokens = 0
+        num_decodes = decode_kv = longest_decode = 0
         for n, c in batch:
             if n < 1 or c < 0:
                 batch_features(batch)  # raises the ConfigError that names the problem
@@ -348,10 +440,20 @@ class StepModel:
             num_seqs += 1
             pairs += n * c + n * (n + 1) // 2
             kv_tokens += c + n
+            if n == 1:
+                num_decodes += 1
+                decode_kv += c + 1
+                longest_decode = max(longest_decode, c + 1)
         if num_seqs == 0:
             batch_features(batch)
         if self.cpu_table is not None:
             return self.cpu_table.predict_time(batch)
+        attention = None
+        if self.gpu:
+            decode = (float(num_decodes), float(num_decodes), float(decode_kv), float(decode_kv))
+            prefill = (float(num_new - num_decodes), float(num_seqs - num_decodes),
+                       float(pairs - decode_kv), float(kv_tokens - decode_kv))
+            attention = self._gpu_attention(decode, prefill, float(longest_decode))
         f = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
         sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
@@ -366,6 +468,12 @@ class StepModel:
                 tiles *= max(1, min(sms // tiles, k // eff.MIN_SPLIT_K))
                 rate = rate * tiles / (math.ceil(tiles / sms) * sms) * self._duty_ratio_scalar(m)
                 t_c = min(flops / rate, self._scalar_env[i][min(math.ceil(max(m, 1.0) / t_m_tile), last_seg)])
+            elif attention is not None and i == self._attn_index:
+                t_c, t_m, t = attention
+                comp += calls * t_c
+                mem += calls * t_m
+                add += calls * t
+                continue
             else:
                 t_c = flops / rate
             t_m = (nbytes + lat) / bw if nbytes > 0 else 0.0
@@ -376,10 +484,10 @@ class StepModel:
             mem += calls * t_m
             add += calls * max(t_c, t_m)
         blocks = add if self.form == "additive" else max(comp, mem)
-        if self.hardware.backend == "cpu":
+        if self.hardware.backend == "cpu" or self.form == "additive":
             launch = self.launch_s
-        else:
-            launch = max(0.0, self.launch_s - blocks)
+        else:  # the max form's floor (written as in _combine so both paths agree to the bit)
+            blocks, launch = max(blocks, self.launch_s), 0.0
         host = self.s_floor_s + self.s_slope_s * max(0.0, num_seqs - 1)
         if async_scheduling and self.hardware.backend != "cpu":
             return max(blocks + launch + sample, host)
@@ -398,18 +506,30 @@ class StepModel:
         """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""
         if len(batches) == 0:
             return np.zeros(0)
-        if self.cpu_table is not None:
+        if self.cpu_table is not None or self.gpu:
+            # per batch: the CPU tables and GPU attention price sequences, not feature totals
             return np.array([self.predict_time(b) for b in batches])
         return self.predict_features(np.stack([batch_features(b) for b in batches]))
 
     # ---------------------------------------------------------------- one step with breakdown
     def predict(self, batch) -> StepPrediction:
         """Predict one step. ``batch``: list of (num_new_tokens, num_cached_tokens) per sequence."""
+        self.check_fits(batch)
         feats = batch_features(batch)[None, :]
         t_c, t_m = self._op_times(feats)
         if self.cpu_table is not None:
             return self._predict_from_table(batch, feats, t_c, t_m)
-        total, parts = self._combine(feats, t_c, t_m)
+        op_t = np.maximum(t_c, t_m)
+        if self.gpu:
+            i = self._attn_index
+            decode = [(n, c) for n, c in batch if n == 1]
+            prefill = [(n, c) for n, c in batch if n != 1]
+            sums = lambda seqs: (float(sum(n for n, _ in seqs)), float(len(seqs)),  # noqa: E731
+                                 float(sum(n * c + n * (n + 1) // 2 for n, c in seqs)),
+                                 float(sum(c + n for n, c in seqs)))
+            longest = float(max((c + 1 for _, c in decode), default=0))
+            t_c[0, i], t_m[0, i], op_t[0, i] = self._gpu_attention(sums(decode), sums(prefill), longest)
+        total, parts = self._combine(feats, t_c, t_m, op_t)
         g = self.graph
         calls = g.num_calls
         flops = (feats @ g.flops.T)[0]
@@ -421,7 +541,7 @@ class StepModel:
         for i, spec in enumerate(g.ops):
             tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
             if self.form == "additive" or i == g.sample_index:
-                t = max(tc, tm)
+                t = op_t[0, i] * calls[i]
             else:
                 t = tc if compute_wins else tm
             mnk = None
@@ -471,6 +591,21 @@ class StepModel:
             compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=0.0,
             sample_s=sample_s, num_kernels=int(self.num_kernels), num_seqs=int(feats[0, 2]),
             num_new_tokens=int(feats[0, 1]), tiers={**self.calibration.tiers(), "cpu_ops": "measured"})
+
+    def check_fits(self, batch) -> None:
+        """One-line ConfigError when the weights plus the KV cache of ``batch`` do not fit in the
+        device's memory (GPU: the total the driver reports; CPU: the host's memory). Not checked by
+        ``predict_time``/``predict_many`` (the scheduler's hot path sizes its KV pool itself)."""
+        d = DTYPE_BYTES[self.dtype]
+        weights = self.model.weight_bytes(d)
+        kv = sum(n + c for n, c in batch) * self.model.kv_bytes_per_token(d)
+        memory = self.hardware.memory_bytes
+        if memory and weights + kv > memory:
+            gib = 1 << 30
+            raise ConfigError(
+                f"{self.model.name} in {self.dtype} does not fit on {self.hardware.sku_id}: weights "
+                f"{weights / gib:.1f} GiB + KV cache {kv / gib:.1f} GiB for this batch > {memory / gib:.1f} GiB "
+                f"of device memory")
 
     # ---------------------------------------------------------------- physical floor
     def physical_floor_s(self, batch) -> float:

@@ -37,7 +37,8 @@ def test_instances_built_from_names_share_a_memo_that_gives_fresh_answers():
     a = PredictorStepCost("a100-80", "llama-3.1-8b")
     b = PredictorStepCost("a100-80", "llama-3.1-8b")
     other = PredictorStepCost("a100-80", "llama-3.1-8b", cuda_graphs=False)
-    fresh = PredictorStepCost("a100-80", "llama-3.1-8b", step_model=StepModel.for_names("a100-80", "llama-3.1-8b"))
+    fresh = PredictorStepCost("a100-80", "llama-3.1-8b",
+                              step_model=StepModel.for_names("a100-80", "llama-3.1-8b", cuda_graphs=True))
     kw = dict(num_prefill_tokens=3000, num_prefill_seqs=2, prefill_context_tokens=9000, num_decode_seqs=5,
               decode_context_tokens=50_000)
     t = a.step_s(**kw)
