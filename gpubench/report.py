@@ -173,6 +173,25 @@ def _torch_ops(df) -> list[Headline]:
     return out
 
 
+def _vllm_ops(df) -> list[Headline]:
+    """vllm_ops: vLLM's oneDNN linear streaming a decode-shaped weight (M = 1, largest weight), and
+    what 4 rows cost against 1 on that weight (the ratio that sets vLLM's decode batches apart)."""
+    lin = df[df["family"] == "linear"] if "family" in df else df[:0]
+    if not len(lin):
+        return []
+    big = lin[lin["weight_bytes"] == lin["weight_bytes"].max()]
+    one = big[big["m"] == big["m"].min()]
+    r = one.iloc[0]
+    out = [_rate(r, "bytes", 1e9, "GB/s", "vllm_ops",
+                 f"linear M={int(r['m'])} N={int(r['n'])} K={int(r['k'])} (weights streamed, vLLM oneDNN)")]
+    four = big[big["m"] == 4]
+    if len(four) and int(r["m"]) == 1:
+        ratio = float(four["t_median_s"].iloc[0] / r["t_median_s"])
+        out.append(Headline(probe="vllm_ops", label=f"M=4 / M=1 time, N={int(r['n'])} K={int(r['k'])}",
+                            value=ratio, unit="x", key=four["key"].iloc[0], median=ratio))
+    return out
+
+
 def _size(b) -> str:
     b = float(b)
     return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 1024:.0f} KiB"
@@ -201,7 +220,8 @@ def summarize_run(run: Run) -> RunSummary:
         good = _valid(df)
         if not len(good) or "t_min_s" not in good:
             continue
-        fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak, "torch_ops": _torch_ops}.get(probe)
+        fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak, "torch_ops": _torch_ops,
+              "vllm_ops": _vllm_ops}.get(probe)
         if fn:
             s.headlines += fn(good)
         elif probe == "gemm":

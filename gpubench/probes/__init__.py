@@ -1,8 +1,8 @@
-"""CPU probes (stream, l2, launch, peak, gemm, torch_ops) and hidden debug probes.
+"""CPU probes (stream, l2, launch, peak, gemm, torch_ops, vllm_ops) and hidden debug probes.
 
 Each module holds one probe family: its work formula (bytes or FLOPs per repetition), its plan
 (the sweep) and its measurement, which calls the compiled ``gpubench._cpu`` kernels (numpy's BLAS
-for gemm, torch for torch_ops). The CUDA probes live with the CUDA backend.
+for gemm, torch for torch_ops, vLLM's oneDNN linear in the vLLM environment for vllm_ops). The CUDA probes live with the CUDA backend.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ def cpu_probes() -> dict:
     from gpubench.probes.peak import PeakProbe
     from gpubench.probes.stream import StreamProbe
     from gpubench.probes.torch_ops import TorchOpsProbe
+    from gpubench.probes.vllm_ops import VllmOpsProbe
 
-    probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe(), TorchOpsProbe()]
+    probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe(), TorchOpsProbe(), VllmOpsProbe()]
     return {p.name: p for p in probes}
 
 

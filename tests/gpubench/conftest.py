@@ -17,6 +17,7 @@ TINY_SETS = [
     "peak.num_reps=5", "peak.iters=20000",
     "gemm.max_m=4", "gemm.shape_scale=0.0625", "gemm.max_square=256", "gemm.num_reps=3",
     "torch_ops.size_scale=0.03", "torch_ops.max_m=4", "torch_ops.max_rows=16",
+    "vllm_ops.size_scale=0.03", "vllm_ops.max_m=2",
 ]
 
 
@@ -36,8 +37,8 @@ def gpubench_exe() -> list[str]:
     return [found] if found else [sys.executable, "-m", "gpubench"]
 
 
-def run_cli(*args, timeout=300, cwd=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="200")
+def run_cli(*args, timeout=300, cwd=None, env=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ if env is None else env, COLUMNS="200")
     return subprocess.run([*gpubench_exe(), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 

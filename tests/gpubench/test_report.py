@@ -12,7 +12,7 @@ from .conftest import run_cli
 
 def test_tiny_run_is_complete(tiny_run):
     run = load(tiny_run)
-    assert set(run.manifest["probes"]) == {"stream", "l2", "launch", "peak", "gemm", "torch_ops"}
+    assert set(run.manifest["probes"]) == {"stream", "l2", "launch", "peak", "gemm", "torch_ops", "vllm_ops"}
     assert all(p["status"] == "done" for p in run.manifest["probes"].values())
     for probe, df in run.frames.items():
         assert df["valid"].all(), probe
@@ -27,7 +27,7 @@ def test_tiny_run_is_complete(tiny_run):
 def test_show_headlines(tiny_run):
     s = summarize_run(load(tiny_run))
     probes = {h.probe for h in s.headlines}
-    assert probes == {"stream", "l2", "launch", "peak", "gemm", "torch_ops"}
+    assert probes == {"stream", "l2", "launch", "peak", "gemm", "torch_ops", "vllm_ops"}
     triad = [h for h in s.headlines if h.probe == "stream" and h.label.startswith("triad")][0]
     assert triad.unit == "GB/s" and triad.lo <= triad.median <= triad.hi == triad.value
     fp64 = [h for h in s.headlines if h.probe == "peak" and "fp64" in h.label][0]

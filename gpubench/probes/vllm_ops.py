@@ -1,0 +1,150 @@
+"""vLLM's own CPU linear (oneDNN with prepacked weights), timed where a step runs it.
+
+Why this probe exists: the ``torch_ops`` tables describe torch's ``F.linear`` (MKL), but vLLM on
+the CPU prepacks every projection's weight once at load time and runs it through oneDNN
+(``ops.onednn_mm``). The two differ most where decode batches live: at M = 4 MKL costs ~1.9x its
+M = 1 time on this project's hosts, oneDNN ~1.06x. So predicting vLLM's steps needs vLLM's
+kernel timed. Only the vLLM reference environment (``gpubench vllm setup``) has it: each
+measurement is sent to one long-lived ``python -m vllmref.worker_ops`` child in that environment
+(started on the first measurement, ended when the probe's worker ends).
+
+Rows: ``family = "linear"``, ``engine = "vllm"``, the same dense M grid and (N, K) pairs as
+``torch_ops``' linear family, the same cold-weight rule (every repetition calls a different
+prepacked weight from a pool larger than 2x the last-level cache) and the same reference GEMV
+beside every row (``ref_times_s``), so ``gpubench fit`` normalizes them the same way and writes
+them into the calibration's ``cpu_ops`` tables as ``linear_vllm`` (used for vLLM's fused layout).
+Times are the worker thread's CPU time (``vllm_ops.num_threads`` threads, default 1: the
+reference engine's step rows are taken on one OpenMP thread). Skipped, with the reason, on a host
+without the vLLM environment.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import subprocess
+import zlib
+
+from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
+from gpubench.probes import torch_ops as grid
+from gpubench.probes.common import llc_bytes, mem_available_bytes, opt
+
+DTYPES = ("fp32", "bf16")
+STARTUP_TIMEOUT_S = 120.0
+
+
+class _VllmWorker:
+    """The ``vllmref.worker_ops`` child: one JSON line out, one JSON line back."""
+
+    def __init__(self):
+        self.proc = None
+        self.versions: dict = {}
+        self._pythonpath = None
+
+    def start(self, threads: int) -> None:
+        from vllmref import env
+
+        python = env.require_env()
+        # a private PYTHONPATH with only vllmref (the main environment's packages must not leak in)
+        self._pythonpath = env.vllmref_path()
+        path = self._pythonpath.__enter__()
+        self.proc = subprocess.Popen([str(python), "-m", "vllmref.worker_ops"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                     env=env.worker_environ(threads=threads, pythonpath=path))
+        hello = self._read()
+        if "error" in hello:
+            raise RuntimeError(hello["error"])
+        self.versions = {"vllm_version": hello.get("vllm_version"), "torch_version": hello.get("torch_version")}
+        atexit.register(self.stop)
+
+    def _read(self) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM ops worker exited (status {self.proc.poll()})")
+        return json.loads(line)
+
+    def request(self, req: dict, threads: int) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start(threads)
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()  # the worker ends its loop on EOF
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._pythonpath is not None:
+            self._pythonpath.__exit__(None, None, None)
+            self._pythonpath = None
+
+
+_WORKER = _VllmWorker()
+
+
+class VllmOpsProbe(Probe):
+    name = "vllm_ops"
+    description = "vLLM's CPU linear (oneDNN, prepacked weights) over the torch_ops M grid, cold weights"
+    timer = "thread_cpu"
+    time_budget_s = 900.0
+
+    def supported(self, backend) -> tuple[bool, str]:
+        from vllmref import env
+
+        if not env.is_ready():
+            return False, f"the vLLM reference environment is not set up ({env.SETUP_HINT})"
+        return True, ""
+
+    def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
+        q = cfg.quick
+        dtypes = tuple(d for d in str(opt(cfg, "vllm_ops", "dtypes", "fp32")).split(",") if d)
+        for d in dtypes:
+            if d not in DTYPES:
+                from gpubench.errors import ConfigError
+
+                raise ConfigError(f"vllm_ops.dtypes: unknown dtype '{d}' (choose from: {', '.join(DTYPES)})")
+        threads = opt(cfg, "vllm_ops", "num_threads", 1)
+        scale = opt(cfg, "vllm_ops", "size_scale", 1.0)  # tests shrink every size
+        max_m = opt(cfg, "vllm_ops", "max_m", 1 << 30)
+        pool_bytes = max(2 * llc_bytes(cfg.device), 4 << 20)
+        avail = mem_available_bytes()
+        if avail:
+            pool_bytes = min(pool_bytes, avail // 16)  # source weights + their packed copies
+        if scale < 1:
+            pool_bytes = int(pool_bytes * min(1.0, scale * 4))
+        specs = []
+        for dt in dtypes:
+            for k in (grid.QUICK_LINEAR_K if q else grid.LINEAR_K):
+                for n in (grid.QUICK_LINEAR_N if q else grid.LINEAR_N):
+                    kk, nn = max(8, int(k * scale)), max(8, int(n * scale))
+                    if nn * kk > grid.MAX_WEIGHT_ELEMENTS:
+                        continue
+                    for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M):
+                        if m > max_m or grid.linear_flops(m, nn, kk) > grid.MAX_CALL_FLOPS:
+                            continue
+                        specs.append(MeasurementSpec(
+                            key=f"vllm_linear_{dt}_n{n}_k{k}_m{m}",
+                            params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
+                                    "num_threads": threads, "pool_bytes": int(pool_bytes)},
+                            label=f"vllm linear {dt} M={m} N={nn} K={kk}"))
+        return specs
+
+    def measure(self, spec: MeasurementSpec) -> dict:
+        p = spec.params
+        ref_n, ref_k = grid.REFERENCE_SHAPE
+        req = {"m": p["m"], "n": p["n"], "k": p["k"], "dtype": p["dtype"], "pool_bytes": p["pool_bytes"],
+               "threads": p["num_threads"], "seed": zlib.crc32(f"{p['n']}x{p['k']}".encode()),
+               "min_reps": grid.MIN_REPS, "max_reps": grid.MAX_REPS, "min_timed_s": grid.MIN_TIMED_S,
+               "ref_n": ref_n, "ref_k": ref_k, "ref_reps": grid.REFERENCE_REPS}
+        reply = _WORKER.request(req, int(p["num_threads"]))
+        if "error" in reply:
+            raise RuntimeError(f"vLLM ops worker: {reply['error']}")
+        itemsize = 2 if p["dtype"] == "bf16" else 4
+        m, n, k = p["m"], p["n"], p["k"]
+        base = {key: v for key, v in p.items() if key != "pool_bytes"}
+        return {**base, **_WORKER.versions, **reply, "flops": grid.linear_flops(m, n, k),
+                "bytes": grid.linear_bytes(m, n, k, itemsize), "weight_bytes": n * k * itemsize}

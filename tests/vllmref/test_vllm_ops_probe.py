@@ -1,0 +1,92 @@
+"""The vllm_ops probe: vLLM's real oneDNN linear (prepacked weights) timed in the vLLM environment,
+fitted into the calibration's cpu_ops tables as ``linear_vllm`` and used for vLLM's fused layout.
+
+Needs the vLLM reference environment (CI builds it with ``gpubench vllm setup`` before the tests).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vllmref import env
+
+if not env.is_ready():
+    pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
+
+TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16",
+        "vllm_ops.size_scale=0.03", "vllm_ops.max_m=6"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from tests.gpubench.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("vllm_ops")
+    args = ["run", "--device", "cpu", "--quick", "--probes", "torch_ops,vllm_ops", "--out", str(out)]
+    for s in TINY:
+        args += ["--set", s]
+    proc = run_cli(*args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next(out.glob("cpu/*"))
+    rows = [json.loads(line) for line in (run_dir / "vllm_ops.jsonl").read_text().splitlines()]
+    return run_dir, pd.DataFrame(rows)
+
+
+def test_rows_time_vllms_kernel_cold_and_validated(tiny_run):
+    _, rows = tiny_run
+    assert len(rows) > 10 and rows.key.is_unique
+    assert rows.valid.all(), rows[~rows.valid][["key", "invalid_reason"]].to_string()
+    assert (rows.engine == "vllm").all() and (rows.family == "linear").all()
+    assert (rows.vllm_version == env.VLLM_VERSION).all()
+    assert (rows.timer == "thread_cpu").all() and (rows.num_threads == 1).all()
+    assert (rows.flops == 2 * rows.m * rows.n * rows.k).all()
+    # every repetition called a different prepacked weight, and the reference GEMV was timed beside it
+    assert (rows.num_weights >= 2).all()
+    assert rows.ref_times_s.map(len).min() >= 5
+    assert (rows.t_median_s > 0).all()
+
+
+def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path):
+    from predictor.calibrate import Calibration, fit_run
+    from predictor.cpu_tables import _reference_medians
+    from predictor.step import StepModel
+
+    run_dir, rows = tiny_run
+    cal = fit_run(run_dir, argv=["test"], allow_contended=True)
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    tables = Calibration.load(path).cpu_ops["fp32"]
+    vl = tables.d["linear_vllm"]
+    assert vl["engine"] == "vllm" and vl["num_rows"] == len(rows[rows.valid])
+    # a node's per-element seconds are the row medians taken to the run's median reference phase,
+    # recomputed here from the raw rows
+    ref = _reference_medians(rows)
+    typical = np.median(ref)
+    node = vl["nodes"][0]
+    sel = rows[(rows.k == node["k"]) & (rows.n == node["n"])].sort_values("m")
+    want = sel.t_median_s.to_numpy() * typical / _reference_medians(sel) / (node["k"] * node["n"])
+    assert node["m"] == sel.m.tolist()
+    np.testing.assert_allclose(node["s_per_element"], want, rtol=1e-9)
+    # at a probed node the vLLM engine's linear is priced from those rows, torch's from its own
+    curve = tables.linear_curve(node["n"], node["k"], node["m"], engine="vllm")
+    np.testing.assert_allclose(curve.y, np.array(node["s_per_element"]) * node["k"] * node["n"], rtol=1e-9)
+    fused = StepModel("cpu", "llama-60m", calibration=path, gemm_layout="fused")
+    separate = StepModel("cpu", "llama-60m", calibration=path, gemm_layout="separate")
+    assert fused.cpu_table.linear_engine == "vllm" and separate.cpu_table.linear_engine == "torch"
+    assert fused.predict_time([(1, 64)] * 4) != separate.predict_time([(1, 64)] * 4)
+
+
+def test_probe_is_skipped_with_the_reason_without_the_environment(tmp_path):
+    from tests.gpubench.conftest import run_cli
+
+    out = tmp_path / "runs"
+    proc = run_cli("run", "--device", "cpu", "--probes", "vllm_ops", "--out", str(out),
+                   env={**os.environ, "GPUBENCH_VLLM_PYTHON": str(tmp_path / "no-such-python")}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    manifest = json.loads(next(out.glob("cpu/*/manifest.json")).read_text())
+    status = manifest["probes"]["vllm_ops"]
+    assert status["status"] == "skipped" and "gpubench vllm setup" in status["reason"]
