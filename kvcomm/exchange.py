@@ -320,7 +320,7 @@ def write_outputs(out_dir: Path, summary: dict, command: str) -> None:
     notes = [f"measured {summary['created_utc']} on {summary['host']} ({summary['num_cpus']} CPUs), backend "
              f"{summary['client']['kind']} {summary['client']['model']}, cold = {summary['cold_mode']}",
              headline(summary),
-             f"load average 1 min: {load['loadavg_1m_before'] if load['loadavg_1m_before'] is not None else 'n/a'} before, "
+             f"load average 1 min: {'n/a' if load['loadavg_1m_before'] is None else format(load['loadavg_1m_before'], '.2f')} before, "
              f"{load['loadavg_1m_during']['median']:.2f} median during; backend CPU share median "
              f"{'n/a' if share is None else format(share['median'], '.2f')}",
              ("FLAGGED, not for quoting: " + "; ".join(load["flags"])) if load["flagged"] else "not flagged (load below the threshold)"]
