@@ -27,7 +27,7 @@ from kvcomm.clients.openai_http import OpenAIHTTPClient, parse_prometheus
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4               # the small server's cache block, in words
 BASE_S = 0.03           # its fixed time to the first token
-PER_WORD_S = 0.001      # and per uncached prompt word
+PER_WORD_S = 0.002      # and per uncached prompt word
 TOKEN_GAP_S = 0.01      # between streamed tokens
 
 
