@@ -1,4 +1,6 @@
-"""`gpubench kvcomm eval`: can agent B import agent A's KV cache instead of re-encoding A's text?"""
+"""`gpubench kvcomm eval`: can agent B import agent A's KV cache instead of re-encoding A's text?
+`gpubench kvcomm serve-exchange`: how much of B's prompt does a serving backend's prefix cache serve,
+and what does that save in B's time to first token?"""
 from __future__ import annotations
 
 import argparse
@@ -44,6 +46,42 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+
+    from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS, LOAD_FLAG
+
+    x = kv_sub.add_parser(
+        "serve-exchange", help="prefix-cache hit rate and TTFT saving of a two-agent exchange on a serving backend",
+        description="Agent A reads a shared document and writes a note; agent B's prompt starts with the same "
+                    "system prompt and document, then A's note and a question. B's time to first token (streamed) "
+                    "is measured with A's prefix in the backend's prefix cache (warm) and with the cache emptied "
+                    "(cold), once per repeat, with the backend's own cached-token counts. Backends: vllm (starts "
+                    "vLLM's server on 127.0.0.1 from `gpubench vllm setup`'s environment), hf (the model in this "
+                    "process), http (any OpenAI-compatible server at --url). Writes summary.json and COMMAND into "
+                    f"--out; the run is flagged when the load average exceeds {LOAD_FLAG} (plus the backend's own "
+                    "threads while it runs).",
+        formatter_class=DefaultsHelpFormatter)
+    x.add_argument("--client", choices=("vllm", "hf", "http"), default="vllm", help="serving backend")
+    x.add_argument("--url", help="the OpenAI-compatible server (--client http only), e.g. http://127.0.0.1:8000")
+    x.add_argument("--model", default=None,
+                   help="vllm/hf: model to load (default smollm2-135m); http: served model name (default: the "
+                        "server's first)")
+    x.add_argument("--task", default="drift", help=f"exchange content: {', '.join(EXCHANGE_TASKS)}")
+    x.add_argument("--repeats", type=int, default=20, help="exchanges measured")
+    x.add_argument("--warmup", type=int, default=1, help="unmeasured exchanges first")
+    x.add_argument("--seed", type=int, default=0, help="task seed")
+    x.add_argument("--max-tokens-a", type=int, default=48, help="tokens agent A writes")
+    x.add_argument("--max-tokens-b", type=int, default=8, help="tokens agent B writes")
+    x.add_argument("--cold", choices=COLD_MODES, default="auto",
+                   help="how B's cold request misses: reset the prefix cache, or salt the prompt's start "
+                        "(auto: reset when the backend can)")
+    x.add_argument("--threads", type=int, default=2, help="vllm: engine OpenMP threads; hf: torch threads")
+    x.add_argument("--block-size", type=int, default=None,
+                   help="vllm: KV block size in tokens (default 128); http: the server's block size, if known "
+                        "(for the most cacheable tokens)")
+    x.add_argument("--port", type=int, default=None, help="vllm: port on 127.0.0.1 (default: a free one)")
+    x.add_argument("--out", required=True, type=Path, help="output directory, e.g. results/kvcomm/serve-exchange/")
+    x.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    x.set_defaults(func=cmd_serve_exchange)
 
 
 def _csv(text: str) -> list[str]:
@@ -102,4 +140,82 @@ def _command_from_args(args) -> str:
     parts = ["gpubench", "kvcomm", "eval", "--model", args.model, "--tasks", args.tasks, "--protocols", args.protocols,
              "--n", str(args.n), "--out", str(args.out), "--seed", str(args.seed), "--ratio", args.ratio,
              "--boundary-k", args.boundary_k, "--max-new-tokens", str(args.max_new_tokens)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_serve_exchange(args) -> int:
+    """Check the arguments, start the backend, measure, write summary.json and COMMAND."""
+    import os
+
+    from gpubench.outdir import locked
+    from kvcomm.exchange import ExchangeConfig, headline, run_exchange, write_outputs
+
+    cfg = ExchangeConfig(task=args.task, repeats=args.repeats, seed=args.seed, max_tokens_a=args.max_tokens_a,
+                         max_tokens_b=args.max_tokens_b, cold=args.cold, warmup=args.warmup)
+    cfg.check()
+    if args.threads < 1:
+        raise KVCommError(f"--threads must be >= 1 (got {args.threads})")
+    if args.client == "http" and not args.url:
+        raise KVCommError("--client http needs --url (the OpenAI-compatible server, e.g. http://127.0.0.1:8000)")
+    if args.client != "http" and args.url:
+        raise KVCommError(f"--url is for --client http; --client {args.client} starts its own backend")
+    if args.client != "vllm" and args.port is not None:
+        raise KVCommError("--port is for --client vllm")
+    if args.client == "hf" and args.block_size is not None:
+        raise KVCommError("--block-size is for --client vllm or http (the in-process cache is token-granular)")
+    if args.client == "http" and args.block_size is not None and args.block_size < 1:
+        raise KVCommError(f"--block-size must be >= 1 (got {args.block_size})")
+    if args.client == "vllm":
+        from vllmref.settings import EngineSettings
+
+        args.block_size = 128 if args.block_size is None else args.block_size
+        EngineSettings(block_size=args.block_size, threads=args.threads).check()  # before the slow start
+    command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
+        if sys.argv[1:3] == ["kvcomm", "serve-exchange"] else _exchange_command_from_args(args)
+
+    def progress(msg: str) -> None:
+        if not args.no_progress:
+            print(f"serve-exchange: {msg}", file=sys.stderr, flush=True)
+
+    if args.out.exists() and not args.out.is_dir():
+        raise KVCommError(f"--out {args.out}: exists and is not a directory")
+    load_before = os.getloadavg()[0]  # before the backend adds its own load
+    if args.client != "http":
+        progress(f"starting the {args.client} backend (load average {load_before:.2f})")
+    with _make_client(args) as client, locked(args.out):  # a backend that is not there leaves no --out behind
+        summary = run_exchange(client, cfg, load_before=load_before, progress=progress)
+        write_outputs(args.out, summary, command)
+    print(headline(summary))
+    if summary["load"]["flagged"]:
+        print("FLAGGED, not for quoting: " + "; ".join(summary["load"]["flags"]))
+    print(f"wrote {args.out}/summary.json, COMMAND")
+    return 0
+
+
+def _make_client(args):
+    if args.client == "http":
+        from kvcomm.clients.openai_http import OpenAIHTTPClient
+
+        return OpenAIHTTPClient(args.url, args.model, block_size=args.block_size)
+    if args.client == "hf":
+        from kvcomm.clients.hf import HFClient
+
+        return HFClient(args.model or "smollm2-135m", threads=args.threads)
+    from kvcomm.clients.vllm import VllmClient
+
+    return VllmClient(args.model or "smollm2-135m", threads=args.threads, block_size=args.block_size, port=args.port)
+
+
+def _exchange_command_from_args(args) -> str:
+    parts = ["gpubench", "kvcomm", "serve-exchange", "--client", args.client]
+    if args.url:
+        parts += ["--url", args.url]
+    if args.model:
+        parts += ["--model", args.model]
+    parts += ["--task", args.task, "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--seed", str(args.seed),
+              "--max-tokens-a", str(args.max_tokens_a), "--max-tokens-b", str(args.max_tokens_b), "--cold", args.cold,
+              "--threads", str(args.threads)]
+    if args.block_size is not None:
+        parts += ["--block-size", str(args.block_size)]
+    parts += ["--out", str(args.out)]
     return " ".join(shlex.quote(p) for p in parts)

@@ -55,8 +55,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve(model: str = "smollm2-135m", *, port: int | None = None, threads: int = 2, block_size: int = 128,
-          max_model_len: int = 4096, kv_cache_gib: int = 1, startup_timeout_s: float = 240.0) -> Iterator[Server]:
-    """Run the server for the ``with`` block; yields where it listens."""
+          max_model_len: int = 4096, kv_cache_gib: int = 1, startup_timeout_s: float = 240.0,
+          prompt_tokens_details: bool = False, dev_endpoints: bool = False) -> Iterator[Server]:
+    """Run the server for the ``with`` block; yields where it listens.
+
+    ``prompt_tokens_details``: pass ``--enable-prompt-tokens-details``, so a response's
+    ``usage.prompt_tokens_details.cached_tokens`` says how many prompt tokens the prefix cache served.
+    ``dev_endpoints``: set ``VLLM_SERVER_DEV_MODE=1``, which adds ``POST /reset_prefix_cache`` (and
+    vLLM's other development routes; the server still binds 127.0.0.1 only).
+    """
     python = env.require_env()
     model_dir, real_weights, name = env.resolve_model(model)
     if not real_weights:
@@ -69,9 +76,13 @@ def serve(model: str = "smollm2-135m", *, port: int | None = None, threads: int 
            "--served-model-name", name, "--host", HOST, "--port", str(port), "--dtype", "float32",
            "--enforce-eager", "--block-size", str(block_size), "--max-model-len", str(max_model_len),
            "--enable-prefix-caching"]
+    if prompt_tokens_details:
+        cmd.append("--enable-prompt-tokens-details")
     with env.vllmref_path() as pythonpath, open(log_path, "w") as log:
         environ = env.worker_environ(threads=threads, kv_cache_gib=kv_cache_gib, pythonpath=pythonpath)
         environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core as vLLM does
+        if dev_endpoints:
+            environ["VLLM_SERVER_DEV_MODE"] = "1"
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
         try:
             _wait_healthy(proc, f"http://{HOST}:{port}", log_path, startup_timeout_s)
