@@ -667,11 +667,13 @@ def _fit_cpu_ops(run, report: dict) -> dict:
     frame = run.frames.get("torch_ops")
     if frame is None or not len(frame):
         return {}
+    vllm_frame = run.frames.get("vllm_ops")
     out = {}
     for dt in sorted(set(frame["dtype"])):
-        tables = CpuOpTables.fit(frame, dt, f"{run.run_dir}: torch_ops")
+        tables = CpuOpTables.fit(frame, dt, f"{run.run_dir}: torch_ops", vllm_frame=vllm_frame)
         out[dt] = tables
         report[f"cpu_ops_{dt}"] = {"linear_rows": tables.d["linear"]["num_rows"],
+                                   "linear_vllm_rows": (tables.d.get("linear_vllm") or {}).get("num_rows", 0),
                                    "attn_decode_fit_mape": tables.d["attn_decode"]["fit_mape"],
                                    "attn_prefill_fit_mape": {m: tables.d["attn_prefill"][m]["fit_mape"]
                                                              for m in ("causal", "masked")}}

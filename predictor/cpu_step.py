@@ -30,10 +30,13 @@ class CpuTableStep:
         self.tables, self.model, self.layout, self.padded_decode = tables, model, layout, padded_decode
         cfg = model
         h, q, kv, ff, vocab = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, cfg.vocab_size
-        ms = tables.linear_m
+        # the fused layout is vLLM's: its projections are oneDNN calls on prepacked weights, priced
+        # from the vllm_ops rows when the calibration has them (torch's F.linear otherwise)
+        self.linear_engine = "vllm" if layout == "fused" and tables.linear_vllm is not None else "torch"
+        ms = tables.linear_vllm_m if self.linear_engine == "vllm" else tables.linear_m
 
         def lin(n, k):
-            return tables.linear_curve(n, k, ms)
+            return tables.linear_curve(n, k, ms, self.linear_engine)
 
         if layout == "separate":
             self.projections = {"qkv_proj": [lin(q, h), lin(kv, h), lin(kv, h)], "o_proj": [lin(h, q)],

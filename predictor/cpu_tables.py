@@ -166,6 +166,18 @@ def _reference_medians(df) -> np.ndarray:
                      for r in df["ref_times_s"]])
 
 
+def _linear_nodes(lin) -> dict:
+    """Per (K, N) node, seconds per weight element at each measured M (machine phase normalized)."""
+    lin = lin.assign(t_phase_s=_phase_normalized(lin))
+    nodes = []
+    for (k, n), g in lin.groupby(["k", "n"]):
+        g = g.sort_values("m")
+        nodes.append({"k": int(k), "n": int(n), "m": [int(v) for v in g["m"]],
+                      "s_per_element": [float(v) for v in g["t_phase_s"] / (k * n)]})
+    return {"nodes": nodes, "num_rows": int(len(lin)), "spread": _spread(lin),
+            "num_threads": int(lin["num_threads"].iloc[0]) if "num_threads" in lin else 1}
+
+
 def _phase_normalized(df):
     """Row medians rescaled to the run's median reference GEMV (see the module docstring); rows
     without ``ref_times_s`` (older runs) are used as measured."""
@@ -227,6 +239,11 @@ class CpuOpTables:
         self.linear = _Grid2D({(int(n["k"]), int(n["n"])): Curve1D(tuple(n["m"]), tuple(n["s_per_element"]))
                                for n in lin["nodes"]})
         self.linear_m = sorted({m for n in lin["nodes"] for m in n["m"]})
+        # vLLM's own linear (oneDNN, prepacked weights; the vllm_ops probe), when the run had it
+        vl = d.get("linear_vllm")
+        self.linear_vllm = None if not vl else _Grid2D(
+            {(int(n["k"]), int(n["n"])): Curve1D(tuple(n["m"]), tuple(n["s_per_element"])) for n in vl["nodes"]})
+        self.linear_vllm_m = sorted({m for n in vl["nodes"] for m in n["m"]}) if vl else []
         self.segments = {name: _Grid2D({(int(n["w"]), 1): Curve1D(tuple(n["t"]), tuple(n["s"])) for n in nodes})
                          for name, nodes in d["segments"].items()}
         # per segment and width: the T = 1 cost as a function of the context's bytes
@@ -238,20 +255,18 @@ class CpuOpTables:
 
     # ------------------------------------------------------------------ fit
     @classmethod
-    def fit(cls, frame, dtype: str, source: str) -> "CpuOpTables":
-        """From a run's ``torch_ops`` rows (a DataFrame) for ``dtype``. Raises ConfigError if a family is missing."""
+    def fit(cls, frame, dtype: str, source: str, vllm_frame=None) -> "CpuOpTables":
+        """From a run's ``torch_ops`` rows (a DataFrame) for ``dtype``, plus its ``vllm_ops`` rows
+        when it has them (``linear_vllm``). Raises ConfigError if a torch_ops family is missing."""
         d: dict = {"schema": SCHEMA, "dtype": dtype, "source": source, "tier": "measured"}
         lin = _rows(frame, "linear", dtype)
         if not len(lin):
             raise ConfigError(f"{source}: no valid torch_ops linear rows for {dtype}")
-        lin = lin.assign(t_phase_s=_phase_normalized(lin))
-        nodes = []
-        for (k, n), g in lin.groupby(["k", "n"]):
-            g = g.sort_values("m")
-            nodes.append({"k": int(k), "n": int(n), "m": [int(v) for v in g["m"]],
-                          "s_per_element": [float(v) for v in g["t_phase_s"] / (k * n)]})
-        d["linear"] = {"nodes": nodes, "num_rows": int(len(lin)), "spread": _spread(lin),
-                       "num_threads": int(lin["num_threads"].iloc[0]) if "num_threads" in lin else 1}
+        d["linear"] = _linear_nodes(lin)
+        vllm_lin = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        if len(vllm_lin):
+            d["linear_vllm"] = {**_linear_nodes(vllm_lin), "engine": "vllm",
+                                "vllm_version": str(vllm_lin["vllm_version"].iloc[0]) if "vllm_version" in vllm_lin else None}
         dec = _rows(frame, "attn_decode", dtype)
         if not len(dec):
             raise ConfigError(f"{source}: no valid torch_ops attn_decode rows for {dtype}")
@@ -323,8 +338,14 @@ class CpuOpTables:
         return tables
 
     # ------------------------------------------------------------------ use
-    def linear_curve(self, n: int, k: int, ms: list) -> Curve1D:
-        """Seconds of one ``linear(M, n, k)`` call at each M in ``ms`` (then proportional past them)."""
+    def linear_curve(self, n: int, k: int, ms: list, engine: str = "torch") -> Curve1D:
+        """Seconds of one ``linear(M, n, k)`` call at each M in ``ms`` (then proportional past them);
+        ``engine="vllm"``: vLLM's oneDNN linear (``linear_vllm``; ConfigError without it)."""
+        if engine == "vllm":
+            if self.linear_vllm is None:
+                raise ConfigError("these cpu_ops tables have no vLLM linear rows (run the vllm_ops probe)")
+            per_element = self.linear_vllm.curve_at(k, n, ms)
+            return Curve1D(per_element.x, tuple(v * n * k for v in per_element.y))
         per_element = self.linear.curve_at(k, n, ms)
         return Curve1D(per_element.x, tuple(v * n * k for v in per_element.y))
 
