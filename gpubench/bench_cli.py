@@ -34,6 +34,10 @@ def register(sub) -> None:
     s = sub.add_parser("show", help="headline figures of a run: %% of spec/peak, spread, telemetry, failures")
     s.add_argument("run_dir", metavar="RUN_DIR")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--plots", action="store_true",
+                   help="also write PNG plots (bandwidth vs working set, GEMM TFLOP/s vs M, launch cost, torch "
+                        "linear GB/s vs M) next to the run, or into --out")
+    s.add_argument("--out", metavar="DIR", default=None, help="where --plots writes (default: the run directory)")
     s.set_defaults(func=cmd_show)
 
     c = sub.add_parser(
@@ -190,11 +194,26 @@ def cmd_show(args) -> int:
     from gpubench import report
     from gpubench.results import load
 
-    s = report.summarize_run(load(args.run_dir))
+    from gpubench.errors import ConfigError
+
+    if args.out is not None and not args.plots:
+        raise ConfigError("--out is where --plots writes: give --plots too")
+    run = load(args.run_dir)
+    s = report.summarize_run(run)
+    plots = []
+    if args.plots:
+        from gpubench.plots import write_plots
+
+        plots = write_plots(run, args.out)
     if args.json:
-        print(json.dumps(s.to_dict(), indent=2, default=float))
+        d = s.to_dict()
+        if args.plots:
+            d["plots"] = [str(p) for p in plots]
+        print(json.dumps(d, indent=2, default=float))
         return 0
     _print_summary(s, Console(width=max(Console().width, 160)))
+    for p in plots:
+        print(f"wrote {p}")
     return 0
 
 

@@ -119,3 +119,37 @@ def test_show_handles_rows_with_only_schema_fields(tmp_path):
     fp8 = [h for h in s.headlines if "fp8" in h.label][0]
     assert fp8.pct is None
     assert [h for h in s.headlines if h.probe == "gemm"]
+
+
+def _png_size(path):
+    """(width, height) from a PNG's IHDR chunk; fails on anything that is not a PNG."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    assert data[-12:-4] == b"\x00\x00\x00\x00IEND", path  # complete: ends with the IEND chunk
+    return struct.unpack(">II", data[16:24])
+
+
+def test_show_plots_of_a_committed_run(tmp_path):
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "results/eval/cpu/probes/cpu/20261201T152015Z-vm"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)  # the default writes next to the run: a copy keeps the committed one as is
+    res = run_cli("show", str(run), "--plots")
+    assert res.returncode == 0, res.stderr
+    names = ("bandwidth.png", "gemm.png", "launch.png", "torch_linear.png")
+    for name in names:
+        assert f"wrote {run / name}" in res.stdout
+        w, h = _png_size(run / name)
+        assert w >= 400 and h >= 300 and (run / name).stat().st_size > 10_000
+    out = tmp_path / "plots"
+    js = json.loads(run_cli("show", str(src), "--plots", "--out", str(out), "--json").stdout)
+    assert sorted(Path(p).name for p in js["plots"]) == sorted(names)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+    # a run without torch_ops rows has no torch_linear plot
+    res = run_cli("show", str(src.parent / "20261201T112057Z-vm"), "--plots", "--out", str(tmp_path / "p2"))
+    assert res.returncode == 0 and sorted(p.name for p in (tmp_path / "p2").iterdir()) == sorted(names[:3])
+    bad = run_cli("show", str(src), "--out", str(tmp_path / "p3"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "p3").exists()
