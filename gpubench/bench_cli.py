@@ -34,16 +34,27 @@ def register(sub) -> None:
     s = sub.add_parser("show", help="headline figures of a run: %% of spec/peak, spread, telemetry, failures")
     s.add_argument("run_dir", metavar="RUN_DIR")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--plots", action="store_true",
+                   help="also write PNG plots (bandwidth vs working set, GEMM TFLOP/s vs M, launch cost, torch "
+                        "linear GB/s vs M) next to the run, or into --out")
+    s.add_argument("--out", metavar="DIR", default=None, help="where --plots writes (default: the run directory)")
     s.set_defaults(func=cmd_show)
 
-    c = sub.add_parser("compare", help="per-probe speed ratios between two runs, flagging changes beyond the spread")
-    c.add_argument("run_a", metavar="RUN_A")
-    c.add_argument("run_b", metavar="RUN_B")
-    c.add_argument("--all", action="store_true", help="list every key, not only flagged ones")
-    c.add_argument("--json", action="store_true", help="print JSON")
-    c.add_argument("--fail-slower", type=float, default=None, metavar="PCT",
-                   help="exit 1 when a flagged key is more than PCT %% slower in B than in A (a regression gate, "
-                        "as pytest-benchmark's --benchmark-compare-fail)")
+    c = sub.add_parser(
+        "compare", help="figures of N runs matched by what was measured, against the first run (the baseline)",
+        description="Match every figure of the first run (the baseline) in the others by what was measured "
+                    "(probe, kernel, dtype, size relative to the cache: 'STREAM triad fp64 at 4x LLC', GEMM shape, "
+                    "launch kind), and print each run's value, its speed ratio to the baseline and whether the "
+                    "change is beyond the rows' spread. Each run's device (CPU model or GPU, cores, caches) is "
+                    "printed; a warning on stderr says when they differ.")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="two or more run directories; the first is the baseline")
+    c.add_argument("--all", action="store_true", help="list every matched figure, not only flagged ones")
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    c.add_argument("--csv", metavar="FILE", default=None,
+                   help="also write one CSV row per figure and run (written atomically; `-` for stdout)")
+    c.add_argument("--fail-above", type=float, default=None, metavar="PCT",
+                   help="exit 1 when any matched figure of a later run is more than PCT %% worse than the baseline's "
+                        "(a regression gate, as pytest-benchmark's --benchmark-compare-fail)")
     c.set_defaults(func=cmd_compare)
 
 
@@ -183,69 +194,128 @@ def cmd_show(args) -> int:
     from gpubench import report
     from gpubench.results import load
 
-    s = report.summarize_run(load(args.run_dir))
+    from gpubench.errors import ConfigError
+
+    if args.out is not None and not args.plots:
+        raise ConfigError("--out is where --plots writes: give --plots too")
+    run = load(args.run_dir)
+    s = report.summarize_run(run)
+    plots = []
+    if args.plots:
+        from gpubench.plots import write_plots
+
+        plots = write_plots(run, args.out)
     if args.json:
-        print(json.dumps(s.to_dict(), indent=2, default=float))
+        d = s.to_dict()
+        if args.plots:
+            d["plots"] = [str(p) for p in plots]
+        print(json.dumps(d, indent=2, default=float))
         return 0
     _print_summary(s, Console(width=max(Console().width, 160)))
+    for p in plots:
+        print(f"wrote {p}")
     return 0
 
 
 def cmd_compare(args) -> int:
     import json
 
+    from gpubench import report
+    from gpubench.errors import ConfigError
+    from gpubench.results import load
+
+    if len(args.runs) < 2:
+        raise ConfigError(f"compare needs at least two run directories (the first is the baseline), got {len(args.runs)}")
+    if args.fail_above is not None and not (0 <= args.fail_above < float("inf")):
+        raise ConfigError(f"--fail-above must be a finite percentage >= 0, got {args.fail_above}")
+    out = report.compare_runs([load(r) for r in args.runs])
+    regressions = []
+    if args.fail_above is not None:
+        for f in out["figures"]:
+            for run, pct in zip(out["runs"][1:], f["regression_pct"][1:]):
+                if pct is not None and pct > args.fail_above:
+                    regressions.append({"id": f["id"], "label": f["label"], "run_dir": run["run_dir"],
+                                        "regression_pct": pct})
+    out["fail_above_pct"] = args.fail_above
+    out["regressions"] = regressions
+    status = 1 if regressions else 0
+    if not out["same_device"]:
+        by_text: dict = {}
+        for i, r in enumerate(out["runs"]):
+            by_text.setdefault(r["device"]["text"], []).append(str(i))
+        names = "; ".join(f"{t} (run {', '.join(ix)})" for t, ix in by_text.items())
+        print(f"warning: the runs are on {len(by_text)} different devices: {names}; the ratios compare machines, "
+              "not a change (run 0 is the baseline)", file=sys.stderr)
+    if args.csv:
+        _write_compare_csv(out, args.csv)
+    if args.json:
+        print(json.dumps(_finite_or_none(out), indent=2, allow_nan=False))
+        return status
+    if args.csv == "-":
+        return status
+    _print_compare(out, args)
+    return status
+
+
+def _write_compare_csv(out: dict, path: str) -> None:
+    import csv
+    import io
+
+    from gpubench.outdir import write_text_atomic
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["id", "probe", "label", "unit", "higher_is_better", "run_index", "run_dir", "device", "value",
+                "speed_ratio", "regression_pct", "flagged", "spread"])
+    for f in out["figures"]:
+        for i, run in enumerate(out["runs"]):
+            if f["values"][i] is None:
+                continue
+            w.writerow([f["id"], f["probe"], f["label"], f["unit"], f["higher_is_better"], i, run["run_dir"],
+                        run["device"]["text"], f"{f['values'][i]:.6g}", f"{f['speed_ratio'][i]:.6g}",
+                        f"{f['regression_pct'][i]:.4g}", f["flagged"][i], f"{f['spread'][i]:.4g}"])
+    if path == "-":
+        sys.stdout.write(buf.getvalue())
+    else:
+        write_text_atomic(path, buf.getvalue())
+
+
+def _print_compare(out: dict, args) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gpubench import report
-    from gpubench.results import load
-
-    from gpubench.errors import ConfigError
-
-    if args.fail_slower is not None and not (0 <= args.fail_slower < float("inf")):
-        raise ConfigError(f"--fail-slower must be a finite percentage >= 0, got {args.fail_slower}")
-    out = report.compare_runs(load(args.run_a), load(args.run_b))
-    limit = None if args.fail_slower is None else 1.0 - args.fail_slower / 100.0
-    regressions = [c for p in out["probes"].values() for c in p["changes"]
-                   if limit is not None and c["flagged"] and c["speed_ratio"] < limit]
-    out["regressions"] = [f"{c['probe']}:{c['key']}" for c in regressions]
-    status = 1 if regressions else 0
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return status
     con = Console(width=max(Console().width, 140))
-    da, db = out["device_a"], out["device_b"]
-    con.print(f"A = {out['run_a']}  ({da['name']}, sku {da['sku']}, host {da['host']})\n"
-              f"B = {out['run_b']}  ({db['name']}, sku {db['sku']}, host {db['host']})", highlight=False)
-    if not out["same_device"]:
-        con.print("note: the runs are on different devices: ratios compare machines, not a change", highlight=False)
-    con.print("speed ratio = t_median(A) / t_median(B) per key "
-              "(> 1: B faster); flagged when |ratio - 1| > the larger (p80 - p20)/median spread", highlight=False)
-    t = Table(title="per probe")
-    for col in ("probe", "keys", "geomean ratio", "flagged", "only A", "only B"):
-        t.add_column(col, justify="left" if col == "probe" else "right")
-    for probe, p in out["probes"].items():
-        t.add_row(probe, str(p["num_common"]), f"{p['geomean_speed_ratio']:.3f}", str(p["num_flagged"]),
-                  str(p["num_only_a"]), str(p["num_only_b"]))
+    for i, r in enumerate(out["runs"]):
+        d = r["device"]
+        con.print(f"{'run 0' if i == 0 else f'run {i}'}{' (baseline)' if i == 0 else ''} = {r['run_dir']}  ({d['text']}; sku {d['sku']}, host "
+                  f"{d['host']})", highlight=False, markup=False, soft_wrap=True)
+    con.print("speed ratio = run / baseline (> 1: faster; rates divide, times invert); flagged when |ratio - 1| > "
+              "the larger (p80 - p20)/median spread of the two rows", highlight=False)
+    rows = [f for f in out["figures"] if args.all or any(f["flagged"][1:])]
+    t = Table(title=f"{'all matched figures' if args.all else 'flagged figures'} ({len(rows)} of "
+                    f"{len(out['figures'])} matched)")
+    t.add_column("figure")
+    t.add_column("unit")
+    t.add_column("baseline", justify="right")
+    for i in range(1, len(out["runs"])):
+        t.add_column(f"run {i}", justify="right")
+        t.add_column("ratio", justify="right")
+    for f in rows:
+        cells = [f["label"], f["unit"], f"{f['values'][0]:.4g}"]
+        for i in range(1, len(out["runs"])):
+            v = f["values"][i]
+            cells += ["-" if v is None else f"{v:.4g}", "-" if v is None else f"{f['speed_ratio'][i]:.3f}{' *' if f['flagged'][i] else ''}"]
+        t.add_row(*cells)
     con.print(t)
-    rows = [c for p in out["probes"].values() for c in p["changes"] if args.all or c["flagged"]]
-    if rows:
-        k = Table(title="all keys" if args.all else "flagged changes")
-        for col in ("probe", "key", "ratio", "spread A", "spread B", "flag"):
-            k.add_column(col, justify="left" if col in ("probe", "key") else "right")
-        for c in sorted(rows, key=lambda c: -abs(c["speed_ratio"] - 1)):
-            k.add_row(c["probe"], c["key"], f"{c['speed_ratio']:.3f}", f"{100 * c['spread_a']:.1f} %",
-                      f"{100 * c['spread_b']:.1f} %", "*" if c["flagged"] else "")
-        con.print(k)
-    if out["only_a"] or out["only_b"]:
-        con.print(f"probes only in A: {out['only_a']}; only in B: {out['only_b']}", highlight=False)
-    if out["no_common_keys"]:
-        con.print(f"probes with no key in common (sizes derive from each machine's caches): "
-                  f"{', '.join(out['no_common_keys'])}", highlight=False)
-    if regressions:
-        con.print(f"FAIL: {len(regressions)} key(s) more than {args.fail_slower:g} % slower in B: "
-                  f"{', '.join(out['regressions'][:5])}", highlight=False)
-    return status
+    for u in out["unmatched"]:
+        if u["num_unmatched"]:
+            con.print(f"{u['run_dir']}: {u['num_unmatched']} of {u['num_figures']} figures have no match",
+                      highlight=False, markup=False)
+    if out["regressions"]:
+        worst = sorted(out["regressions"], key=lambda r: -r["regression_pct"])
+        con.print(f"FAIL: {len(worst)} figure(s) more than {out['fail_above_pct']:g} % worse than the baseline: "
+                  + "; ".join(f"{r['label']} {r['regression_pct']:+.1f} % ({r['run_dir']})" for r in worst[:5]),
+                  highlight=False, markup=False)
 
 
 def cmd_skus(args) -> int:

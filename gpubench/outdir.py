@@ -52,11 +52,16 @@ def locked(directory: str | os.PathLike, what: str = "output directory") -> Iter
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` so that readers see the old content or the new, never a part."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """``write_text_atomic`` for bytes (a PNG, ...)."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

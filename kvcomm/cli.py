@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=5, help="answer tokens decoded (greedy)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (out_dir, files written, rows, and per task and protocol: "
+                        "n, em, rel_em, speedup_median, goal) instead of the table; progress stays on stderr")
     p.set_defaults(func=cmd_eval)
 
     from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS, LOAD_FLAG
@@ -128,6 +131,21 @@ def cmd_eval(args) -> int:
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["kvcomm"] else \
         _command_from_args(args)
     summary = write_reports(args.out, rows, command, [s.label for s in specs])
+    if getattr(args, "json", False):
+        import json
+        import math
+
+        def num(v):
+            return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else (None if isinstance(v, float) else v)
+
+        cols = ("task", "protocol", "n", "em", "rel_em", "rel_em_lo", "rel_em_hi", "mcnemar_p", "kl_median",
+                "agree_text", "speedup_median", "recompute_fraction", "goal")
+        doc = {"out_dir": str(args.out),
+               "files": [str(args.out / n) for n in ("results.jsonl", "summary.csv", "summary.md", "summary.png", "COMMAND")],
+               "num_rows": int(len(rows)),
+               "summary": [{c: num(r[c]) for c in cols if c in summary.columns} for r in summary.to_dict("records")]}
+        print(json.dumps(doc, indent=2, allow_nan=False))
+        return 0
     # plain print: a rich Console wraps wide tables at 80 columns when stdout is not a terminal
     print(summary[["task", "protocol", "n", "em", "rel_em", "rel_em_lo", "mcnemar_p", "kl_median", "agree_text",
                    "speedup_median", "recompute_fraction", "goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

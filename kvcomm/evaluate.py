@@ -222,10 +222,14 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda _desc: None
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        # on stderr: stdout carries the results (the table, or --json's object); only on a terminal,
+        # so that a one-line error stays one line
+        console = Console(stderr=True)
         self._bar = Progress(TextColumn("kvcomm eval {task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                             TimeRemainingColumn())
+                             TimeRemainingColumn(), console=console, disable=not console.is_terminal)
         self._bar.start()
         task_id = self._bar.add_task("", total=self.total)
         return lambda desc: self._bar.update(task_id, advance=1, description=desc)

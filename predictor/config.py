@@ -1,6 +1,10 @@
 """Transformer model configs: a HuggingFace ``config.json`` reduced to what step costs depend on.
 
-Supported families: Llama, Mistral, Qwen2 (GQA, tied embeddings, optional qkv bias). Shipped
+Supported families: Llama, Mistral, Qwen2 (GQA, tied embeddings, optional qkv bias), Qwen3 (per-head
+RMSNorm on q and k, an explicit ``head_dim`` that may differ from hidden/heads, no qkv bias) and the
+mixture-of-experts families Mixtral (``num_local_experts``, ``num_experts_per_tok``, experts of
+``intermediate_size``) and Qwen3-MoE (``num_experts``, ``num_experts_per_tok``,
+``moe_intermediate_size``; every layer sparse, no shared expert). Shipped
 configs live in ``predictor/configs/<name>.json`` and are written from the models' public
 dimensions; ``--model`` also takes a path to any ``config.json``.
 """
@@ -13,13 +17,16 @@ from pathlib import Path
 
 from gpubench.errors import ConfigError, UnknownModelError, suggest
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # RMSNorm over each head of q and k before rope
 ALIASES = {
     "llama3.1-8b": "llama-3.1-8b", "llama-8b": "llama-3.1-8b", "llama-3-8b": "llama-3.1-8b",
     "llama3.1-70b": "llama-3.1-70b", "llama-70b": "llama-3.1-70b",
     "llama3.2-1b": "llama-3.2-1b", "llama-1b": "llama-3.2-1b",
     "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-7b": "qwen2.5-7b",
     "mistral-7b-v0.3": "mistral-7b", "smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
+    "qwen3-8b-base": "qwen3-8b", "qwen3-0.6b-base": "qwen3-0.6b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x7b-instruct": "mixtral-8x7b", "mixtral": "mixtral-8x7b",
 }
 # Hugging Face repository ids of the shipped configs (what users type, e.g. from a vLLM command
 # line); an id that is not a path on disk is looked up here, lower-cased, before being read as one.
@@ -32,6 +39,9 @@ HF_IDS = {
     "qwen/qwen2.5-0.5b": "qwen2.5-0.5b", "qwen/qwen2.5-0.5b-instruct": "qwen2.5-0.5b",
     "mistralai/mistral-7b-v0.3": "mistral-7b", "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
     "huggingfacetb/smollm2-135m": "smollm2-135m", "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
+    "qwen/qwen3-8b": "qwen3-8b", "qwen/qwen3-8b-base": "qwen3-8b",
+    "qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-0.6b-base": "qwen3-0.6b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
 }
 
 
@@ -52,6 +62,10 @@ class ModelConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-5
+    qk_norm: bool = False
+    num_experts: int = 0  # 0: a dense MLP; else every layer's MLP is num_experts experts
+    num_experts_per_tok: int = 0  # top-k experts each token is routed to
+    moe_intermediate_size: int = 0  # each expert's gate/up width
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -62,13 +76,33 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def expert_params(self) -> int:
+        """Weights of one expert (gate, up, down); 0 for a dense model."""
+        return 3 * self.hidden_size * self.moe_intermediate_size if self.is_moe else 0
+
     def layer_params(self) -> int:
-        """Weights of one decoder layer: q,k,v,o projections (+bias), gate/up/down, two RMSNorms."""
+        """Weights of one decoder layer: q,k,v,o projections (+bias), q/k norms (Qwen3), the MLP
+        (gate/up/down, or the router and every expert's gate/up/down), two RMSNorms."""
         attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
         if self.attention_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        mlp = 3 * self.hidden_size * self.intermediate_size
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        if self.is_moe:
+            mlp = self.num_experts * self.hidden_size + self.num_experts * self.expert_params()
+        else:
+            mlp = 3 * self.hidden_size * self.intermediate_size
         return attn + mlp + 2 * self.hidden_size
+
+    def active_layer_params(self) -> int:
+        """Weights one token passes through in a layer: ``layer_params`` with only its top-k experts."""
+        if not self.is_moe:
+            return self.layer_params()
+        return self.layer_params() - (self.num_experts - self.num_experts_per_tok) * self.expert_params()
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -144,6 +178,7 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     head_dim = raw.get("head_dim") or hidden // heads
+    moe = _moe_fields(raw, mtype, need, where)
     return ModelConfig(
         name=name,
         model_type=mtype,
@@ -160,5 +195,24 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
         rope_scaling=raw.get("rope_scaling"),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        qk_norm=mtype in QK_NORM_TYPES,
+        **moe,
         raw=raw,
     )
+
+
+def _moe_fields(raw: dict, mtype: str, need, where: str) -> dict:
+    """num_experts, num_experts_per_tok and moe_intermediate_size of a Mixtral or Qwen3-MoE config."""
+    if mtype == "mixtral":
+        experts, width = need("num_local_experts"), need("intermediate_size")
+    elif mtype == "qwen3_moe":
+        experts, width = need("num_experts"), need("moe_intermediate_size")
+        if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+            raise ConfigError(f"{where}: Qwen3-MoE configs with dense layers (mlp_only_layers, decoder_sparse_step "
+                              "other than 1) are not supported")
+    else:
+        return {}
+    top_k = need("num_experts_per_tok")
+    if top_k > experts:
+        raise ConfigError(f"{where}: num_experts_per_tok ({top_k}) exceeds the number of experts ({experts})")
+    return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width)

@@ -3,7 +3,9 @@
 ``CpuTableStep(tables, model, layout)`` precomputes, for the model's shapes, one curve per
 projection over M and one per segment over T, so pricing a batch is a dozen 1-D interpolations in
 plain Python (the scheduler's hot path). The op names are the step graph's (predictor.ops), so a
-breakdown reads like the roofline model's.
+breakdown reads like the roofline model's. Qwen3's ``qk_norm`` is priced as two RMSNorm segments
+(q's and k's widths). Mixture-of-experts models are refused (ConfigError): the tables have no
+routed-expert shapes; ``form="max"`` (the roofline) or a calibration without ``cpu_ops`` prices them.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class CpuTableStep:
                  padded_decode: bool = False):
         if layout not in LAYOUTS:
             raise ConfigError(f"unknown GEMM layout '{layout}' (choose from: {', '.join(LAYOUTS)})")
+        if model.is_moe:
+            raise ConfigError(f"{model.name} is a mixture-of-experts model, which the CPU op tables do not price; "
+                              "use --form max (the roofline) or a calibration without cpu_ops")
         self.tables, self.model, self.layout, self.padded_decode = tables, model, layout, padded_decode
         cfg = model
         h, q, kv, ff, vocab = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, cfg.vocab_size
@@ -61,6 +66,8 @@ class CpuTableStep:
         self.silu_mul, self.kv_write = seg("silu_mul", ff, up_b), seg("kv_write", kv, 0)
         self.rope_q, self.rope_kv = seg("rope", q, v_b), seg("rope", kv, 0)
         self.embed, self.argmax = seg("embed", h, None), seg("argmax", vocab, vocab_b)
+        # Qwen3: q_norm and k_norm, one RMSNorm call each over T rows of q's and k's width
+        self.qk_norms = (seg("rmsnorm", q, 0), seg("rmsnorm", kv, 0)) if cfg.qk_norm else ()
         self.num_layers = cfg.num_layers
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
@@ -103,10 +110,12 @@ class CpuTableStep:
         num_new = sum(n for n, _ in batch)
         num_seqs = len(batch)
         layers = self.num_layers
+        qk = {"qk_norm": layers * sum(c.at(num_new) for c in self.qk_norms)} if self.qk_norms else {}
         return {
             "embed": self.embed.at(num_new),
             "input_norm": layers * self.norm_in.at(num_new),
             "qkv_proj": layers * sum(c.at(num_new) for c in self.projections["qkv_proj"]),
+            **qk,
             "rope": layers * (self.rope_q.at(num_new) + self.rope_kv.at(num_new)),
             "attention": layers * (self.kv_write.at(num_new) + self.attention_s(batch)),
             "o_proj": layers * self.projections["o_proj"][0].at(num_new),
@@ -130,6 +139,8 @@ class CpuTableStep:
         per_layer = (self.norm_in.at(num_new) + self.norm_post.at(num_new) + self.rope_q.at(num_new)
                      + self.rope_kv.at(num_new) + self.kv_write.at(num_new) + self.residual_attn.at(num_new)
                      + self.residual_mlp.at(num_new) + self.silu_mul.at(num_new) + self.attention_s(batch))
+        for c in self.qk_norms:
+            per_layer += c.at(num_new)
         for curves in self.projections.values():
             for c in curves:
                 per_layer += c.at(num_new)

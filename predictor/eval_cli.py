@@ -35,6 +35,9 @@ def register(sub) -> None:
     v.add_argument("--max-num-batched-tokens", type=int, default=4096, help="token budget per step (vLLM's CPU default)")
     v.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
+                        "phases and models) instead of the summary line; progress stays on stderr")
     p.set_defaults(func=_profile)
 
     e = sub.add_parser(
@@ -52,6 +55,9 @@ def register(sub) -> None:
     e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
     e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
     e.add_argument("--seed", type=int, default=0, help="random forest seed")
+    e.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (out_dir, files written, rows, and the pooled MAPE per split, "
+                        "method and phase) instead of the headline")
     e.add_argument("--target", default="wall_s", choices=("wall_s", "thread_cpu_s"),
                    help="measured time to score against: engine-step wall time, or the step thread CPU time")
     e.add_argument("--allow-contended", action="store_true",
@@ -83,17 +89,49 @@ def _profile(args) -> int:
                        command=["gpubench"] + sys.argv[1:] if sys.argv and "gpubench" in sys.argv[0]
                        else ["gpubench", "profile", "--model", args.model, "--device", args.device,
                              "--grid", args.grid, "--out", str(args.out)])
-    rows = _with_progress("profile", cfg.name, "", lambda progress: run_profile(cfg, pc, args.out, progress=progress))
+    before = _num_rows(args.out)
+    rows = _with_progress("profile", cfg.name, "", lambda progress: run_profile(cfg, pc, args.out, progress=progress), json_out=args.json)
+    if args.json:
+        _print_profile_json(args.out, rows, before)
+        return 0
     print(f"{len(rows)} rows in {args.out}")
     return 0
 
 
-def _with_progress(title: str, model: str, first: str, run):
-    """``run(progress)`` under a progress bar; ``progress(done, total, what)`` moves it."""
+def _num_rows(path) -> int:
+    """Rows already in a rows file (0 when there is none yet)."""
+    if not path.is_file():
+        return 0
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _print_profile_json(out, rows, before: int, contended: int | None = None) -> None:
+    import json
+
+    import pandas as pd
+
+    df = rows if isinstance(rows, pd.DataFrame) else pd.read_parquet(out)
+    doc = {"rows_file": str(out), "num_rows": int(len(df)), "num_added": int(len(df)) - before,
+           "phases": {str(k): int(v) for k, v in df["phase"].value_counts().sort_index().items()} if "phase" in df else {},
+           "models": sorted(str(m) for m in df["model"].unique()) if "model" in df else []}
+    if contended is not None:
+        doc["num_contended"] = int(contended)
+    print(json.dumps(doc, indent=2))
+
+
+def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = False):
+    """``run(progress)`` under a progress bar; ``progress(done, total, what)`` moves it. With
+    ``json_out`` the bar is on stderr (stdout carries the JSON), and only on a terminal: a bar's
+    final line would otherwise make a one-line error two."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True) if json_out else None
     with Progress(TextColumn(f"[bold]{title} {{task.fields[model]}}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False) as bar:
+                  TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False, console=console,
+                  disable=json_out and not console.is_terminal) as bar:
         task = bar.add_task(title, total=None, model=model, point=first)
 
         def progress(done: int, total: int, what: str) -> None:
@@ -116,14 +154,18 @@ def _profile_vllm(args, cfg) -> int:
     pc = VllmProfileConfig(model=args.model, grid=args.grid, threads=2 if args.threads is None else args.threads,
                            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs, command=("gpubench", *sys.argv[1:]))
+    before = _num_rows(args.out)
     rows = _with_progress("profile vllm", cfg.name, "starting the engine",
-                          lambda progress: run_vllm_profile(cfg, pc, args.out, progress=progress))
+                          lambda progress: run_vllm_profile(cfg, pc, args.out, progress=progress), json_out=args.json)
     contended, total = contention_summary(rows)
-    print(f"{total} engine-step rows in {args.out}")
     if contended:
         print(f"warning: {contended} of {total} steps were taken under contention (CPU share < {MIN_CPU_SHARE} or "
               f"load above the core count + 1): not ground truth; `gpubench evaluate` refuses them unless "
-              f"--allow-contended")
+              f"--allow-contended", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        _print_profile_json(args.out, rows, before, contended)
+        return 0
+    print(f"{total} engine-step rows in {args.out}")
     return 0
 
 
@@ -143,5 +185,31 @@ def _evaluate(args) -> int:
                     sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,
                     allow_contended=args.allow_contended)
     summary = run_evaluation(ec)
+    if getattr(args, "json", False):
+        _print_evaluate_json(args.out)
+        return 0
     print(summary)
     return 0
+
+
+def _print_evaluate_json(out) -> None:
+    import json
+    import math
+
+    import pandas as pd
+
+    met = pd.read_csv(out / "metrics.csv")
+    pooled = met[met["fold"] == "pooled"]
+    if "rows" in pooled:
+        pooled = pooled[pooled["rows"] == "all"]  # every row, not the op-profiled subset
+    mape: dict = {}
+    for r in pooled.to_dict("records"):
+        v = float(r["mape_pct"])
+        mape.setdefault(r["split"], {}).setdefault(r["method"], {})[r["phase"]] = v if math.isfinite(v) else None
+    names = ("metrics.csv", "predictions.csv", "wilcoxon.csv", "host_residual_fits.csv", "transfer.csv",
+             "pred_vs_measured.png", "error_vs_batch.png", "calibration.json", "calibration-rowcal.json",
+             "headline.md", "tables.md", "COMMAND")
+    doc = {"out_dir": str(out), "files": [str(out / n) for n in names if (out / n).is_file()],
+           "num_rows": int(pd.read_csv(out / "predictions.csv", usecols=["key"])["key"].nunique()),
+           "mape_pct": mape}
+    print(json.dumps(doc, indent=2, allow_nan=False))

@@ -1,4 +1,5 @@
-"""The op graph of one forward step (decode, prefill or mixed) of a Llama/Mistral/Qwen2 model.
+"""The op graph of one forward step (decode, prefill or mixed) of a Llama/Mistral/Qwen2/Qwen3 or
+Mixtral/Qwen3-MoE model.
 
 A batch is a list of sequences ``(num_new_tokens, num_cached_tokens)``. Every op's FLOPs and bytes
 are *linear* in five batch features, so the graph is stored as coefficient matrices and a whole
@@ -14,6 +15,16 @@ Per layer (x num_layers):  input_norm, qkv_proj (+bias for qwen2), rope, attenti
 K/V to the cache, reads the whole cache), o_proj, residual, post_norm, gate_up, act_mul, down,
 residual2. Once per step: embed (a gather: reads only the T rows it uses), final_norm, lm_head (the
 last token of each sequence only, so M = S; the full vocab x hidden matrix is read) and sample.
+
+Qwen3 adds ``qk_norm`` (RMSNorm over each head of q and k) between qkv_proj and rope. A
+mixture-of-experts layer adds ``router`` (a hidden -> num_experts GEMM) after post_norm, and its
+gate_up / act_mul / down are the experts': each token goes through top_k experts, so their FLOPs
+and activations are those of T * top_k rows, and a step reads the weights of each expert that at
+least one token was routed to. Under uniform routing a batch of T tokens activates
+E * (1 - (1 - k/E)^T) distinct experts in expectation (k at T = 1, E once T is large): not linear
+in T, so the coefficient matrices hold the saturated read (every expert) and ``expert_read_fraction``
+scales the expert ops' weight bytes to the expectation; ``OpGraph.per_call`` and ``OpGraph.totals``
+apply it.
 
 Weights are read once per step, whatever the batch. So a Llama-3.1-8B decode step reads the
 16.06 GB of bf16 weights *minus* the 1.05 GB embedding table plus T rows of it: ~15.01 GB.
@@ -39,6 +50,8 @@ CPU_DISPATCHES = {
     "embed": 1, "input_norm": 7, "qkv_proj": 3, "rope": 14, "attention": 8, "o_proj": 1,
     "residual": 1, "post_norm": 7, "gate_up": 2, "act_mul": 2, "down": 1, "residual2": 1,
     "final_norm": 7, "lm_head": 2, "sample": 1,
+    # Qwen3: the q and k RMSNorms (7 each); MoE: router Linear, softmax, topk, renormalize.
+    "qk_norm": 14, "router": 4,
 }
 # Fused GPU kernels per op (vLLM-style): attention = reshape_and_cache + the attention kernel.
 GPU_KERNELS = {"attention": 2}
@@ -102,12 +115,62 @@ def _residual(name: str, h: int, d: int) -> OpSpec:
                   num_cpu_dispatches=CPU_DISPATCHES[name])
 
 
+def expected_active_experts(num_experts: int, top_k: int, num_tokens):
+    """Distinct experts a batch of ``num_tokens`` tokens is routed to, in expectation, when each token
+    picks ``top_k`` of ``num_experts`` uniformly: E * (1 - (1 - k/E)^T). Arrays broadcast."""
+    t = np.maximum(np.asarray(num_tokens, dtype=np.float64), 0.0)
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** t)
+
+
+def _moe_ops(cfg: ModelConfig, d: int) -> list[OpSpec]:
+    """router, gate_up, act_mul, down of a mixture-of-experts layer (weights: every expert's).
+
+    Each expert op's GEMM is costed as one of M = T rows and N = top_k x the expert's width (the
+    FLOPs of T * top_k rows through one expert); tile quantization per expert is not modelled.
+    """
+    h, e, k, w = cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+
+    def expert(name, n, kk, flops, act_read, act_write):
+        return OpSpec(name=name, kind="gemm", per_layer=True, flops=_vec(T=flops),
+                      weight_read_bytes=_vec(const=e * n * kk * d), act_read_bytes=_vec(T=act_read * d),
+                      act_write_bytes=_vec(T=act_write * d), gemm_nk=(k * n, kk), m_feature=_T,
+                      num_kernels=GPU_KERNELS.get(name, 1), num_cpu_dispatches=CPU_DISPATCHES[name])
+
+    return [
+        _gemm("router", e, h, d),
+        # every token's row goes to k experts: k rows of h in, k rows of 2w out
+        expert("gate_up", 2 * w, h, k * 2 * 2 * w * h, k * h, k * 2 * w),
+        OpSpec(name="act_mul", kind="elementwise", per_layer=True, flops=_vec(T=5 * k * w),
+               weight_read_bytes=_vec(), act_read_bytes=_vec(T=2 * k * w * d), act_write_bytes=_vec(T=k * w * d),
+               num_cpu_dispatches=CPU_DISPATCHES["act_mul"]),
+        # k expert rows per token, their router-weighted sum (2 FLOPs per element) written as one row
+        expert("down", h, w, k * (2 * h * w + 2 * h), k * w, h),
+    ]
+
+
 def layer_ops(cfg: ModelConfig, d: int) -> list[OpSpec]:
     """The ops of one decoder layer, in execution order."""
     h, q, kv, hd, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.head_dim, cfg.intermediate_size
+    # Qwen3: RMSNorm over each head of q and of k (4 FLOPs per element), one weight of head_dim each.
+    qk_norm = [OpSpec(name="qk_norm", kind="elementwise", per_layer=True, flops=_vec(T=4 * (q + kv)),
+                      weight_read_bytes=_vec(const=2 * hd * d), act_read_bytes=_vec(T=(q + kv) * d),
+                      act_write_bytes=_vec(T=(q + kv) * d), num_cpu_dispatches=CPU_DISPATCHES["qk_norm"])
+               ] if cfg.qk_norm else []
+    if cfg.is_moe:
+        mlp = _moe_ops(cfg, d)
+    else:
+        mlp = [
+            _gemm("gate_up", 2 * inter, h, d),
+            # SiLU(gate) * up: ~4 FLOPs for silu and 1 for the product per element; reads 2, writes 1.
+            OpSpec(name="act_mul", kind="elementwise", per_layer=True, flops=_vec(T=5 * inter),
+                   weight_read_bytes=_vec(), act_read_bytes=_vec(T=2 * inter * d), act_write_bytes=_vec(T=inter * d),
+                   num_cpu_dispatches=CPU_DISPATCHES["act_mul"]),
+            _gemm("down", h, inter, d),
+        ]
     return [
         _norm("input_norm", h, d, True),
         _gemm("qkv_proj", q + 2 * kv, h, d, bias=cfg.attention_bias),
+        *qk_norm,
         # rope: rotate q and k (x*cos + rotate_half(x)*sin: 3 FLOPs/element), reads the cos/sin rows.
         OpSpec(name="rope", kind="elementwise", per_layer=True, flops=_vec(T=3 * (q + kv)),
                weight_read_bytes=_vec(), act_read_bytes=_vec(T=(q + kv + hd) * d),
@@ -121,12 +184,7 @@ def layer_ops(cfg: ModelConfig, d: int) -> list[OpSpec]:
         _gemm("o_proj", h, q, d),
         _residual("residual", h, d),
         _norm("post_norm", h, d, True),
-        _gemm("gate_up", 2 * inter, h, d),
-        # SiLU(gate) * up: ~4 FLOPs for silu and 1 for the product per element; reads 2, writes 1.
-        OpSpec(name="act_mul", kind="elementwise", per_layer=True, flops=_vec(T=5 * inter),
-               weight_read_bytes=_vec(), act_read_bytes=_vec(T=2 * inter * d), act_write_bytes=_vec(T=inter * d),
-               num_cpu_dispatches=CPU_DISPATCHES["act_mul"]),
-        _gemm("down", h, inter, d),
+        *mlp,
         _residual("residual2", h, d),
     ]
 
@@ -176,6 +234,18 @@ class OpGraph:
         self.gemm_k = np.array([self.ops[i].gemm_nk[1] for i in self.gemm_index], dtype=np.float64)
         self.gemm_m_feature = np.array([self.ops[i].m_feature for i in self.gemm_index])
         self.sample_index = self.names.index("sample")
+        # MoE: the expert ops and their saturated (every expert) weight bytes per call
+        self.expert_index = np.array([self.names.index(n) for n in ("gate_up", "down")] if cfg.is_moe else [],
+                                     dtype=np.intp)
+        self.expert_weight_bytes = self.weight_read_bytes[self.expert_index, _ONE].copy()
+
+    def expert_read_fraction(self, num_tokens):
+        """Share of the experts' weights a step of ``num_tokens`` tokens reads: expected distinct
+        experts / num_experts (1.0 for a dense model). Arrays broadcast."""
+        if not self.model.is_moe:
+            return np.ones_like(np.asarray(num_tokens, dtype=np.float64))
+        cfg = self.model
+        return expected_active_experts(cfg.num_experts, cfg.num_experts_per_tok, num_tokens) / cfg.num_experts
 
     @property
     def num_ops(self) -> int:
@@ -190,12 +260,18 @@ class OpGraph:
         return int(np.dot(self.num_calls, self.num_cpu_dispatches))
 
     def per_call(self, features: np.ndarray, attr: str) -> np.ndarray:
-        """(P, num_ops) values of ``attr`` (flops, bytes, ...) per call, for (P, 5) features."""
-        return features @ getattr(self, attr).T
+        """(P, num_ops) values of ``attr`` (flops, bytes, ...) per call, for (P, 5) features; on an
+        MoE model the expert ops' weight bytes are the expected distinct experts' (module docstring)."""
+        features = np.atleast_2d(np.asarray(features, dtype=np.float64))
+        out = features @ getattr(self, attr).T
+        if self.expert_index.size and attr in ("weight_read_bytes", "bytes_read", "bytes"):
+            unread = 1.0 - self.expert_read_fraction(features[:, _T])
+            out[:, self.expert_index] -= unread[:, None] * self.expert_weight_bytes[None, :]
+        return out
 
     def totals(self, features: np.ndarray, attr: str) -> np.ndarray:
-        """(P,) step totals of ``attr`` over every op and layer."""
-        return features @ (getattr(self, attr).T @ self.num_calls)
+        """(P,) step totals of ``attr`` over every op and layer (as ``per_call``)."""
+        return self.per_call(features, attr) @ self.num_calls
 
 
 def batch_features(batch) -> np.ndarray:

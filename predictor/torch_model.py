@@ -149,6 +149,9 @@ class TorchCausalLM:
                  init_std: float = 0.02):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype '{dtype}' not supported (use {', '.join(DTYPES)})")
+        if cfg.is_moe or cfg.qk_norm:
+            raise ConfigError(f"{cfg.name}: the step profiler's torch model is Llama/Mistral/Qwen2 only "
+                              f"({cfg.model_type} has {'routed experts' if cfg.is_moe else 'q/k norms'})")
         self.cfg, self.dtype_name, self.dtype = cfg, dtype, DTYPES[dtype]
         self.device = torch.device(device)
         gen = torch.Generator(device="cpu").manual_seed(seed)

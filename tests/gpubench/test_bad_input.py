@@ -76,8 +76,10 @@ def test_a_run_measured_twice_is_refused_on_read(tmp_path):
     assert p.returncode == 2 and "duplicates line 1" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_compare_names_both_devices_says_which_probes_share_no_key_and_can_fail(tmp_path):
-    """Two committed CPU runs of two different machines (AMD EPYC, Intel Xeon)."""
+def test_compare_matches_two_machines_by_what_was_measured_and_warns(tmp_path):
+    """Two committed CPU runs of two different machines (AMD EPYC 32 MiB L3, Intel Xeon 300 MiB L3):
+    their STREAM keys share no byte size, but the figures match at the same multiple of each LLC."""
+    import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "results/eval/cpu/probes/cpu"
@@ -86,11 +88,24 @@ def test_compare_names_both_devices_says_which_probes_share_no_key_and_can_fail(
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["device_a"]["name"].startswith("AMD") and out["device_b"]["name"].startswith("Intel")
-    assert out["same_device"] is False and "stream" in out["no_common_keys"]  # STREAM sizes follow each LLC
-    gate = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(amd), str(intel), "--fail-slower", "5"],
+    a, b = (r["device"] for r in out["runs"])
+    assert a["name"].startswith("AMD") and b["name"].startswith("Intel") and out["same_device"] is False
+    assert a["caches"]["L3"] == 32 * 2**20 and b["caches"]["L3"] == 300 * 2**20 and a["cores"] == b["cores"] == 2
+    assert "2 different devices" in p.stderr and "L3 32 MiB" in p.stderr and "L3 300 MiB" in p.stderr
+    triad = {f["label"]: f for f in out["figures"] if f["probe"] == "stream"}["STREAM triad fp64 at 4x LLC"]
+    assert all(v > 0 for v in triad["values"])
+    gate = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(amd), str(intel), "--fail-above", "5"],
                           capture_output=True, text=True, timeout=60)
     assert gate.returncode == 1 and "FAIL:" in gate.stdout
-    same = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(intel), str(intel), "--fail-slower", "5"],
+    # the same measurements with another host name and a later stamp: the same device, no warning
+    copy = tmp_path / "20261202T000000Z-other"
+    shutil.copytree(intel, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["host"] = "other"
+    (copy / "manifest.json").write_text(json.dumps(m))
+    same = subprocess.run([sys.executable, "-m", "gpubench", "compare", str(intel), str(copy), "--fail-above", "0"],
                           capture_output=True, text=True, timeout=60)
-    assert same.returncode == 0
+    assert same.returncode == 0 and "warning" not in same.stderr and "host other" in same.stdout
+    for bad in (["compare", str(intel)], ["compare", str(intel), str(copy), "--fail-above", "-1"]):
+        r = subprocess.run([sys.executable, "-m", "gpubench", *bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

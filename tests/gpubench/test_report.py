@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from gpubench.report import compare_runs, summarize_run
 from gpubench.results import load
 
@@ -40,28 +42,60 @@ def test_show_headlines(tiny_run):
     assert js["sku"] == "cpu" and js["probes"]["stream"]["status"] == "done"
 
 
-def test_compare_flags_real_changes_only(tiny_run, tmp_path):
-    same = compare_runs(load(tiny_run), load(tiny_run))
-    for p in same["probes"].values():
-        assert p["num_flagged"] == 0 and abs(p["geomean_speed_ratio"] - 1) < 1e-12
-    # B = A with every stream repetition 10x slower: ratio 0.1, flagged wherever the spread is < 90 %.
-    slow = tmp_path / "slow"
-    shutil.copytree(tiny_run, slow)
-    rows = [json.loads(ln) for ln in (slow / "stream.jsonl").read_text().splitlines()]
-    with open(slow / "stream.jsonl", "w") as f:
+def _slow_copy(tiny_run, dst, factor=10.0):
+    """A copy of the run with every stream repetition ``factor`` x slower."""
+    shutil.copytree(tiny_run, dst)
+    rows = [json.loads(ln) for ln in (dst / "stream.jsonl").read_text().splitlines()]
+    with open(dst / "stream.jsonl", "w") as f:
         for r in rows:
             for k in ("t_min_s", "t_p20_s", "t_median_s", "t_p80_s", "t_max_s", "t_mean_s"):
-                r[k] *= 10
-            r["times_s"] = [10 * t for t in r["times_s"]]
+                r[k] *= factor
+            r["times_s"] = [factor * t for t in r["times_s"]]
             f.write(json.dumps(r) + "\n")
-    out = compare_runs(load(tiny_run), load(slow))
-    st = out["probes"]["stream"]
-    assert abs(st["geomean_speed_ratio"] - 0.1) < 1e-9 and st["num_common"] == len(rows)
+    return rows
+
+
+def test_compare_flags_real_changes_only(tiny_run, tmp_path):
+    same = compare_runs([load(tiny_run), load(tiny_run)])
+    assert same["same_device"] and same["figures"]
+    assert all(f["speed_ratio"][1] == pytest.approx(1.0, abs=1e-12) and not f["flagged"][1] for f in same["figures"])
+    # run 2 = the run with every stream repetition 10x slower: ratio 0.1, flagged wherever the spread is < 90 %.
+    rows = _slow_copy(tiny_run, tmp_path / "slow")
+    out = compare_runs([load(tiny_run), load(tiny_run), load(tmp_path / "slow")])
+    stream = [f for f in out["figures"] if f["probe"] == "stream"]
+    assert len(stream) == len(rows) and all(f["label"].startswith("STREAM ") and "x LLC" in f["label"] for f in stream)
+    assert all(f["speed_ratio"][2] == pytest.approx(0.1) and f["regression_pct"][2] == pytest.approx(90.0) for f in stream)
     expected = sum((r["t_p80_s"] - r["t_p20_s"]) / r["t_median_s"] < 0.9 for r in rows)
-    assert st["num_flagged"] == expected > 0
-    assert out["probes"]["l2"]["num_flagged"] == 0
-    res = run_cli("compare", str(tiny_run), str(slow))
-    assert res.returncode == 0 and "flagged changes" in res.stdout and "stream_triad" in res.stdout
+    assert sum(f["flagged"][2] for f in stream) == expected > 0
+    assert not any(f["flagged"][2] for f in out["figures"] if f["probe"] != "stream")
+    launch = [f for f in out["figures"] if f["probe"] == "launch"]
+    assert launch and all(not f["higher_is_better"] and f["unit"] == "us" for f in launch)
+    res = run_cli("compare", str(tiny_run), str(tmp_path / "slow"))
+    assert res.returncode == 0 and "flagged figures" in res.stdout and "STREAM triad fp64 at" in res.stdout
+    assert "warning" not in res.stderr  # one machine
+
+
+def test_compare_gate_json_and_csv(tiny_run, tmp_path):
+    _slow_copy(tiny_run, tmp_path / "slow")
+    gate = run_cli("compare", str(tiny_run), str(tiny_run), str(tmp_path / "slow"), "--fail-above", "50")
+    assert gate.returncode == 1 and "FAIL:" in gate.stdout and "STREAM" in gate.stdout
+    ok = run_cli("compare", str(tiny_run), str(tmp_path / "slow"), "--fail-above", "95", "--json")
+    assert ok.returncode == 0, ok.stderr  # 10x slower is 90 % less GB/s: under a 95 % gate
+    doc = json.loads(ok.stdout)
+    assert doc["regressions"] == [] and doc["fail_above_pct"] == 95 and len(doc["runs"]) == 2
+    dev = doc["runs"][0]["device"]
+    assert dev["backend"] == "cpu" and dev["cores"] and "L1d" in dev["caches"] and "cores" in dev["text"]
+    csv_path = tmp_path / "cmp.csv"
+    res = run_cli("compare", str(tiny_run), str(tiny_run), str(tmp_path / "slow"), "--csv", str(csv_path), "--json")
+    assert res.returncode == 0
+    doc = json.loads(res.stdout)
+    import csv
+
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 3 * len(doc["figures"])
+    triad = [r for r in rows if r["id"] == doc["figures"][0]["id"]]
+    assert [r["run_index"] for r in triad] == ["0", "1", "2"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
 def test_show_handles_rows_with_only_schema_fields(tmp_path):
@@ -85,3 +119,37 @@ def test_show_handles_rows_with_only_schema_fields(tmp_path):
     fp8 = [h for h in s.headlines if "fp8" in h.label][0]
     assert fp8.pct is None
     assert [h for h in s.headlines if h.probe == "gemm"]
+
+
+def _png_size(path):
+    """(width, height) from a PNG's IHDR chunk; fails on anything that is not a PNG."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    assert data[-12:-4] == b"\x00\x00\x00\x00IEND", path  # complete: ends with the IEND chunk
+    return struct.unpack(">II", data[16:24])
+
+
+def test_show_plots_of_a_committed_run(tmp_path):
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "results/eval/cpu/probes/cpu/20261201T152015Z-vm"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)  # the default writes next to the run: a copy keeps the committed one as is
+    res = run_cli("show", str(run), "--plots")
+    assert res.returncode == 0, res.stderr
+    names = ("bandwidth.png", "gemm.png", "launch.png", "torch_linear.png")
+    for name in names:
+        assert f"wrote {run / name}" in res.stdout
+        w, h = _png_size(run / name)
+        assert w >= 400 and h >= 300 and (run / name).stat().st_size > 10_000
+    out = tmp_path / "plots"
+    js = json.loads(run_cli("show", str(src), "--plots", "--out", str(out), "--json").stdout)
+    assert sorted(Path(p).name for p in js["plots"]) == sorted(names)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+    # a run without torch_ops rows has no torch_linear plot
+    res = run_cli("show", str(src.parent / "20261201T112057Z-vm"), "--plots", "--out", str(tmp_path / "p2"))
+    assert res.returncode == 0 and sorted(p.name for p in (tmp_path / "p2").iterdir()) == sorted(names[:3])
+    bad = run_cli("show", str(src), "--out", str(tmp_path / "p3"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "p3").exists()

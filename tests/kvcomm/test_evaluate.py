@@ -171,3 +171,26 @@ def test_rows_record_first_token_kl_against_text_also_on_resume(tiny_chat_model,
     assert len(again) == 6
     for key in [(i, p) for i in (0, 1) for p in ("kv-verbatim", "kv-rerotated")]:
         assert again.loc[key, "kl_text"] == pytest.approx(rows.loc[key, "kl_text"], rel=1e-6)
+
+
+def test_cli_json_on_a_complete_committed_run(tmp_path):
+    """--json on a copy of a committed run: every row is there, so nothing is measured (no model is
+    loaded) and the reports are rewritten from the rows; stdout is one JSON object."""
+    import shutil
+
+    src = REPO / "results/kvcomm/smollm2-twoagent"
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    argv = (src / "COMMAND").read_text().splitlines()[0].split()[1:]
+    argv[argv.index("--out") + 1] = str(out)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "gpubench", *argv, "--json"], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    committed = pd.read_csv(src / "summary.csv")
+    assert doc["out_dir"] == str(out) and doc["num_rows"] == len(load_rows(out))
+    assert [(r["task"], r["protocol"]) for r in doc["summary"]] == list(zip(committed.task, committed.protocol))
+    text = [r for r in doc["summary"] if r["protocol"] == "text"][0]
+    assert text["rel_em"] == pytest.approx(1.0) and text["n"] == 17
+    assert all(Path(f).is_file() for f in doc["files"])

@@ -143,3 +143,25 @@ def test_malformed_tables_are_one_line_errors(tiny_run):
     d["cpu_ops"]["fp32"] = {"linear": 3}
     with pytest.raises(ConfigError, match="cpu_ops.fp32"):
         Calibration.from_dict(d)
+
+
+COMMITTED_CPU_CAL = "results/eval/cpu/calibration.json"
+
+
+def test_moe_is_refused_by_the_op_tables_and_qwen3_is_priced():
+    from pathlib import Path
+
+    from predictor.hardware import HardwareSpec
+
+    cal = Calibration.load(Path(__file__).resolve().parents[2] / COMMITTED_CPU_CAL)
+    hw = HardwareSpec.from_sku("cpu")
+    with pytest.raises(ConfigError, match="mixture-of-experts model, which the CPU op tables do not price"):
+        StepModel(hw, "mixtral-8x7b", calibration=cal)
+    roofline = StepModel(hw, "mixtral-8x7b", calibration=cal, form="max")
+    assert roofline.cpu_table is None and roofline.predict_time([(1, 100)]) > 0
+    qwen3 = StepModel(hw, "qwen3-0.6b", calibration=cal)
+    assert qwen3.cpu_table is not None
+    pred = qwen3.predict([(1, 100), (1, 200)])
+    assert pred.ops["qk_norm"].t_s > 0
+    assert pred.total_s == pytest.approx(sum(o.t_s for o in pred.ops.values()), rel=1e-9)
+    assert pred.total_s == pytest.approx(qwen3.predict_time([(1, 100), (1, 200)]), rel=1e-9)

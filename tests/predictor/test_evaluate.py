@@ -204,3 +204,21 @@ def test_sku_must_match_the_rows_backend():
     df = pd.DataFrame({"device_type": ["cpu"], "wall_s": [1.0], "op_sum_s": [np.nan]})
     with pytest.raises(ConfigError, match="--sku h100-sxm is a cuda SKU"):
         evaluate_rows(df, sku="h100-sxm", calibration=None)
+
+
+def test_cli_evaluate_json(tmp_path):
+    rows = tmp_path / "rows.parquet"
+    df = _synthetic_rows()
+    df.to_parquet(rows)
+    out = tmp_path / "eval"
+    res = subprocess.run([sys.executable, "-m", "gpubench", "evaluate", str(rows), "--sku", "cpu", "--out", str(out),
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["out_dir"] == str(out) and doc["num_rows"] == df.key.nunique()
+    assert {str(out / n) for n in ("metrics.csv", "calibration.json", "COMMAND", "pred_vs_measured.png")} <= set(doc["files"])
+    met = pd.read_csv(out / "metrics.csv")
+    want = met[(met.fold == "pooled") & (met.split == "in_sample") & (met.method == "additive") & (met.phase == "all")]
+    if "rows" in met:
+        want = want[want.rows == "all"]
+    assert doc["mape_pct"]["in_sample"]["additive"]["all"] == pytest.approx(float(want.mape_pct.iloc[0]))

@@ -39,8 +39,13 @@ def test_decode_weight_bytes_every_model(name):
     cfg = load_model_config(name)
     g = OpGraph(cfg, 2)
     embed_table = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    expect = (cfg.param_count() - embed_table + 3 * cfg.hidden_size) * 2  # 3 embedding rows gathered
-    assert totals(g, [(1, 10)] * 3, "weight_read_bytes") == expect
+    # an MoE step of 3 tokens reads only the experts they were routed to: E (1 - (1 - k/E)^3) expected
+    unread = 0.0
+    if cfg.is_moe:
+        e, k = cfg.num_experts, cfg.num_experts_per_tok
+        unread = cfg.num_layers * (e - e * (1 - (1 - k / e) ** 3)) * cfg.expert_params()
+    expect = (cfg.param_count() - embed_table + 3 * cfg.hidden_size - unread) * 2  # 3 embedding rows gathered
+    assert totals(g, [(1, 10)] * 3, "weight_read_bytes") == pytest.approx(expect, rel=1e-12)
 
 
 def test_llama8b_decode_gemm_flops():
@@ -145,3 +150,80 @@ def test_cpu_dispatch_count_tracks_the_engine_step_model():
     real = sum(1 for name in ops if name not in VIEW_OPS)
     mine = OpGraph(cfg, 4).total_cpu_dispatches()
     assert mine == pytest.approx(real, rel=0.35), (mine, real)
+
+
+DENSE_OPS = ["embed", "input_norm", "qkv_proj", "rope", "attention", "o_proj", "residual", "post_norm", "gate_up",
+             "act_mul", "down", "residual2", "final_norm", "lm_head", "sample"]
+
+
+def test_dense_graphs_keep_their_ops_and_new_families_only_insert():
+    assert graph().names == DENSE_OPS
+    assert graph("qwen3-8b").names == DENSE_OPS[:3] + ["qk_norm"] + DENSE_OPS[3:]
+    assert graph("mixtral-8x7b").names == DENSE_OPS[:8] + ["router"] + DENSE_OPS[8:]
+    assert graph("mixtral-8x7b").expert_index.tolist() == [9, 11]  # gate_up, down
+    assert graph().expert_index.size == 0
+
+
+def test_qwen3_qk_norm_and_projections_use_head_dim():
+    cfg = load_model_config("qwen3-0.6b")  # 16 heads x 128 = 2048 wide q, 8 kv heads x 128 = 1024
+    g = OpGraph(cfg, 2)
+    t = 5
+    assert op_total(g, [(t, 0)], "qkv_proj", "flops") == 28 * t * 2 * (2048 + 2 * 1024) * 1024  # no bias
+    assert op_total(g, [(t, 0)], "o_proj", "flops") == 28 * t * 2 * 1024 * 2048
+    assert op_total(g, [(t, 0)], "qk_norm", "flops") == 28 * t * 4 * (2048 + 1024)
+    assert op_total(g, [(t, 0)], "qk_norm", "weight_read_bytes") == 28 * 2 * 128 * 2
+    assert op_total(g, [(t, 0)], "qk_norm", "act_read_bytes") == 28 * t * (2048 + 1024) * 2
+    assert op_total(g, [(t, 0)], "qk_norm", "act_write_bytes") == 28 * t * (2048 + 1024) * 2
+    # attention: 4 * q FLOPs per (query, key) pair, q = heads x head_dim = 2048, not hidden (1024)
+    assert op_total(g, [(1, 99)], "attention", "flops") == 28 * 100 * (4 * 2048 + 5 * 16)
+
+
+def test_expected_active_experts():
+    from predictor.ops import expected_active_experts
+
+    assert expected_active_experts(8, 2, 1) == pytest.approx(2.0)  # one token: its top-k
+    assert expected_active_experts(8, 2, 3) == pytest.approx(8 * (1 - 0.75 ** 3))  # 4.625
+    assert expected_active_experts(8, 2, 200) == pytest.approx(8.0)  # saturated
+    t = np.arange(1, 100)
+    v = expected_active_experts(128, 8, t)
+    assert np.all(v <= np.minimum(128, 8 * t) + 1e-9) and np.all(np.diff(v) > 0)
+
+
+def mixtral_layer(g, t, attr):
+    """Per-layer values (one call) of each MoE op for a decode batch of t sequences."""
+    f = batch_features([(1, 50)] * t)[None, :]
+    pc = g.per_call(f, attr)[0]
+    return {n: float(pc[g.names.index(n)]) for n in ("router", "gate_up", "act_mul", "down")}
+
+
+@pytest.mark.parametrize("t", [1, 3, 64])
+def test_mixtral_moe_layer_flops_and_bytes_by_hand(t):
+    g = graph("mixtral-8x7b")
+    h, w, e, k, d = 4096, 14336, 8, 2, 2
+    active = e * (1 - (1 - k / e) ** t)  # 2 at t = 1, 4.625 at 3, ~8 at 64
+    flops = mixtral_layer(g, t, "flops")
+    assert flops["router"] == t * 2 * h * e
+    assert flops["gate_up"] == t * k * 2 * (2 * w) * h  # T * top_k rows through a [h, 2w] expert
+    assert flops["act_mul"] == t * k * 5 * w
+    assert flops["down"] == t * k * (2 * w * h + 2 * h)  # the GEMM, then the router-weighted sum
+    wr = mixtral_layer(g, t, "weight_read_bytes")
+    assert wr["router"] == e * h * d
+    assert wr["gate_up"] == pytest.approx(active * 2 * w * h * d, rel=1e-12)
+    assert wr["down"] == pytest.approx(active * w * h * d, rel=1e-12)
+    read, written = mixtral_layer(g, t, "bytes_read"), mixtral_layer(g, t, "bytes_written")
+    assert read["gate_up"] == pytest.approx(active * 2 * w * h * d + t * k * h * d, rel=1e-12)
+    assert written["gate_up"] == t * k * 2 * w * d
+    assert read["down"] == pytest.approx(active * w * h * d + t * k * w * d, rel=1e-12)
+    assert written["down"] == t * h * d
+    # the raw coefficient matrices hold the saturated read (all 8 experts)
+    i = g.names.index("gate_up")
+    assert g.weight_read_bytes[i, 0] == e * 2 * w * h * d
+
+
+def test_mixtral_decode_step_reads_two_experts_per_layer_at_batch_1():
+    cfg = load_model_config("mixtral-8x7b")
+    g = OpGraph(cfg, 2)
+    # every weight except 6 of 8 experts per layer and the embedding table (one row gathered)
+    expect = (cfg.param_count() - 32 * 6 * cfg.expert_params() - 32000 * 4096 + 4096) * 2
+    assert totals(g, [(1, 2048)], "weight_read_bytes") == pytest.approx(expect, rel=1e-12)
+    assert expect / 1e9 == pytest.approx(25.498, abs=1e-3)

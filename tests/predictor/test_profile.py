@@ -99,3 +99,19 @@ def test_cli_profile_subprocess(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and "cuda" in bad.stderr
+
+
+def test_cli_profile_json(tmp_path):
+    """--json: one object on stdout (the progress bar is on stderr); a second run extends the file."""
+    import json
+
+    out = tmp_path / "rows.parquet"
+    cmd = [sys.executable, "-m", "gpubench", "profile", "--model", "tiny-llama", "--grid", "quick",
+           "--ops-subset", "0", "--threads", "1", "--out", str(out), "--json"]
+    res = subprocess.run(cmd + ["--max-points", "1"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["rows_file"] == str(out) and doc["num_rows"] == doc["num_added"] == 1 and doc["models"] == ["tiny-llama"]
+    more = json.loads(subprocess.run(cmd + ["--max-points", "2"], capture_output=True, text=True, timeout=120).stdout)
+    assert more["num_rows"] == 2 and more["num_added"] == 1 == len(pd.read_parquet(out)) - 1
+    assert sum(more["phases"].values()) == 2
