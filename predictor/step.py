@@ -357,13 +357,15 @@ class StepModel:
             for i in range(g.num_ops)
         ]
         self._scalar_env = {int(i): self._gemm_env_list[j] for j, i in enumerate(g.gemm_index)}
+        # MoE: op index -> the saturated (every expert) weight bytes the coefficients hold
+        self._expert_bytes = {int(i): float(b) for i, b in zip(g.expert_index, g.expert_weight_bytes)}
 
     # ---------------------------------------------------------------- core (vectorized)
     def _op_times(self, feats: np.ndarray):
         """(t_c, t_m) per call, each (P, num_ops), for (P, 5) features."""
         g = self.graph
         flops = feats @ g.flops.T
-        nbytes = feats @ g.bytes.T
+        nbytes = g.per_call(feats, "bytes")  # MoE: the expected distinct experts' weights
         cluster = np.ones_like(flops)
         if g.gemm_index.size:
             m = feats[:, g.gemm_m_feature]
@@ -455,6 +457,7 @@ class StepModel:
                        float(pairs - decode_kv), float(kv_tokens - decode_kv))
             attention = self._gpu_attention(decode, prefill, float(longest_decode))
         f = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
+        expert_unread = 1.0 - float(self.graph.expert_read_fraction(num_new)) if self._expert_bytes else 0.0
         sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
         comp = mem = add = sample = 0.0
@@ -462,6 +465,8 @@ class StepModel:
         for i, (fc, bc, rate, calls, gemm, is_sample) in enumerate(self._scalar_ops):
             flops = fc[0] * f[0] + fc[1] * f[1] + fc[2] * f[2] + fc[3] * f[3] + fc[4] * f[4]
             nbytes = bc[0] * f[0] + bc[1] * f[1] + bc[2] * f[2] + bc[3] * f[3] + bc[4] * f[4]
+            if expert_unread and i in self._expert_bytes:
+                nbytes -= expert_unread * self._expert_bytes[i]
             if gemm is not None:
                 m, n, k = f[gemm[0]], gemm[1], gemm[2]
                 tiles = math.ceil(max(m, 1.0) / t_m_tile) * math.ceil(n / t_n_tile)
@@ -533,9 +538,9 @@ class StepModel:
         g = self.graph
         calls = g.num_calls
         flops = (feats @ g.flops.T)[0]
-        b_read = (feats @ g.bytes_read.T)[0]
+        b_read = g.per_call(feats, "bytes_read")[0]
         b_written = (feats @ g.bytes_written.T)[0]
-        w = (feats @ g.weight_read_bytes.T)[0]
+        w = g.per_call(feats, "weight_read_bytes")[0]
         compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
         ops = {}
         for i, spec in enumerate(g.ops):
@@ -569,9 +574,9 @@ class StepModel:
         calls = g.num_calls
         times = self.cpu_table.op_times([tuple(b) for b in batch])
         flops = (feats @ g.flops.T)[0]
-        b_read = (feats @ g.bytes_read.T)[0]
+        b_read = g.per_call(feats, "bytes_read")[0]
         b_written = (feats @ g.bytes_written.T)[0]
-        w = (feats @ g.weight_read_bytes.T)[0]
+        w = g.per_call(feats, "weight_read_bytes")[0]
         ops = {}
         for i, spec in enumerate(g.ops):
             tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]

@@ -269,3 +269,16 @@ def test_duty_curve_model_stays_monotone_and_above_floor():
         assert np.all(np.diff(prefill) >= 0)
         for b in ([(1, 0)], [(1, 4096)] * 3, [(300, 0)], [(16, 64)] + [(1, 64)] * 5):
             assert m.predict(b).total_s >= m.physical_floor_s(b)
+
+
+def test_moe_step_reads_the_expected_experts_on_every_path():
+    m = StepModel.for_names(sku="h200", model="mixtral-8x7b")
+    one = m.predict([(1, 2048)])
+    weights = sum(op.weight_bytes for op in one.ops.values())
+    assert weights == pytest.approx(25.50e9, rel=2e-3)  # 2 of 8 experts at one token, not 93.1 GB
+    for b in ([(1, 2048)], [(1, 2048)] * 3, [(1, 500)] * 16, [(256, 0)]):
+        assert m.predict_time(b) == pytest.approx(m.predict(b).total_s, rel=1e-12)
+    assert m.predict_decode([1, 3], [2048, 3 * 2048]) == pytest.approx(
+        [m.predict([(1, 2048)]).total_s, m.predict([(1, 2048)] * 3).total_s], rel=1e-12)
+    # more tokens reach more experts: batch 3 reads ~4.6 experts' weights, so it costs more than batch 1
+    assert m.predict_time([(1, 2048)] * 3) > 1.5 * m.predict_time([(1, 2048)])
