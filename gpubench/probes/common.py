@@ -50,6 +50,17 @@ def opt(cfg, probe: str, name: str, default):
     return type(default)(float(v)) if isinstance(default, int) else type(default)(v)
 
 
+def dtypes_option(cfg, probe: str, allowed: tuple, default: str = "fp32") -> tuple:
+    """``--set <probe>.dtypes=a,b`` as a tuple; ConfigError naming the choices for an unknown one."""
+    dtypes = tuple(d for d in str(opt(cfg, probe, "dtypes", default)).split(",") if d)
+    for d in dtypes:
+        if d not in allowed:
+            from gpubench.errors import ConfigError
+
+            raise ConfigError(f"{probe}.dtypes: unknown dtype '{d}' (choose from: {', '.join(allowed)})")
+    return dtypes
+
+
 def torch_unavailable_reason() -> str | None:
     """Why torch cannot be imported (a probe family that needs it is skipped with this), or None."""
     try:

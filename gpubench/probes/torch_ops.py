@@ -38,7 +38,7 @@ import time
 import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
+from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
 
 # M grid: every M to 16 (MKL's kernel choice changes between neighbours there), then ~1.25x steps.
 LINEAR_M = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 320,
@@ -144,12 +144,7 @@ class TorchOpsProbe(Probe):
 
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
         q = cfg.quick
-        dtypes = tuple(d for d in str(opt(cfg, "torch_ops", "dtypes", "fp32")).split(",") if d)
-        for d in dtypes:
-            if d not in DTYPES:
-                from gpubench.errors import ConfigError
-
-                raise ConfigError(f"torch_ops.dtypes: unknown dtype '{d}' (choose from: {', '.join(DTYPES)})")
+        dtypes = dtypes_option(cfg, "torch_ops", DTYPES)
         families = tuple(f for f in str(opt(cfg, "torch_ops", "families", "linear,attn_decode,attn_prefill,segment")).split(",") if f)
         threads = opt(cfg, "torch_ops", "num_threads", 1)
         scale = opt(cfg, "torch_ops", "size_scale", 1.0)  # tests shrink every size

@@ -26,7 +26,7 @@ import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
 from gpubench.probes import torch_ops as grid
-from gpubench.probes.common import llc_bytes, mem_available_bytes, opt
+from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt
 
 DTYPES = ("fp32", "bf16")
 STARTUP_TIMEOUT_S = 120.0
@@ -101,12 +101,7 @@ class VllmOpsProbe(Probe):
 
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
         q = cfg.quick
-        dtypes = tuple(d for d in str(opt(cfg, "vllm_ops", "dtypes", "fp32")).split(",") if d)
-        for d in dtypes:
-            if d not in DTYPES:
-                from gpubench.errors import ConfigError
-
-                raise ConfigError(f"vllm_ops.dtypes: unknown dtype '{d}' (choose from: {', '.join(DTYPES)})")
+        dtypes = dtypes_option(cfg, "vllm_ops", DTYPES)
         threads = opt(cfg, "vllm_ops", "num_threads", 1)
         scale = opt(cfg, "vllm_ops", "size_scale", 1.0)  # tests shrink every size
         max_m = opt(cfg, "vllm_ops", "max_m", 1 << 30)

@@ -42,6 +42,17 @@ def run_cli(*args, timeout=300, cwd=None, env=None) -> subprocess.CompletedProce
     return subprocess.run([*gpubench_exe(), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+def tiny_probe_run(out: Path, probes: str, sets: list[str], timeout: int = 900) -> Path:
+    """A real `gpubench run --device cpu --quick` of ``probes`` with ``--set`` options into ``out``;
+    returns the run directory (the command must succeed)."""
+    args = ["run", "--device", "cpu", "--quick", "--probes", probes, "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next(out.glob("cpu/*"))
+
+
 def only_run_dir(root: Path) -> Path:
     dirs = [p.parent for p in root.glob("*/*/manifest.json")]
     assert len(dirs) == 1, dirs

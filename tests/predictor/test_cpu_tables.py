@@ -19,15 +19,9 @@ TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from tests.gpubench.conftest import run_cli
+    from tests.gpubench.conftest import tiny_probe_run
 
-    out = tmp_path_factory.mktemp("torch_ops")
-    args = ["run", "--device", "cpu", "--quick", "--probes", "torch_ops", "--out", str(out)]
-    for s in TINY:
-        args += ["--set", s]
-    proc = run_cli(*args, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run_dir = next(out.glob("cpu/*"))
+    run_dir = tiny_probe_run(tmp_path_factory.mktemp("torch_ops"), "torch_ops", TINY, timeout=600)
     rows = [json.loads(line) for line in (run_dir / "torch_ops.jsonl").read_text().splitlines()]
     return run_dir, pd.DataFrame(rows)
 

@@ -23,15 +23,9 @@ TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from tests.gpubench.conftest import run_cli
+    from tests.gpubench.conftest import tiny_probe_run
 
-    out = tmp_path_factory.mktemp("vllm_ops")
-    args = ["run", "--device", "cpu", "--quick", "--probes", "torch_ops,vllm_ops", "--out", str(out)]
-    for s in TINY:
-        args += ["--set", s]
-    proc = run_cli(*args, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run_dir = next(out.glob("cpu/*"))
+    run_dir = tiny_probe_run(tmp_path_factory.mktemp("vllm_ops"), "torch_ops,vllm_ops", TINY)
     rows = [json.loads(line) for line in (run_dir / "vllm_ops.jsonl").read_text().splitlines()]
     return run_dir, pd.DataFrame(rows)
 
