@@ -26,7 +26,7 @@ class CpuTableStep:
     """
 
     def __init__(self, tables: CpuOpTables, model: ModelConfig, layout: str = "separate",
-                 padded_decode: bool = False):
+                 padded_decode: bool = False, engine_cost: bool = True):
         if layout not in LAYOUTS:
             raise ConfigError(f"unknown GEMM layout '{layout}' (choose from: {', '.join(LAYOUTS)})")
         if model.is_moe:
@@ -69,6 +69,7 @@ class CpuTableStep:
         # Qwen3: q_norm and k_norm, one RMSNorm call each over T rows of q's and k's width
         self.qk_norms = (seg("rmsnorm", q, 0), seg("rmsnorm", kv, 0)) if cfg.qk_norm else ()
         self.num_layers = cfg.num_layers
+        self.engine = self._engine_curve(tables) if engine_cost and self.linear_engine == "vllm" else None
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
         dc = config_coef(tables.d["attn_decode"], *heads)
@@ -78,6 +79,24 @@ class CpuTableStep:
             pc = config_coef(tables.d["attn_prefill"][mode], *heads)
             self._pre[mode] = (pc["a"], pc["b_new"] * cfg.num_heads * hd, pc["e_kv"] * cfg.num_kv_heads * hd,
                                pc["p_pairs"] * cfg.num_heads * hd)
+
+    def _engine_curve(self, tables: CpuOpTables):
+        """vLLM's per-step engine cost by number of sequences: the probe's tiny-model engine steps
+        minus what these tables price that model's own ops at (None without engine_step rows)."""
+        from predictor.config import load_model_config
+        from predictor.cpu_tables import Curve1D
+
+        eng = tables.d.get("engine_vllm")
+        if not eng:
+            return None
+        tiny = CpuTableStep(tables, load_model_config(eng["model"]), "fused", engine_cost=False)
+        residual = [max(0.0, s - tiny.predict_time([(1, int(c))] * int(b)))
+                    for b, s, c in zip(eng["num_seqs"], eng["s"], eng["context_mean"])]
+        return Curve1D(tuple(int(b) for b in eng["num_seqs"]), tuple(residual))
+
+    def engine_s(self, num_seqs: int) -> float:
+        """vLLM's per-step engine cost for ``num_seqs`` sequences (0 for the torch engine)."""
+        return 0.0 if self.engine is None else self.engine.at(num_seqs)
 
     def attention_s(self, batch) -> float:
         """One layer's attention: the decode group (one call) plus one call per prefill sequence.
@@ -128,6 +147,7 @@ class CpuTableStep:
             "final_norm": self.norm_final.at(num_seqs),
             "lm_head": self.lm_head.at(num_seqs),
             "sample": self.argmax.at(num_seqs),
+            "engine": self.engine_s(num_seqs),
         }
 
     def predict_time(self, batch) -> float:
@@ -145,4 +165,4 @@ class CpuTableStep:
             for c in curves:
                 per_layer += c.at(num_new)
         return (self.num_layers * per_layer + self.embed.at(num_new) + self.norm_final.at(num_seqs)
-                + self.lm_head.at(num_seqs) + self.argmax.at(num_seqs))
+                + self.lm_head.at(num_seqs) + self.argmax.at(num_seqs) + self.engine_s(num_seqs))

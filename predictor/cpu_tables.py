@@ -264,6 +264,12 @@ class CpuOpTables:
             raise ConfigError(f"{source}: no valid torch_ops linear rows for {dtype}")
         d["linear"] = _linear_nodes(lin)
         vllm_lin = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        engine = _rows(vllm_frame, "engine_step", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        if len(engine):
+            engine = engine.sort_values("batch")
+            d["engine_vllm"] = {"model": str(engine["model"].iloc[0]), "num_seqs": [int(v) for v in engine["batch"]],
+                                "s": [float(v) for v in engine["t_median_s"]],
+                                "context_mean": [float(v) for v in engine["context_mean"]], "num_rows": int(len(engine))}
         if len(vllm_lin):
             d["linear_vllm"] = {**_linear_nodes(vllm_lin), "engine": "vllm",
                                 "vllm_version": str(vllm_lin["vllm_version"].iloc[0]) if "vllm_version" in vllm_lin else None}

@@ -588,12 +588,13 @@ class StepModel:
                 weight_bytes=float(w[i] * calls[i]), gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm),
                 t_s=float(times[spec.name]), bound="compute" if tc > tm else "memory")
         sample_s = float(times["sample"])
+        host_s = float(times.pop("engine", 0.0))  # vLLM's per-step engine cost (cpu_step.engine_s)
         blocks_s = float(sum(v for k, v in times.items() if k != "sample"))
         compute_s = float(sum(ops[k].t_c_s for k in ops if k != "sample"))
         memory_s = float(sum(ops[k].t_m_s for k in ops if k != "sample"))
         return StepPrediction(
-            total_s=blocks_s + sample_s, form="cpu_ops", backend="cpu", ops=ops, blocks_s=blocks_s,
-            compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=0.0,
+            total_s=blocks_s + sample_s + host_s, form="cpu_ops", backend="cpu", ops=ops, blocks_s=blocks_s,
+            compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=host_s,
             sample_s=sample_s, num_kernels=int(self.num_kernels), num_seqs=int(feats[0, 2]),
             num_new_tokens=int(feats[0, 1]), tiers={**self.calibration.tiers(), "cpu_ops": "measured"})
 

@@ -14,8 +14,16 @@ prepacked weight from a pool larger than 2x the last-level cache) and the same r
 beside every row (``ref_times_s``), so ``gpubench fit`` normalizes them the same way and writes
 them into the calibration's ``cpu_ops`` tables as ``linear_vllm`` (used for vLLM's fused layout).
 Times are the worker thread's CPU time (``vllm_ops.num_threads`` threads, default 1: the
-reference engine's step rows are taken on one OpenMP thread). Skipped, with the reason, on a host
-without the vLLM environment.
+reference engine's step rows are taken on one OpenMP thread).
+
+``family = "engine_step"``: real vLLM engine steps of the shipped ``tiny-llama`` config (4 layers of
+width 128, random weights) decoding B sequences, B = 1..32: the CPU time of a whole engine step
+(schedule, input preparation, forward, sampling, output processing; all of the process's threads)
+when the model's own ops cost next to nothing. ``gpubench fit`` keeps the per-B medians; the step
+model subtracts what its tables price tiny-llama's ops at and charges the rest, vLLM's per-step
+engine cost, to every vLLM step. One engine start per B (``vllmref.worker_profile``).
+
+Skipped, with the reason, on a host without the vLLM environment.
 """
 from __future__ import annotations
 
@@ -29,7 +37,11 @@ from gpubench.probes import torch_ops as grid
 from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt
 
 DTYPES = ("fp32", "bf16")
-STARTUP_TIMEOUT_S = 120.0
+ENGINE_MODEL = "tiny-llama"           # a shipped config whose ops cost a few % of a vLLM step
+ENGINE_BATCH = (1, 2, 4, 8, 16, 32)
+QUICK_ENGINE_BATCH = (1, 4, 16)
+ENGINE_PROMPT_TOKENS = 64
+ENGINE_DECODE_STEPS = 24              # per B: decode steps after the prefill; the first 2 are warm-up
 
 
 class _VllmWorker:
@@ -126,10 +138,21 @@ class VllmOpsProbe(Probe):
                             params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
                                     "num_threads": threads, "pool_bytes": int(pool_bytes)},
                             label=f"vllm linear {dt} M={m} N={nn} K={kk}"))
+        if "fp32" in dtypes and opt(cfg, "vllm_ops", "engine_steps", True):
+            max_b = opt(cfg, "vllm_ops", "max_batch", 1 << 30)
+            for b in (QUICK_ENGINE_BATCH if q else ENGINE_BATCH):
+                if b <= max_b:
+                    specs.append(MeasurementSpec(
+                        key=f"vllm_engine_step_{ENGINE_MODEL}_b{b}",
+                        params={"family": "engine_step", "engine": "vllm", "dtype": "fp32", "model": ENGINE_MODEL,
+                                "batch": b, "num_threads": threads},
+                        label=f"vllm engine step {ENGINE_MODEL} B={b}"))
         return specs
 
     def measure(self, spec: MeasurementSpec) -> dict:
         p = spec.params
+        if p["family"] == "engine_step":
+            return _measure_engine_step(p)
         ref_n, ref_k = grid.REFERENCE_SHAPE
         req = {"m": p["m"], "n": p["n"], "k": p["k"], "dtype": p["dtype"], "pool_bytes": p["pool_bytes"],
                "threads": p["num_threads"], "seed": zlib.crc32(f"{p['n']}x{p['k']}".encode()),
@@ -143,3 +166,31 @@ class VllmOpsProbe(Probe):
         base = {key: v for key, v in p.items() if key != "pool_bytes"}
         return {**base, **_WORKER.versions, **reply, "flops": grid.linear_flops(m, n, k),
                 "bytes": grid.linear_bytes(m, n, k, itemsize), "weight_bytes": n * k * itemsize}
+
+
+def _measure_engine_step(p: dict) -> dict:
+    """CPU seconds of real vLLM engine steps decoding ``batch`` sequences of the tiny model."""
+    from vllmref import env
+
+    model_dir, real_weights, _ = env.resolve_model(p["model"])
+    b = int(p["batch"])
+    scenario = {"name": f"decode-b{b}", "requests": [
+        {"name": f"r{i}", "prompt": [["unique", ENGINE_PROMPT_TOKENS]], "max_tokens": ENGINE_DECODE_STEPS + 1,
+         "after_step": 0} for i in range(b)]}
+    spec = {"vocab_size": 1024, "scenarios": [scenario],
+            "engine": {"model": str(model_dir), "real_weights": real_weights, "block_size": 128,
+                       "max_num_batched_tokens": 4096, "max_num_seqs": 256, "max_model_len": 1024,
+                       "enable_prefix_caching": True, "seed": 0}}
+    records = env.run_worker("worker_profile", spec, threads=int(p["num_threads"]), kv_cache_gib=1)
+    steps = [r for r in records if r.get("kind") == "step"]
+    decode = [r for r in steps if len(r["batch"]) == b and all(x["decode"] for x in r["batch"])]
+    times = [float(r["process_cpu_s"]) for r in decode]
+    facts = next((r for r in records if r.get("kind") == "engine"), {})
+    context = [int(x["num_computed_before"]) for r in decode for x in r["batch"]]
+    out = {**{k: v for k, v in p.items()}, "times_s": times, "valid": len(times) >= 5,
+           "num_steps": len(steps), "context_mean": float(sum(context) / len(context)) if context else 0.0,
+           "vllm_version": facts.get("vllm_version"), "torch_version": facts.get("torch_version"),
+           "wall_times_s": [float(r["t_end"] - r["t_start"]) for r in decode if "t_end" in r]}
+    if not out["valid"]:
+        out["invalid_reason"] = f"only {len(times)} decode steps of batch {b} recorded"
+    return out

@@ -85,4 +85,4 @@ def test_hugging_face_ids_of_shipped_configs_resolve_and_unknown_ids_say_why():
     assert load_model_config("meta-llama/Llama-3.1-8B").name == load_model_config("llama-3.1-8b").name
     assert load_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_layers == load_model_config("smollm2-135m").num_layers
     with pytest.raises(GpubenchError, match="not a shipped config's Hugging Face id"):
-        load_model_config("Qwen/Qwen3-8B")
+        load_model_config("google/gemma-2-9b")

@@ -18,7 +18,7 @@ if not env.is_ready():
     pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
 
 TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16",
-        "vllm_ops.size_scale=0.03", "vllm_ops.max_m=6"]
+        "vllm_ops.size_scale=0.03", "vllm_ops.max_m=6", "vllm_ops.max_batch=4"]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,10 @@ def tiny_run(tmp_path_factory):
 
 
 def test_rows_time_vllms_kernel_cold_and_validated(tiny_run):
-    _, rows = tiny_run
-    assert len(rows) > 10 and rows.key.is_unique
+    _, every = tiny_run
+    assert every.key.is_unique
+    rows = every[every.family == "linear"]
+    assert len(rows) > 10
     assert rows.valid.all(), rows[~rows.valid][["key", "invalid_reason"]].to_string()
     assert (rows.engine == "vllm").all() and (rows.family == "linear").all()
     assert (rows.vllm_version == env.VLLM_VERSION).all()
@@ -42,6 +44,11 @@ def test_rows_time_vllms_kernel_cold_and_validated(tiny_run):
     assert (rows.num_weights >= 2).all()
     assert rows.ref_times_s.map(len).min() >= 5
     assert (rows.t_median_s > 0).all()
+    # real engine steps of the tiny model: one row per decode batch size, each of many steps
+    eng = every[every.family == "engine_step"].sort_values("batch")
+    assert eng.batch.tolist() == [1, 4] and eng.valid.all() and (eng.model == "tiny-llama").all()
+    assert (eng.n_reps >= 10).all() and (eng.context_mean > 64).all()
+    assert (eng.t_median_s > 1e-3).all()  # a vLLM engine step costs milliseconds even for a tiny model
 
 
 def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path):
@@ -49,7 +56,8 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     from predictor.cpu_tables import _reference_medians
     from predictor.step import StepModel
 
-    run_dir, rows = tiny_run
+    run_dir, every = tiny_run
+    rows = every[every.family == "linear"]
     cal = fit_run(run_dir, argv=["test"], allow_contended=True)
     path = tmp_path / "cal.json"
     cal.save(path)
@@ -72,6 +80,19 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     separate = StepModel("cpu", "llama-60m", calibration=path, gemm_layout="separate")
     assert fused.cpu_table.linear_engine == "vllm" and separate.cpu_table.linear_engine == "torch"
     assert fused.predict_time([(1, 64)] * 4) != separate.predict_time([(1, 64)] * 4)
+    # vLLM's engine cost: the tiny model's measured step minus the tables' price of its ops,
+    # charged as the host term of every vLLM-layout step and never to the torch engine's
+    from predictor.cpu_step import CpuTableStep
+    from predictor.config import load_model_config
+
+    eng = every[every.family == "engine_step"].sort_values("batch")
+    tiny = CpuTableStep(tables, load_model_config("tiny-llama"), "fused", engine_cost=False)
+    b, t, ctx = int(eng.batch.iloc[-1]), float(eng.t_median_s.iloc[-1]), float(eng.context_mean.iloc[-1])
+    residual = max(0.0, t - tiny.predict_time([(1, int(ctx))] * b))
+    p = fused.predict([(1, 100)] * b)
+    assert p.host_s == pytest.approx(residual, rel=1e-9) and residual > 0
+    assert p.total_s == pytest.approx(sum(op.t_s for op in p.ops.values()) + p.host_s, rel=1e-12)
+    assert separate.predict([(1, 100)] * b).host_s == 0.0
 
 
 def test_probe_is_skipped_with_the_reason_without_the_environment(tmp_path):
