@@ -13,3 +13,11 @@ def seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {value}")
     return value
+
+
+def seed32(text: str) -> int:
+    """A seed that numpy's legacy RandomState and scikit-learn take: 0 <= seed < 2**32."""
+    value = seed(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"a seed here is an integer in [0, 2**32), got {value}")
+    return value

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 
 
@@ -51,7 +52,7 @@ def register(sub) -> None:
                    help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
     e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
     e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
-    e.add_argument("--seed", type=int, default=0, help="random forest seed")
+    e.add_argument("--seed", type=argtypes.seed32, default=0, help="random forest seed")
     e.add_argument("--target", default="wall_s", choices=("wall_s", "thread_cpu_s"),
                    help="measured time to score against: engine-step wall time, or the step thread CPU time")
     e.add_argument("--allow-contended", action="store_true",
