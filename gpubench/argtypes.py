@@ -21,3 +21,23 @@ def seed32(text: str) -> int:
     if value >= 2**32:
         raise argparse.ArgumentTypeError(f"a seed here is an integer in [0, 2**32), got {value}")
     return value
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count of threads, points, blocks, tokens)."""
+    return _int_at_least(text, 1)
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    return _int_at_least(text, 0)

@@ -27,14 +27,14 @@ def register(sub) -> None:
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
     p.add_argument("--grid", default="default", choices=("tiny", "quick", "default"),
                    help="grid of points (tiny: --engine vllm only, a CI smoke run)")
-    p.add_argument("--ops-subset", type=int, default=16, metavar="K",
+    p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--max-points", type=int, default=None, help="stop after the first N grid points")
+    p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--max-points", type=argtypes.positive_int, default=None, help="stop after the first N grid points")
     v = p.add_argument_group("vLLM engine options (--engine vllm)")
-    v.add_argument("--block-size", type=int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
-    v.add_argument("--max-num-batched-tokens", type=int, default=4096, help="token budget per step (vLLM's CPU default)")
-    v.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
+    v.add_argument("--block-size", type=argtypes.positive_int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
+    v.add_argument("--max-num-batched-tokens", type=argtypes.positive_int, default=4096, help="token budget per step (vLLM's CPU default)")
+    v.add_argument("--max-num-seqs", type=argtypes.positive_int, default=256, help="most running requests")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.set_defaults(func=_profile)
 
