@@ -41,3 +41,11 @@ def positive_int(text: str) -> int:
 def nonneg_int(text: str) -> int:
     """An integer >= 0."""
     return _int_at_least(text, 0)
+
+
+def port(text: str) -> int:
+    """A TCP port, 0..65535 (0: the system picks a free one)."""
+    value = nonneg_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is an integer in 0..65535, got {value}")
+    return value

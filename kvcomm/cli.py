@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+
 import shlex
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import KVCommError
 
@@ -34,14 +36,14 @@ def register(sub) -> None:
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
                    help="comma-separated protocols; kv-blend takes one run per --ratio value, "
                         "kv-rerotated+boundary one per --boundary-k value")
-    p.add_argument("--n", type=int, default=200, help="examples per task")
+    p.add_argument("--n", type=argtypes.positive_int, default=200, help="examples per task")
     p.add_argument("--out", required=True, type=Path, help="run directory, e.g. results/kvcomm/NAME/")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     p.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
                    help="tokens recomputed at the start of each imported chunk, comma-separated")
-    p.add_argument("--max-new-tokens", type=int, default=5, help="answer tokens decoded (greedy)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--max-new-tokens", type=argtypes.positive_int, default=5, help="answer tokens decoded (greedy)")
+    p.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
