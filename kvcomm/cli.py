@@ -85,6 +85,7 @@ def cmd_eval(args) -> int:
         raise KVCommError(f"--n must be >= 1 (got {args.n})")
     tasks = tuple(check_task(t) for t in _csv(args.tasks))
     specs = parse_protocols(args.protocols, args.ratio, args.boundary_k)
+    _check_model(args.model)  # before run_eval creates --out
     cfg = EvalConfig(model=args.model, tasks=tasks, protocols=specs, n=args.n, out_dir=args.out, seed=args.seed,
                      max_new_tokens=args.max_new_tokens, num_threads=args.threads)
     rows = run_eval(cfg, progress=not args.no_progress)
@@ -97,6 +98,16 @@ def cmd_eval(args) -> int:
                    "speedup_median", "recompute_fraction", "goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
     return 0
+
+
+def _check_model(spec: str) -> None:
+    """The UnknownModelError load_model would raise, before anything is written."""
+    from gpubench.errors import UnknownModelError, suggest
+    from kvcomm.models import KNOWN_NAMES
+
+    if spec.lower() not in KNOWN_NAMES and not Path(spec).exists():
+        raise UnknownModelError(f"unknown model '{spec}'{suggest(spec, KNOWN_NAMES)}; "
+                                f"known: {', '.join(KNOWN_NAMES)}, or a config/model path")
 
 
 def _command_from_args(args) -> str:
