@@ -172,6 +172,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     """Rows of one JSONL file; ResultsFormatError naming file and line for anything malformed."""
     rows = []
     seen: dict[str, int] = {}
+    numeric: dict[str, int] = {}
     with open(path, encoding="utf-8", errors="strict") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -190,6 +191,13 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                 raise ResultsFormatError(f"{path}:{lineno}: row {row['key']!r} duplicates line {seen[row['key']]} "
                                          "(was the run resumed twice at once?); remove one of them")
             seen[row["key"]] = lineno
+            for field, value in row.items():  # a number in one row is a number (or null) in every row
+                is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if is_num:
+                    numeric.setdefault(field, lineno)
+                elif value is not None and field in numeric:
+                    raise ResultsFormatError(f"{path}:{lineno}: field {field!r} must be a number, got {value!r:.60} "
+                                             f"(a number on line {numeric[field]})")
             rows.append(row)
     return rows
 
