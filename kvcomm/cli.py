@@ -61,6 +61,10 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
         k_values = [int(k) for k in _csv(boundary_ks)]
     except ValueError as exc:
         raise KVCommError(f"bad --ratio/--boundary-k value: {exc}") from None
+    if not all(0.0 <= r <= 1.0 for r in ratio_values):  # also NaN; checked before the model loads
+        raise KVCommError(f"--ratio values must be within [0, 1], got {ratios!r}")
+    if any(k < 0 for k in k_values):
+        raise KVCommError(f"--boundary-k values must be >= 0, got {boundary_ks!r}")
     specs = []
     for name in _csv(protocols):
         if name == "kv-blend":
