@@ -189,8 +189,12 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
         manifest = read_manifest(req.resume)
         if "config" not in manifest:
             raise ConfigError(f"{req.resume}: manifest has no 'config' (not written by gpubench run)")
+        writer = RunWriter(req.resume)
+        for rows in sorted(Path(req.resume).glob("*.jsonl")):  # a corrupt rows file: one line, before any output
+            writer._drop_torn_tail(rows)  # a row torn by a kill is re-measured, as measured_keys would
+            read_rows(rows)
         backend, line = get_backend(manifest["config"]["device_spec"])
-        return RunWriter(req.resume), backend, f"resuming {req.resume}; {line}"
+        return writer, backend, f"resuming {req.resume}; {line}"
     backend, line = get_backend(req.device)
     sku = skus.get(req.sku or backend.default_sku())
     skus.check_matches(sku, backend.device_name(), backend.name, force=req.force)
@@ -333,6 +337,7 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
 
     with contextlib.ExitStack() as stack:
         if req.resume:  # before the manifest is read: two resumes must not both see the same todo
+            read_manifest(req.resume)  # but not into a directory that is not a run (it would be created)
             stack.enter_context(locked(req.resume, "run directory"))
         writer, backend, line = open_run(req)
         if not req.resume:
