@@ -88,6 +88,8 @@ def cmd_eval(args) -> int:
     if args.n < 1:
         raise KVCommError(f"--n must be >= 1 (got {args.n})")
     tasks = tuple(check_task(t) for t in _csv(args.tasks))
+    if not tasks:
+        raise KVCommError(f"--tasks names no task (got {args.tasks!r})")
     specs = parse_protocols(args.protocols, args.ratio, args.boundary_k)
     _check_model(args.model)  # before run_eval creates --out
     cfg = EvalConfig(model=args.model, tasks=tasks, protocols=specs, n=args.n, out_dir=args.out, seed=args.seed,

@@ -129,8 +129,11 @@ def _profile_vllm(args, cfg) -> int:
 
 
 def _evaluate(args) -> int:
+    from gpubench.errors import ConfigError
     from predictor.evaluate import EvalConfig, run_evaluation
 
+    if args.out.exists() and not args.out.is_dir():  # before the fits, not after them
+        raise ConfigError(f"{args.out}: exists and is not a directory (--out is the output directory)")
     if args.calibration is not None:
         from gpubench import skus as sku_table
         from predictor.calibrate import Calibration

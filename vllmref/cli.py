@@ -98,5 +98,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1 or args.threads < 1:
         raise ConfigError("--max-tokens and --threads must be >= 1")
+    if not args.prompt.strip():  # vLLM refuses it too, but only after its engine has started (~40 s)
+        raise ConfigError("generate: the prompt is empty")
     print(env.generate(args.prompt, max_tokens=args.max_tokens, threads=args.threads))
     return 0
