@@ -161,6 +161,17 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
             raise ResultsFormatError(f"{path}: manifest has no '{k}' field")
     if isinstance(m["schema_version"], bool) or not isinstance(m["schema_version"], int):
         raise ResultsFormatError(f"{path}: field 'schema_version' must be an integer, got {m['schema_version']!r}")
+    if not isinstance(m["sku"], str) or not m["sku"].strip():
+        raise ResultsFormatError(f"{path}: field 'sku' must be a SKU id, got {m['sku']!r}")
+    from gpubench import skus
+    from gpubench.errors import UnknownSKUError
+
+    try:
+        skus.get(m["sku"])
+    except UnknownSKUError as e:
+        raise ResultsFormatError(f"{path}: field 'sku': {e}") from None
+    if "device" in m and not isinstance(m["device"], dict):
+        raise ResultsFormatError(f"{path}: field 'device' must be an object, got {type(m['device']).__name__}")
     if not isinstance(m["probes"], dict):
         raise ResultsFormatError(f"{path}: field 'probes' must be an object, got {type(m['probes']).__name__}")
     if m["schema_version"] > SCHEMA_VERSION:
