@@ -324,6 +324,14 @@ def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
     return ProbeOutcome(name, status, reason, num_rows, num_invalid, wall_s)
 
 
+def _check_resumable(run_dir) -> None:
+    """ResultsFormatError for a --resume path that is not a run directory or holds a corrupt rows
+    file (a torn last line, from a kill, is fine: the resume re-measures it)."""
+    read_manifest(run_dir)
+    for rows in sorted(Path(run_dir).glob("*.jsonl")):
+        read_rows(rows, torn_tail_ok=True)
+
+
 def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None,
             on_start: Callable[[RunWriter, str, list], None] | None = None) -> RunOutcome:
     """Open the run and run every probe not yet done. Returns what happened to each probe.
@@ -337,7 +345,7 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
 
     with contextlib.ExitStack() as stack:
         if req.resume:  # before the manifest is read: two resumes must not both see the same todo
-            read_manifest(req.resume)  # but not into a directory that is not a run (it would be created)
+            _check_resumable(req.resume)  # refused input writes nothing, not even the lock
             stack.enter_context(locked(req.resume, "run directory"))
         writer, backend, line = open_run(req)
         if not req.resume:

@@ -418,18 +418,8 @@ def verdict(o: Outcome, before: dict, after: dict) -> str:
 
 
 def _changes(before: dict, after: dict) -> list[str]:
-    """Paths created, changed or removed; an empty ``.gpubench.lock`` left in a directory that
-    already existed is not a change (the lock is taken before the inputs are read and stays by
-    design: gpubench/outdir.py), a lock that created its directory is."""
-    out = []
-    for k in sorted(set(before) | set(after)):
-        if before.get(k) == after.get(k):
-            continue
-        if (k not in before and os.path.basename(k) == ".gpubench.lock" and after[k][0] == 0
-                and os.path.dirname(k) in before | {"": None}):
-            continue
-        out.append(k)
-    return out
+    """Paths created, changed or removed (a lock file too: refused input takes no lock)."""
+    return [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
 
 
 def fill(argv: list[str], d: Path, o: Path) -> list[str]:
