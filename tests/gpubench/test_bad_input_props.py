@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from . import badinput as bi
 
-SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 BREAKS = bi.file_breaks()
 
@@ -71,7 +71,7 @@ def test_a_misspelled_set_key_or_a_bad_path_is_one_line_exit_2(space, argv):
     _check(space, argv)
 
 
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(min_size=1, max_size=12).filter(lambda s: s.strip()),
        probe=st.sampled_from(["stream", "l2", "gemm", "launch", "peak", "torch_ops", "strem", "nope"]))
