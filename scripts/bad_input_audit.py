@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -98,14 +99,9 @@ def main() -> int:
                 bad.append((v, label, argv, bi.describe(o, before, after)))
                 if args.verbose:
                     print(f"[{v}] {label}\n    {' '.join(argv)}\n    {bi.describe(o, before, after)}", file=sys.stderr)
-            import shutil
-
             shutil.rmtree(work)
-            # A refused case that wrote into the fixtures must not taint the next one.
-            if v == bi.WROTE or v == bi.ACCEPTED:
-                import shutil as _s
-
-                _s.rmtree(d)
+            if v in (bi.WROTE, bi.ACCEPTED):  # a case that wrote into the fixtures must not taint the next
+                shutil.rmtree(d)
                 bi.make_fixtures(d)
     total = sum(counts.values())
     order = [bi.CLEAN, bi.TRACEBACK, bi.ACCEPTED, bi.WRONG_EXIT, bi.HUNG, bi.WROTE]
