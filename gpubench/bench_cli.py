@@ -65,9 +65,29 @@ def _parse_sets(items) -> dict:
     for item in items:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"--set expects PROBE.NAME=VALUE, got '{item}'")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+        k, v = (x.strip() for x in item.split("=", 1))
+        _check_set(k, v, item)
+        out[k] = v
     return out
+
+
+def _check_set(key: str, value: str, item: str) -> None:
+    import math
+
+    from gpubench.errors import ConfigError, suggest
+    from gpubench.probes.common import SET_OPTIONS, TEXT_SET_OPTIONS
+
+    known = [f"{p}.{n}" for p, names in SET_OPTIONS.items() for n in names]
+    if key not in known:
+        raise ConfigError(f"--set {item}: unknown option '{key}'{suggest(key, known)} (known: {', '.join(known)})")
+    if key in TEXT_SET_OPTIONS:
+        return
+    try:
+        num = float(value)
+    except ValueError:
+        num = float("nan")
+    if not (math.isfinite(num) and num > 0):
+        raise ConfigError(f"--set {item}: '{key}' takes a finite number > 0, got {value!r}")
 
 
 def cmd_run(args) -> int:

@@ -3,6 +3,7 @@
 A registrar is ``register(subparsers)``: it adds parsers and sets ``func=callable(args) -> int``.
 """
 import argparse
+import math
 import sys
 
 from gpubench import __version__
@@ -12,11 +13,29 @@ from gpubench.errors import GpubenchError
 _REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "kvcomm.cli", "vllmref.cli", "gpubench.completion")
 
 
+MAX_INT = 2**63 - 1  # an integer option beyond int64 is a typo (numpy and the engine cannot hold it)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage text is a --help away), exit 2."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_value(self, action, arg_string):
+        # Checks every option shares: an empty value (an unset shell variable) is a mistake, not
+        # "use the default"; a number option takes a finite float (NaN and inf slip past every
+        # comparison a command makes) or an integer that fits in 64 bits.
+        name = "/".join(action.option_strings) or action.dest
+        if action.option_strings and not arg_string.strip():
+            self.error(f"argument {name}: expected a value, got an empty string")
+        value = super()._get_value(action, arg_string)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                self.error(f"argument {name}: must be a finite number, got {arg_string!r}")
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                self.error(f"argument {name}: {arg_string!r} is out of range (at most {MAX_INT:.3g})")
+        return value
 
 
 def build_parser() -> argparse.ArgumentParser:

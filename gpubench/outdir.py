@@ -65,6 +65,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
+    except OSError as e:  # name the file the user asked for (a full disk's error names none)
+        raise OSError(e.errno, e.strerror or str(e), str(p)) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -161,6 +161,17 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
             raise ResultsFormatError(f"{path}: manifest has no '{k}' field")
     if isinstance(m["schema_version"], bool) or not isinstance(m["schema_version"], int):
         raise ResultsFormatError(f"{path}: field 'schema_version' must be an integer, got {m['schema_version']!r}")
+    if not isinstance(m["sku"], str) or not m["sku"].strip():
+        raise ResultsFormatError(f"{path}: field 'sku' must be a SKU id, got {m['sku']!r}")
+    from gpubench import skus
+    from gpubench.errors import UnknownSKUError
+
+    try:
+        skus.get(m["sku"])
+    except UnknownSKUError as e:
+        raise ResultsFormatError(f"{path}: field 'sku': {e}") from None
+    if "device" in m and not isinstance(m["device"], dict):
+        raise ResultsFormatError(f"{path}: field 'device' must be an object, got {type(m['device']).__name__}")
     if not isinstance(m["probes"], dict):
         raise ResultsFormatError(f"{path}: field 'probes' must be an object, got {type(m['probes']).__name__}")
     if m["schema_version"] > SCHEMA_VERSION:
@@ -168,29 +179,44 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
     return m
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of one JSONL file; ResultsFormatError naming file and line for anything malformed."""
+def read_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> list[dict]:
+    """Rows of one JSONL file; ResultsFormatError naming file and line for anything malformed.
+    ``torn_tail_ok``: a last line without its newline (a writer killed mid-row) is left out."""
     rows = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8", errors="strict") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise ResultsFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            if "key" not in row:
-                raise ResultsFormatError(f"{path}:{lineno}: row has no 'key' field")
-            if row["key"] in seen:
-                # Two writers on one run (e.g. two `run --resume`) measured it twice: figures would
-                # silently average over both.
-                raise ResultsFormatError(f"{path}:{lineno}: row {row['key']!r} duplicates line {seen[row['key']]} "
-                                         "(was the run resumed twice at once?); remove one of them")
-            seen[row["key"]] = lineno
-            rows.append(row)
+    numeric: dict[str, int] = {}
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise ResultsFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if torn_tail_ok and lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise ResultsFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        if "key" not in row:
+            raise ResultsFormatError(f"{path}:{lineno}: row has no 'key' field")
+        if row["key"] in seen:
+            # Two writers on one run (e.g. two `run --resume`) measured it twice: figures would
+            # silently average over both.
+            raise ResultsFormatError(f"{path}:{lineno}: row {row['key']!r} duplicates line {seen[row['key']]} "
+                                     "(was the run resumed twice at once?); remove one of them")
+        seen[row["key"]] = lineno
+        for field, value in row.items():  # a number in one row is a number (or null) in every row
+            is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if is_num:
+                numeric.setdefault(field, lineno)
+            elif value is not None and field in numeric:
+                raise ResultsFormatError(f"{path}:{lineno}: field {field!r} must be a number, got {value!r:.60} "
+                                         f"(a number on line {numeric[field]})")
+        rows.append(row)
     return rows
 
 

@@ -189,8 +189,12 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
         manifest = read_manifest(req.resume)
         if "config" not in manifest:
             raise ConfigError(f"{req.resume}: manifest has no 'config' (not written by gpubench run)")
+        writer = RunWriter(req.resume)
+        for rows in sorted(Path(req.resume).glob("*.jsonl")):  # a corrupt rows file: one line, before any output
+            writer._drop_torn_tail(rows)  # a row torn by a kill is re-measured, as measured_keys would
+            read_rows(rows)
         backend, line = get_backend(manifest["config"]["device_spec"])
-        return RunWriter(req.resume), backend, f"resuming {req.resume}; {line}"
+        return writer, backend, f"resuming {req.resume}; {line}"
     backend, line = get_backend(req.device)
     sku = skus.get(req.sku or backend.default_sku())
     skus.check_matches(sku, backend.device_name(), backend.name, force=req.force)
@@ -320,6 +324,14 @@ def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
     return ProbeOutcome(name, status, reason, num_rows, num_invalid, wall_s)
 
 
+def _check_resumable(run_dir) -> None:
+    """ResultsFormatError for a --resume path that is not a run directory or holds a corrupt rows
+    file (a torn last line, from a kill, is fine: the resume re-measures it)."""
+    read_manifest(run_dir)
+    for rows in sorted(Path(run_dir).glob("*.jsonl")):
+        read_rows(rows, torn_tail_ok=True)
+
+
 def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None,
             on_start: Callable[[RunWriter, str, list], None] | None = None) -> RunOutcome:
     """Open the run and run every probe not yet done. Returns what happened to each probe.
@@ -333,6 +345,7 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
 
     with contextlib.ExitStack() as stack:
         if req.resume:  # before the manifest is read: two resumes must not both see the same todo
+            _check_resumable(req.resume)  # refused input writes nothing, not even the lock
             stack.enter_context(locked(req.resume, "run directory"))
         writer, backend, line = open_run(req)
         if not req.resume:

@@ -4,10 +4,12 @@ and what does that save in B's time to first token?"""
 from __future__ import annotations
 
 import argparse
+
 import shlex
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import KVCommError
 
@@ -36,14 +38,14 @@ def register(sub) -> None:
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
                    help="comma-separated protocols; kv-blend takes one run per --ratio value, "
                         "kv-rerotated+boundary one per --boundary-k value")
-    p.add_argument("--n", type=int, default=200, help="examples per task")
+    p.add_argument("--n", type=argtypes.positive_int, default=200, help="examples per task")
     p.add_argument("--out", required=True, type=Path, help="run directory, e.g. results/kvcomm/NAME/")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     p.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
                    help="tokens recomputed at the start of each imported chunk, comma-separated")
-    p.add_argument("--max-new-tokens", type=int, default=5, help="answer tokens decoded (greedy)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--max-new-tokens", type=argtypes.positive_int, default=5, help="answer tokens decoded (greedy)")
+    p.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (out_dir, files written, rows, and per task and protocol: "
@@ -100,6 +102,10 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
         k_values = [int(k) for k in _csv(boundary_ks)]
     except ValueError as exc:
         raise KVCommError(f"bad --ratio/--boundary-k value: {exc}") from None
+    if not all(0.0 <= r <= 1.0 for r in ratio_values):  # also NaN; checked before the model loads
+        raise KVCommError(f"--ratio values must be within [0, 1], got {ratios!r}")
+    if any(k < 0 for k in k_values):
+        raise KVCommError(f"--boundary-k values must be >= 0, got {boundary_ks!r}")
     specs = []
     for name in _csv(protocols):
         if name == "kv-blend":
@@ -123,7 +129,10 @@ def cmd_eval(args) -> int:
     if args.n < 1:
         raise KVCommError(f"--n must be >= 1 (got {args.n})")
     tasks = tuple(check_task(t) for t in _csv(args.tasks))
+    if not tasks:
+        raise KVCommError(f"--tasks names no task (got {args.tasks!r})")
     specs = parse_protocols(args.protocols, args.ratio, args.boundary_k)
+    _check_model(args.model)  # before run_eval creates --out
     cfg = EvalConfig(model=args.model, tasks=tasks, protocols=specs, n=args.n, out_dir=args.out, seed=args.seed,
                      max_new_tokens=args.max_new_tokens, num_threads=args.threads)
     rows = run_eval(cfg, progress=not args.no_progress)
@@ -151,6 +160,16 @@ def cmd_eval(args) -> int:
                    "speedup_median", "recompute_fraction", "goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
     return 0
+
+
+def _check_model(spec: str) -> None:
+    """The UnknownModelError load_model would raise, before anything is written."""
+    from gpubench.errors import UnknownModelError, suggest
+    from kvcomm.models import KNOWN_NAMES
+
+    if spec.lower() not in KNOWN_NAMES and not Path(spec).exists():
+        raise UnknownModelError(f"unknown model '{spec}'{suggest(spec, KNOWN_NAMES)}; "
+                                f"known: {', '.join(KNOWN_NAMES)}, or a config/model path")
 
 
 def _command_from_args(args) -> str:

@@ -60,15 +60,18 @@ class Param:
     def from_obj(cls, obj, where: str) -> "Param":
         """From ``{"value", "error", "tier", "source"}`` or a bare number (tier 'measured')."""
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            if not math.isfinite(obj):
+                raise ConfigError(f"{where}: must be a finite number, got {obj!r}")
             return cls(float(obj), None, "measured", f"{where} (bare number)")
         if not isinstance(obj, dict) or "value" not in obj:
-            raise ConfigError(f"{where}: expected a number or an object with 'value', got {obj!r}")
-        try:
-            value = float(obj["value"])
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: 'value' must be a number, got {obj['value']!r}") from None
+            raise ConfigError(f"{where}: expected a number or an object with 'value', got {obj!r:.80}")
+        value = obj["value"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}: 'value' must be a finite number, got {value!r:.80}")
         err = obj.get("error", obj.get("fit_error"))
-        return cls(value, None if err is None else float(err), str(obj.get("tier", "measured")),
+        if err is not None and (isinstance(err, bool) or not isinstance(err, (int, float)) or not math.isfinite(err)):
+            raise ConfigError(f"{where}: 'error' must be a finite number or null, got {err!r:.80}")
+        return cls(float(value), None if err is None else float(err), str(obj.get("tier", "measured")),
                    str(obj.get("source", "")))
 
 
@@ -182,11 +185,18 @@ class Calibration:
         for k in ("sku", "params"):
             if k not in d:
                 raise ConfigError(f"{where}: missing field '{k}'")
+        if "schema" in d and d["schema"] != SCHEMA:
+            raise ConfigError(f"{where}: field 'schema' is {d['schema']!r}; this gpubench reads {SCHEMA!r} "
+                              "(re-make it with `gpubench fit RUN_DIR`)")
+        for k in ("sku", "backend", "dtype"):
+            if k in d and not (isinstance(d[k], str) and d[k].strip()):
+                raise ConfigError(f"{where}: field '{k}' must be a non-empty string, got {d[k]!r}")
+        for k in ("meta", "params", "hardware", "host_residual", "curves", "cpu_ops"):
+            if d.get(k) is not None and not isinstance(d[k], dict):
+                raise ConfigError(f"{where}: '{k}' must be an object, got {type(d[k]).__name__}")
 
         def block(name):
             raw = d.get(name) or {}
-            if not isinstance(raw, dict):
-                raise ConfigError(f"{where}: '{name}' must be an object")
             # the host-residual block may carry block-level fit info next to its parameters
             skip = {"fit_error", "error", "tier", "source", "n", "num_rows", "split", "mape", "r2"}
             keys = [k for k in raw if not (name == "host_residual" and k in skip)]

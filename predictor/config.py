@@ -176,8 +176,11 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
             raise ConfigError(f"{where}: field '{key}' must be a positive integer, got {v!r}")
         return v
 
+    def opt(key, default):  # optional: absent or null means derived
+        return default if raw.get(key) is None else need(key)
+
     hidden, heads = need("hidden_size"), need("num_attention_heads")
-    head_dim = raw.get("head_dim") or hidden // heads
+    head_dim = opt("head_dim", hidden // heads)
     moe = _moe_fields(raw, mtype, need, where)
     return ModelConfig(
         name=name,
@@ -186,7 +189,7 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
         hidden_size=hidden,
         intermediate_size=need("intermediate_size"),
         num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        num_kv_heads=opt("num_key_value_heads", heads),
         head_dim=head_dim,
         vocab_size=need("vocab_size"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),

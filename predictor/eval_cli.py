@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 
 
@@ -26,14 +27,14 @@ def register(sub) -> None:
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
     p.add_argument("--grid", default="default", choices=("tiny", "quick", "default"),
                    help="grid of points (tiny: --engine vllm only, a CI smoke run)")
-    p.add_argument("--ops-subset", type=int, default=16, metavar="K",
+    p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--max-points", type=int, default=None, help="stop after the first N grid points")
+    p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--max-points", type=argtypes.positive_int, default=None, help="stop after the first N grid points")
     v = p.add_argument_group("vLLM engine options (--engine vllm)")
-    v.add_argument("--block-size", type=int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
-    v.add_argument("--max-num-batched-tokens", type=int, default=4096, help="token budget per step (vLLM's CPU default)")
-    v.add_argument("--max-num-seqs", type=int, default=256, help="most running requests")
+    v.add_argument("--block-size", type=argtypes.positive_int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
+    v.add_argument("--max-num-batched-tokens", type=argtypes.positive_int, default=4096, help="token budget per step (vLLM's CPU default)")
+    v.add_argument("--max-num-seqs", type=argtypes.positive_int, default=256, help="most running requests")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
@@ -54,7 +55,7 @@ def register(sub) -> None:
                    help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
     e.add_argument("--sku", default="cpu", help="hardware the rows were measured on (SKU id)")
     e.add_argument("--out", required=True, type=Path, help="output directory for tables and plots")
-    e.add_argument("--seed", type=int, default=0, help="random forest seed")
+    e.add_argument("--seed", type=argtypes.seed32, default=0, help="random forest seed")
     e.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (out_dir, files written, rows, and the pooled MAPE per split, "
                         "method and phase) instead of the headline")
@@ -170,8 +171,11 @@ def _profile_vllm(args, cfg) -> int:
 
 
 def _evaluate(args) -> int:
+    from gpubench.errors import ConfigError
     from predictor.evaluate import EvalConfig, run_evaluation
 
+    if args.out.exists() and not args.out.is_dir():  # before the fits, not after them
+        raise ConfigError(f"{args.out}: exists and is not a directory (--out is the output directory)")
     if args.calibration is not None:
         from gpubench import skus as sku_table
         from predictor.calibrate import Calibration

@@ -8,6 +8,7 @@ import argparse
 import shlex
 import sys
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import ConfigError
 from scheduling.policies import POLICY_NAMES
@@ -118,7 +119,7 @@ def register(sub) -> None:
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required with --synthetic; with --trace it "
                         "replaces the trace's arrival times)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", "--quiet", action="store_true", dest="no_progress",
                    help="no progress bar (--quiet is the same, as in gpubench sweep)")

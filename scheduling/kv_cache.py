@@ -19,7 +19,8 @@ Blocks are ints; a request's blocks are a Python list of them. Two implementatio
 * :class:`PyBlockPool` — this file, the readable reference. A differential test drives both with
   the same random operations and compares every observable (tests/scheduling/test_kv_cache.py).
 
-:data:`BlockPool` is the compiled one when the extension is built, else the reference. The same
+:data:`BlockPool` is the compiled one; the reference only with ``GPUBENCH_PURE_PYTHON=1``, or (with a
+RuntimeWarning) when the extension was never built; a built one that fails to import is an error. The same
 holds for :data:`HashLRU` / :class:`PyHashLRU`, the cpu-offload policy's host pool.
 
 Only full blocks carry a hash. ``BlockHash`` values are Python ints chained over the parent hash
@@ -296,12 +297,32 @@ def _drain(it) -> None:
     deque(it, maxlen=0)
 
 
-try:
-    # the compiled pool and host LRU (csrc/sim/kvpool.cpp)
-    from scheduling._kvpool import BlockPool, HashLRU
+def _load_pools():
+    """(BlockPool, HashLRU, compiled?, why not compiled).
 
-    COMPILED = True
-except ImportError:  # pragma: no cover - the extension is built by `pip install -e .`
-    BlockPool = PyBlockPool  # type: ignore[misc,assignment]
-    HashLRU = PyHashLRU  # type: ignore[misc,assignment]
-    COMPILED = False
+    The compiled pool unless ``GPUBENCH_PURE_PYTHON=1`` asks for the Python one. A compiled module
+    that is there but does not import (a stale or broken build) is an ImportError that says so:
+    it used to fall back silently, so CI could test the Python pool while the engine it ships ran
+    the compiled one. A module that was never built falls back with a RuntimeWarning.
+    """
+    import os
+    import warnings
+    from pathlib import Path
+
+    if os.environ.get("GPUBENCH_PURE_PYTHON") == "1":
+        return PyBlockPool, PyHashLRU, False, "GPUBENCH_PURE_PYTHON=1"
+    try:
+        from scheduling._kvpool import BlockPool, HashLRU  # csrc/sim/kvpool.cpp
+    except ImportError as exc:
+        built = sorted(Path(__file__).with_name("__init__.py").parent.glob("_kvpool*.so"))
+        if built:
+            raise ImportError(f"{built[0]}: the compiled block pool does not import ({exc}); rebuild it "
+                              "(pip install -e .) or set GPUBENCH_PURE_PYTHON=1 for the Python pool") from exc
+        why = f"scheduling._kvpool is not built ({exc})"
+        warnings.warn(f"{why}: using the Python block pool (slower; set GPUBENCH_PURE_PYTHON=1 to choose it "
+                      "without this warning)", RuntimeWarning, stacklevel=3)
+        return PyBlockPool, PyHashLRU, False, why
+    return BlockPool, HashLRU, True, None
+
+
+BlockPool, HashLRU, COMPILED, PURE_PYTHON_REASON = _load_pools()

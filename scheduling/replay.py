@@ -139,7 +139,22 @@ def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
     return num_blocks, kv_per_token, float(s.host_link_gbs or 32.0)
 
 
+def _check_engine_fields(cfg: ReplayConfig) -> None:
+    """The engine sizes a sweep's --set can give without the replay CLI's checks: one ConfigError."""
+    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "num_gpu_blocks"):
+        v = getattr(cfg, name, None)
+        if v is None and name != "block_size":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+    for name in ("gpu_memory_utilization", "activation_reserve_gib"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
 def engine_config(cfg: ReplayConfig) -> EngineConfig:
+    _check_engine_fields(cfg)
     num_blocks, kv_per_token, link_gbs = kv_pool_blocks(
         cfg.sku, cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization,
         activation_reserve_gib=cfg.activation_reserve_gib, block_size=cfg.block_size)

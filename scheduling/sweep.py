@@ -395,6 +395,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
     from gpubench.outdir import locked, write_command
 
     spec.validate()
+    from scheduling.replay import _check_engine_fields
+
+    for cell in spec.cells()[:1]:  # a bad engine setting (--set block_size=0): refused before OUT is touched
+        _check_engine_fields(replay_config(spec, cell))
     out = Path(out_dir)
     with locked(out, "sweep directory"):
         csv_path = out / CSV_NAME

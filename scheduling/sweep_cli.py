@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from scheduling.sweep_defaults import (
     DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"SKUs (default: {','.join(DEFAULT_SKUS)})")
     p.add_argument("--jps", nargs="+", type=_csv_list(float), default=None, metavar="X",
                    help=f"arrival rates in jobs/s (default: {','.join(map(str, DEFAULT_JPS))})")
-    p.add_argument("--seeds", nargs="+", type=_csv_list(int), default=None, metavar="K",
+    p.add_argument("--seeds", nargs="+", type=_csv_list(argtypes.seed), default=None, metavar="K",
                    help=f"seeds (default: {','.join(map(str, DEFAULT_SEEDS))})")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name or config.json path")
     p.add_argument("--jobs", type=int, default=DEFAULT_NUM_JOBS, dest="num_jobs", help="jobs per run")

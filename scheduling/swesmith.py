@@ -551,6 +551,8 @@ def write_trajectories(path: str | Path, rows: Iterable[dict]) -> Path:
                 for row in rows:
                     f.write(json.dumps(row) + "\n")
         os.replace(tmp, path)
+    except OSError as e:  # name the file asked for (a full disk's error names none)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path

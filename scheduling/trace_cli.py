@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import ConfigError
 
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("trace", nargs="?", type=Path, default=None, help="a trace file (default: a synthetic preset)")
     s.add_argument("--preset", default="swe", choices=("swe", "swe-long", "scaled-cpu"), help="synthetic agent")
     s.add_argument("--jobs", type=int, default=1000, help="synthetic jobs to draw")
-    s.add_argument("--seed", type=int, default=0, help="seed of the synthetic jobs (and of SWE-smith tool times)")
+    s.add_argument("--seed", type=argtypes.seed, default=0, help="seed of the synthetic jobs (and of SWE-smith tool times)")
     s.add_argument("--plot", type=Path, default=None, metavar="PNG",
                    help="draw the distributions, with the targets marked, into this PNG")
     s.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "FILE` reads the result.",
                            formatter_class=DefaultsHelpFormatter)
     w.add_argument("--jobs", type=int, default=400, help="trajectories to write")
-    w.add_argument("--seed", type=int, default=0, help="seed")
+    w.add_argument("--seed", type=argtypes.seed, default=0, help="seed")
     w.add_argument("--preset", default="swe", choices=("swe", "swe-long", "scaled-cpu"), help="synthetic agent")
     w.add_argument("--out", type=Path, required=True, help="output file (.parquet, or .jsonl)")
     w.set_defaults(func=cmd_swesmith)

@@ -94,7 +94,8 @@ def _int_field(obj: dict, name: str, ctx: str, minimum: int) -> int:
     if name not in obj:
         raise TraceFormatError(f"{ctx}: missing field {name!r}")
     val = obj[name]
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or (isinstance(val, float) and not val.is_integer()):
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or (isinstance(val, float) and not val.is_integer()) \
+            or abs(val) > 2**53:  # 1e300 "is an integer" but no token count
         raise TraceFormatError(f"{ctx}: field {name!r} must be an integer, got {val!r}")
     if val < minimum:
         raise TraceFormatError(f"{ctx}: field {name!r} must be >= {minimum}, got {val!r}")

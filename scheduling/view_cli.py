@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+
 import sys
 import signal
 import time
 from pathlib import Path
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 from gpubench.errors import GpubenchError
 
@@ -20,11 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a replay output directory (summary.json, steps.csv, ...)")
-    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--port", type=argtypes.port, default=0, help="port on 127.0.0.1 (0: a free one)")
     p.add_argument("--no-open", action="store_true", help="do not open a browser; just print the URL")
     p.add_argument("--export", metavar="FILE.html", type=Path, default=None,
                    help="write one HTML file with the data embedded, then exit (no server)")
-    p.add_argument("--max-jobs", type=int, default=80, help="jobs drawn in the per-job timeline")
+    p.add_argument("--max-jobs", type=argtypes.positive_int, default=80, help="jobs drawn in the per-job timeline")
     p.set_defaults(func=run)
 
 

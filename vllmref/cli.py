@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
 
 
@@ -30,8 +31,8 @@ def register(sub) -> None:
     g = vsub.add_parser("generate", help="greedy completion of a prompt by the real engine",
                         formatter_class=DefaultsHelpFormatter)
     g.add_argument("prompt", help="text to complete")
-    g.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
-    g.add_argument("--threads", type=int, default=2, help="OpenMP threads of the engine")
+    g.add_argument("--max-tokens", type=argtypes.positive_int, default=16, help="tokens to generate")
+    g.add_argument("--threads", type=argtypes.positive_int, default=2, help="OpenMP threads of the engine")
     g.set_defaults(func=_generate)
     sv = vsub.add_parser("serve", help="vLLM's OpenAI-compatible server on 127.0.0.1 until Ctrl-C",
                          description="Start `python -m vllm.entrypoints.openai.api_server` from the reference "
@@ -39,8 +40,8 @@ def register(sub) -> None:
                                      "/health answers, print the URL, and stop it on Ctrl-C or SIGTERM.",
                          formatter_class=DefaultsHelpFormatter)
     sv.add_argument("--model", default="smollm2-135m", help="model to serve (needs real weights and a tokenizer)")
-    sv.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1")
-    sv.add_argument("--threads", type=int, default=2, help="OpenMP threads of the engine")
+    sv.add_argument("--port", type=argtypes.port, default=8000, help="port on 127.0.0.1")
+    sv.add_argument("--threads", type=argtypes.positive_int, default=2, help="OpenMP threads of the engine")
     sv.set_defaults(func=_serve)
 
 
@@ -97,5 +98,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1 or args.threads < 1:
         raise ConfigError("--max-tokens and --threads must be >= 1")
+    if not args.prompt.strip():  # vLLM refuses it too, but only after its engine has started (~40 s)
+        raise ConfigError("generate: the prompt is empty")
     print(env.generate(args.prompt, max_tokens=args.max_tokens, threads=args.threads))
     return 0

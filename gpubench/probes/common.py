@@ -37,6 +37,19 @@ def geometric(lo: float, hi: float, factor: float, align: int = 1) -> list[int]:
     return out
 
 
+# Every `--set PROBE.NAME=VALUE` a probe reads (CPU and CUDA backends): a misspelled key was
+# ignored, so a run meant to be tiny measured at full size. Text options; the rest are numbers > 0.
+SET_OPTIONS = {
+    "stream": ("min_array_bytes", "max_array_bytes", "num_reps", "debug_corrupt"),
+    "l2": ("min_bytes", "max_bytes", "factor", "flush_bytes", "warm_bytes_per_rep", "num_reps"),
+    "launch": ("max_count", "num_reps"),
+    "peak": ("iters", "num_reps", "target_s"),
+    "gemm": ("max_m", "max_square", "shape_scale", "num_reps", "budget_s", "droop_budget_s"),
+    "torch_ops": ("size_scale", "max_m", "max_rows", "num_threads", "dtypes", "families"),
+}
+TEXT_SET_OPTIONS = {"stream.debug_corrupt", "torch_ops.dtypes", "torch_ops.families"}
+
+
 def opt(cfg, probe: str, name: str, default):
     """cfg.options["<probe>.<name>"] (from `--set probe.name=value`) converted to default's type."""
     key = f"{probe}.{name}"
