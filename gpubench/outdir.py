@@ -52,6 +52,8 @@ def locked(directory: str | os.PathLike, what: str = "output directory") -> Iter
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` so that readers see the old content or the new, never a part."""
+    if not isinstance(text, str):
+        raise TypeError(f"write_text_atomic({path}): expected str, got {type(text).__name__}")
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 

@@ -86,7 +86,9 @@ def test_segment_context_delta_interpolates_between_measured_contexts(tiny_run):
     full = tables.segment_curve("rmsnorm", w, [1]).y[0]
     assert full == pytest.approx(t1.loc[main_ctx])
     cold0 = tables.segment_curve("rmsnorm", w, [1], context_bytes=0).y[0]
-    assert cold0 == pytest.approx(max(t1.loc[0], 0.05 * full))
+    # a context never makes a segment dearer than the grid's own (the delta is clipped at 0: at
+    # these tiny sizes the hot row can come out a little slower than the cold one)
+    assert cold0 == pytest.approx(max(min(t1.loc[0], full), 0.05 * full))
     # the main grid's own context changes nothing
     assert tables.segment_curve("rmsnorm", w, [1], context_bytes=main_ctx * 4).y[0] == pytest.approx(full)
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from gpubench.errors import ConfigError
-from gpubench.outdir import locked, write_text_atomic
+from gpubench.outdir import locked, write_bytes_atomic, write_text_atomic
 
 
 def cli(*args):
@@ -52,7 +52,9 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
     path = tmp_path / "a.json"
     write_text_atomic(path, "old")
     with pytest.raises(TypeError):
-        write_text_atomic(path, None)  # fails while writing the temporary file
+        write_text_atomic(path, None)  # refused before anything is written
+    with pytest.raises(TypeError):
+        write_bytes_atomic(path, None)  # fails while writing the temporary file
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
     with locked(tmp_path / "d"):
         with pytest.raises(ConfigError, match="in use by PID"):
