@@ -133,6 +133,30 @@ def _batch_from_features(f) -> list:
     return [(num_new, max(0.0, kv_tokens - num_new))]
 
 
+def _batch_sums(batch) -> tuple:
+    """One pass over a batch: its features ``(1, T, S, A, C)`` as floats, the same (T, S, A, C) sums
+    over its decode sequences (one new token), and the longest decode sequence's KV tokens.
+    Raises the ConfigError ``batch_features`` names for an empty or malformed batch."""
+    num_new = num_seqs = pairs = kv_tokens = 0
+    num_decodes = decode_kv = longest_decode = 0
+    for n, c in batch:
+        if n < 1 or c < 0:
+            batch_features(batch)  # raises the ConfigError that names the problem
+        num_new += n
+        num_seqs += 1
+        pairs += n * c + n * (n + 1) // 2
+        kv_tokens += c + n
+        if n == 1:
+            num_decodes += 1
+            decode_kv += c + 1
+            longest_decode = max(longest_decode, c + 1)
+    if num_seqs == 0:
+        batch_features(batch)
+    features = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
+    decode = (float(num_decodes), float(num_decodes), float(decode_kv), float(decode_kv))
+    return features, decode, float(longest_decode)
+
+
 class StepModel:
     """Predicts forward-step times of ``model`` on ``hardware``.
 
@@ -433,30 +457,14 @@ class StepModel:
         the device work: a step takes ``max(device, host)`` instead of their sum. A CPU backend has
         no device queue to overlap with, so there the flag changes nothing.
         """
-        num_new = num_seqs = pairs = kv_tokens = 0
-        num_decodes = decode_kv = longest_decode = 0
-        for n, c in batch:
-            if n < 1 or c < 0:
-                batch_features(batch)  # raises the ConfigError that names the problem
-            num_new += n
-            num_seqs += 1
-            pairs += n * c + n * (n + 1) // 2
-            kv_tokens += c + n
-            if n == 1:
-                num_decodes += 1
-                decode_kv += c + 1
-                longest_decode = max(longest_decode, c + 1)
-        if num_seqs == 0:
-            batch_features(batch)
+        f, decode, longest_decode = _batch_sums(batch)
         if self.cpu_table is not None:
             return self.cpu_table.predict_time(batch)
+        num_new, num_seqs = f[1], f[2]
         attention = None
         if self.gpu:
-            decode = (float(num_decodes), float(num_decodes), float(decode_kv), float(decode_kv))
-            prefill = (float(num_new - num_decodes), float(num_seqs - num_decodes),
-                       float(pairs - decode_kv), float(kv_tokens - decode_kv))
-            attention = self._gpu_attention(decode, prefill, float(longest_decode))
-        f = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
+            prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
+            attention = self._gpu_attention(decode, prefill, longest_decode)
         expert_unread = 1.0 - float(self.graph.expert_read_fraction(num_new)) if self._expert_bytes else 0.0
         sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
@@ -527,13 +535,9 @@ class StepModel:
         op_t = np.maximum(t_c, t_m)
         if self.gpu:
             i = self._attn_index
-            decode = [(n, c) for n, c in batch if n == 1]
-            prefill = [(n, c) for n, c in batch if n != 1]
-            sums = lambda seqs: (float(sum(n for n, _ in seqs)), float(len(seqs)),  # noqa: E731
-                                 float(sum(n * c + n * (n + 1) // 2 for n, c in seqs)),
-                                 float(sum(c + n for n, c in seqs)))
-            longest = float(max((c + 1 for _, c in decode), default=0))
-            t_c[0, i], t_m[0, i], op_t[0, i] = self._gpu_attention(sums(decode), sums(prefill), longest)
+            f, decode, longest = _batch_sums(batch)
+            prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
+            t_c[0, i], t_m[0, i], op_t[0, i] = self._gpu_attention(decode, prefill, longest)
         total, parts = self._combine(feats, t_c, t_m, op_t)
         g = self.graph
         calls = g.num_calls
