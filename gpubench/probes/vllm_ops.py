@@ -28,6 +28,7 @@ Skipped, with the reason, on a host without the vLLM environment.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import subprocess
 import zlib
@@ -50,15 +51,14 @@ class _VllmWorker:
     def __init__(self):
         self.proc = None
         self.versions: dict = {}
-        self._pythonpath = None
+        self._stack = contextlib.ExitStack()  # holds the worker's private PYTHONPATH directory
 
     def start(self, threads: int) -> None:
         from vllmref import env
 
         python = env.require_env()
         # a private PYTHONPATH with only vllmref (the main environment's packages must not leak in)
-        self._pythonpath = env.vllmref_path()
-        path = self._pythonpath.__enter__()
+        path = self._stack.enter_context(env.vllmref_path())
         self.proc = subprocess.Popen([str(python), "-m", "vllmref.worker_ops"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
                                      env=env.worker_environ(threads=threads, pythonpath=path))
@@ -90,9 +90,7 @@ class _VllmWorker:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self._pythonpath is not None:
-            self._pythonpath.__exit__(None, None, None)
-            self._pythonpath = None
+        self._stack.close()
 
 
 _WORKER = _VllmWorker()
