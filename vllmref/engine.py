@@ -3,7 +3,8 @@
 Spec keys: ``model`` (directory), ``real_weights`` (False: ``load_format="dummy"``, random
 weights, no tokenizer), ``block_size`` (CPU attention needs a multiple of 32; vLLM's CPU default
 128), ``max_num_batched_tokens`` (token budget), ``max_num_seqs``, ``max_model_len``,
-``num_gpu_blocks`` (the KV pool; None: sized from ``VLLM_CPU_KVCACHE_SPACE``),
+``num_gpu_blocks`` (the KV pool's usable blocks, as the simulator counts them; vLLM is given one
+more, its null block; None: sized from ``VLLM_CPU_KVCACHE_SPACE``),
 ``enable_prefix_caching``, ``seed``. Always float32 (no AVX-512-BF16/AMX assumed: bf16 prefill was
 4-9x slower on such a host) and eager (torch.compile warm-up took 90 s on 2 cores and changes
 nothing a step row needs).
@@ -37,7 +38,9 @@ def build_engine(spec: dict):
         scheduler_cls="vllmref.hooks.RecordingScheduler", disable_log_stats=False,
     )
     if spec.get("num_gpu_blocks"):
-        kwargs["num_gpu_blocks_override"] = int(spec["num_gpu_blocks"])
+        # vLLM's pool includes the null block, which is never free: N usable blocks need N + 1
+        # (the simulator and the differential test count usable blocks).
+        kwargs["num_gpu_blocks_override"] = int(spec["num_gpu_blocks"]) + 1
     if not spec.get("real_weights", True):
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
     try:
@@ -54,7 +57,8 @@ def engine_facts(engine) -> dict:
 
     cfg = engine.vllm_config
     return {"vllm_version": vllm.__version__, "torch_version": torch.__version__,
-            "block_size": cfg.cache_config.block_size, "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
+            # usable blocks (vLLM's count includes its never-free null block)
+            "block_size": cfg.cache_config.block_size, "num_gpu_blocks": cfg.cache_config.num_gpu_blocks - 1,
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
             "max_num_seqs": cfg.scheduler_config.max_num_seqs, "num_threads": torch.get_num_threads(),
             "async_scheduling": bool(getattr(cfg.scheduler_config, "async_scheduling", False)),

@@ -112,6 +112,18 @@ def test_live_replay_hits_match_vllms_own_counters(live_and_sim):
     assert counters["vllm:request_success"] == len(turns)
 
 
+def test_live_and_simulated_pools_have_the_same_usable_blocks(live_and_sim):
+    # --num-gpu-blocks counts usable blocks in both engines; vLLM is given one more for its null
+    # block (a pool one block smaller preempted where the simulator did not).
+    for run in live_and_sim:
+        summary = json.loads((run / "summary.json").read_text())
+        steps = pd.read_csv(run / "steps.csv")
+        assert summary["metrics"]["num_gpu_blocks"] == 64
+        assert (steps["kv_total_blocks"] == 64).all()
+    live_summary = json.loads((live_and_sim[0] / "summary.json").read_text())
+    assert live_summary["metrics"]["engine"]["num_gpu_blocks"] == 64
+
+
 def test_live_replay_is_a_closed_loop(live_and_sim):
     live, _ = live_and_sim
     turns = pd.read_csv(live / "turns.csv").sort_values(["job_id", "turn"])
