@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
-from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef
+from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef, prefill_pairs
 
 
 SEGMENT_T_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -72,11 +72,19 @@ class CpuTableStep:
         self.engine = self._engine_curve(tables) if engine_cost and self.linear_engine == "vllm" else None
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
-        dc = config_coef(tables.d["attn_decode"], *heads)
+        # vLLM's layout runs vLLM's paged-attention kernel (the vllm_ops attention rows, ``attn_vllm``)
+        # when the calibration has them: a prefill chunk is causal over its cache (the masked pairs
+        # skipped), where torch's SDPA computes every pair under a boolean mask
+        vllm_attention = tables.d.get("attn_vllm") if self.linear_engine == "vllm" else None
+        self.attention_engine = "vllm" if vllm_attention else "torch"
+        decode_law = vllm_attention["decode"] if vllm_attention else tables.d["attn_decode"]
+        prefill_laws = {"causal": vllm_attention["prefill"]} if vllm_attention else tables.d["attn_prefill"]
+        self._masked_prefill = not vllm_attention
+        dc = config_coef(decode_law, *heads)
         self._dec = (dc["a"], dc["b"], dc["c_q"] * cfg.num_heads * hd + dc["e_kv"] * cfg.num_kv_heads * hd)
         self._pre = {}
-        for mode in ("causal", "masked"):
-            pc = config_coef(tables.d["attn_prefill"][mode], *heads)
+        for mode, law in prefill_laws.items():
+            pc = config_coef(law, *heads)
             self._pre[mode] = (pc["a"], pc["b_new"] * cfg.num_heads * hd, pc["e_kv"] * cfg.num_kv_heads * hd,
                                pc["p_pairs"] * cfg.num_heads * hd)
 
@@ -116,9 +124,9 @@ class CpuTableStep:
                 if c + 1 > longest:
                     longest = c + 1
             else:
-                pa, pb, pe, pp = self._pre["masked" if c > 0 else "causal"]
-                pairs = n * (c + n) if c > 0 else n * (n + 1) / 2
-                t += pa + pb * n + pe * (c + n) + pp * pairs
+                masked = self._masked_prefill and c > 0
+                pa, pb, pe, pp = self._pre["masked" if masked else "causal"]
+                t += pa + pb * n + pe * (c + n) + pp * prefill_pairs(n, c, masked)
         if num_decode:
             keys = num_decode * longest if self.padded_decode else decode_keys
             t += a + b * num_decode + per_key * keys

@@ -190,6 +190,30 @@ def _phase_normalized(df):
     return np.where(ok, t * typical / np.where(ok, ref, 1.0), t)
 
 
+def _decode_law(dec, kv_tokens: np.ndarray) -> dict:
+    """The decode law (DECODE_TERMS) fitted to decode rows reading ``kv_tokens`` keys each (phase
+    normalized: a decode group streams its KV as a GEMV streams its weight)."""
+    f = decode_terms(dec["batch"].to_numpy(float), kv_tokens, dec["heads"].to_numpy(float),
+                     dec["kv_heads"].to_numpy(float), dec["head_dim"].to_numpy(float))
+    t = _phase_normalized(dec)
+    coef, resid = _nnls_relative(f, t)
+    return {"coef": dict(zip(DECODE_TERMS, map(float, coef))), "num_rows": int(len(dec)),
+            "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(dec),
+            "by_config": _fit_by_config(dec, f, t, DECODE_TERMS)}
+
+
+def _prefill_law(rows, masked: bool) -> dict:
+    """The prefill law (PREFILL_TERMS) fitted to prefill rows of one mode (masked or causal)."""
+    f = prefill_terms(rows["new_tokens"].to_numpy(float), rows["cached_tokens"].to_numpy(float),
+                      rows["heads"].to_numpy(float), rows["kv_heads"].to_numpy(float),
+                      rows["head_dim"].to_numpy(float), masked)
+    t = rows["t_median_s"].to_numpy(float)
+    coef, resid = _nnls_relative(f, t)
+    return {"coef": dict(zip(PREFILL_TERMS, map(float, coef))), "num_rows": int(len(rows)),
+            "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(rows),
+            "by_config": _fit_by_config(rows, f, t, PREFILL_TERMS)}
+
+
 def _fit_by_config(df, features: np.ndarray, t: np.ndarray, terms: tuple) -> list:
     """The law fitted separately per probed head configuration (query heads per KV head, head_dim):
     the per-key cost depends on the grouping in ways one linear law misses (one law: ~10-19 % fit
@@ -276,13 +300,8 @@ class CpuOpTables:
         dec = _rows(frame, "attn_decode", dtype)
         if not len(dec):
             raise ConfigError(f"{source}: no valid torch_ops attn_decode rows for {dtype}")
-        f = decode_terms(dec["batch"].to_numpy(float), dec["context"].to_numpy(float) * dec["batch"].to_numpy(float),
-                         dec["heads"].to_numpy(float), dec["kv_heads"].to_numpy(float), dec["head_dim"].to_numpy(float))
-        t_dec = _phase_normalized(dec)
-        coef, resid = _nnls_relative(f, t_dec)
-        d["attn_decode"] = {"coef": dict(zip(DECODE_TERMS, map(float, coef))), "num_rows": int(len(dec)),
-                            "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(dec),
-                            "by_config": _fit_by_config(dec, f, t_dec, DECODE_TERMS)}
+        # torch's decode rows read L keys per sequence (the probe's query is not in the cache)
+        d["attn_decode"] = _decode_law(dec, dec["context"].to_numpy(float) * dec["batch"].to_numpy(float))
         pre = _rows(frame, "attn_prefill", dtype)
         if not len(pre):
             raise ConfigError(f"{source}: no valid torch_ops attn_prefill rows for {dtype}")
@@ -291,14 +310,15 @@ class CpuOpTables:
             sub = pre[pre["masked"].astype(bool) == masked]
             if not len(sub):
                 raise ConfigError(f"{source}: no valid {mode} attn_prefill rows for {dtype}")
-            f = prefill_terms(sub["new_tokens"].to_numpy(float), sub["cached_tokens"].to_numpy(float),
-                              sub["heads"].to_numpy(float), sub["kv_heads"].to_numpy(float),
-                              sub["head_dim"].to_numpy(float), masked)
-            t_pre = sub["t_median_s"].to_numpy(float)
-            coef, resid = _nnls_relative(f, t_pre)
-            d["attn_prefill"][mode] = {"coef": dict(zip(PREFILL_TERMS, map(float, coef))), "num_rows": int(len(sub)),
-                                       "fit_mape": float(np.mean(np.abs(resid))), "spread": _spread(sub),
-                                       "by_config": _fit_by_config(sub, f, t_pre, PREFILL_TERMS)}
+            d["attn_prefill"][mode] = _prefill_law(sub, masked)
+        vllm_dec = _rows(vllm_frame, "attn_decode", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        vllm_pre = _rows(vllm_frame, "attn_prefill", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        if len(vllm_dec) and len(vllm_pre):
+            # vLLM's kernel: a decode's query is in the cache (L + 1 keys); a prefill chunk is causal
+            # over its cached context (n*c + n(n+1)/2 pairs), the masked pairs skipped
+            kv_tokens = (vllm_dec["context"].to_numpy(float) + 1) * vllm_dec["batch"].to_numpy(float)
+            d["attn_vllm"] = {"engine": "vllm", "block_size": int(vllm_dec["block_size"].iloc[0]),
+                              "decode": _decode_law(vllm_dec, kv_tokens), "prefill": _prefill_law(vllm_pre, False)}
         seg = _rows(frame, "segment", dtype)
         if len(seg) and "context_elements" not in seg.columns:
             seg = seg.assign(context_elements=MAIN_CONTEXT_ELEMENTS)
@@ -397,9 +417,15 @@ def decode_terms(batch, kv_tokens, heads, kv_heads, head_dim) -> np.ndarray:
     return np.stack([np.ones_like(batch), batch, heads * head_dim * kv_tokens, kv_heads * head_dim * kv_tokens], axis=1)
 
 
+def prefill_pairs(new, cached, masked: bool):
+    """Query-key pairs a prefill chunk of ``new`` tokens over ``cached`` computes: all n(c+n) under
+    a boolean mask (torch's SDPA), n*c + n(n+1)/2 when causal (the masked half skipped)."""
+    return new * (cached + new) if masked else new * cached + new * (new + 1) / 2
+
+
 def prefill_terms(new, cached, heads, kv_heads, head_dim, masked: bool) -> np.ndarray:
     """Columns of the prefill law (PREFILL_TERMS) for one sequence per row."""
     new, cached = np.asarray(new, float), np.asarray(cached, float)
-    pairs = new * (cached + new) if masked else new * (new + 1) / 2
+    pairs = prefill_pairs(new, cached, masked)
     return np.stack([np.ones_like(new), heads * head_dim * new, kv_heads * head_dim * (cached + new),
                      heads * head_dim * pairs], axis=1)

@@ -1,4 +1,4 @@
-"""``python -m vllmref.worker_ops``: vLLM's own CPU linear, timed for the ``vllm_ops`` probe.
+"""``python -m vllmref.worker_ops``: vLLM's own CPU linear and attention, timed for the ``vllm_ops`` probe.
 
 Runs inside the vLLM environment as a long-lived child of the probe's worker: one JSON request
 per stdin line, one JSON reply per stdout line, and it exits when stdin closes (so it dies with
@@ -15,6 +15,17 @@ repetition finds its weight in cache, as in a step. Times are the thread's CPU t
 carries ``times_s`` (first = warm-up), ``ref_times_s`` (a cold 1 x ``ref_k`` x ``ref_n`` torch GEMV
 timed beside it, the machine-phase reference every streaming probe row carries), ``valid`` and
 ``max_abs_err`` (sampled outputs against a float64 product, bound K*eps*|x||W|).
+
+Attention request (``"op": "attention"``): ``{"heads", "kv_heads", "head_dim", "block_size",
+"seq_lens", "query_lens", "dtype", "pool_bytes", ...}`` (and the repetition and reference fields
+above). One call of vLLM's CPU paged-attention kernel (``ops.cpu_attention_with_kv_cache`` with
+its ``cpu_attn_get_scheduler_metadata``, split-KV on, the ISA vLLM picks) over requests whose
+query tokens are the last ``query_lens[i]`` of ``seq_lens[i]`` tokens (a decode: 1 of L; a
+prefill chunk: n of c + n, causal), as the CPU attention backend issues it for a step's batch.
+The paged KV cache is a pool of blocks larger than ``pool_bytes`` and every repetition reads
+blocks no earlier repetition touched (the cache is cold, as in a step after a layer's weights
+streamed). The output of one smaller problem of the same head configuration, its KV written with
+vLLM's own ``cpu_attn_reshape_and_cache``, is checked against a float64 softmax(QK^T/sqrt(d))V.
 """
 from __future__ import annotations
 
@@ -120,6 +131,134 @@ def measure(state: _State, req: dict) -> dict:
     return out
 
 
+class _AttentionState:
+    """The KV block pool of the last head configuration asked for, and its checked configurations;
+    ``reference``: the linear family's state, whose buffer the reference GEMV reads."""
+
+    def __init__(self, reference: _State):
+        self.reference = reference
+        self.shape = None
+        self.kv_cache = None
+        self.cursor = 0
+        self.checked: dict = {}
+
+
+def _attention_isa(dtype, block_size: int, head_dim: int) -> str:
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    return _get_attn_isa(dtype, block_size, head_dim)
+
+
+def _split_cache(kv_cache):
+    """Key and value views of a [blocks, kv_heads, block_size, 2 * head_dim] cache (vLLM's layout)."""
+    blocks, kv_heads, block_size, _ = kv_cache.shape
+    return kv_cache.view(blocks, kv_heads, block_size * 2, -1).chunk(2, dim=2)
+
+
+def _attention_call(query, key_cache, value_cache, output, query_lens, seq_lens, block_table, req: dict, isa: str):
+    import math
+
+    import torch
+    from vllm import _custom_ops as ops
+
+    query_start = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    metadata = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(seq_lens), num_heads=req["heads"], num_kv_heads=req["kv_heads"], head_dim=req["head_dim"],
+        seq_lens=lens, dtype=query.dtype, query_start_loc=query_start, causal=True, sliding_window_size=-1,
+        isa=isa, enable_kv_split=True)
+
+    def call():
+        ops.cpu_attention_with_kv_cache(
+            query=query, key_cache=key_cache, value_cache=value_cache, output=output, query_start_loc=query_start,
+            seq_lens=lens, scale=1.0 / math.sqrt(req["head_dim"]), causal=True, alibi_slopes=None, sliding_window=-1,
+            block_table=block_table, softcap=0.0, scheduler_metadata=metadata, s_aux=None)
+    return call
+
+
+def _check_attention(req: dict, isa: str) -> float:
+    """Max |error| of one 48-query, 300-key causal problem of this head configuration against float64."""
+    import math
+
+    import torch
+    from vllm import _custom_ops as ops
+
+    heads, kv_heads, dim, block_size = req["heads"], req["kv_heads"], req["head_dim"], req["block_size"]
+    dtype = _dtype(req["dtype"])
+    num_new, num_keys = 48, 300
+    num_blocks = -(-num_keys // block_size)
+    gen = torch.Generator().manual_seed(int(req["seed"]))
+    k, v = ((torch.rand(num_keys, kv_heads, dim, generator=gen) * 2 - 1).to(dtype) for _ in range(2))
+    q = (torch.rand(num_new, heads, dim, generator=gen) * 2 - 1).to(dtype)
+    kv_cache = torch.zeros(num_blocks + 1, kv_heads, block_size, 2 * dim, dtype=dtype)
+    key_cache, value_cache = _split_cache(kv_cache)
+    block_table = torch.arange(1, num_blocks + 1, dtype=torch.int32)[None]
+    positions = torch.arange(num_keys)
+    slots = (block_table[0, positions // block_size] * block_size + positions % block_size).long()
+    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa)
+    out = torch.empty(num_new, heads, dim, dtype=dtype)
+    _attention_call(q, key_cache, value_cache, out, [num_new], [num_keys], block_table, req, isa)()
+    group = heads // kv_heads
+    kd, vd = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q.double(), kd) / math.sqrt(dim)
+    visible = torch.arange(num_keys)[None, :] <= torch.arange(num_keys - num_new, num_keys)[:, None]
+    ref = torch.einsum("hnl,lhd->nhd", scores.masked_fill(~visible[None], float("-inf")).softmax(-1), vd)
+    return float((out.double() - ref).abs().max())
+
+
+def measure_attention(state: _AttentionState, req: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(int(req["threads"]))
+    dtype = _dtype(req["dtype"])
+    heads, kv_heads, dim, block_size = req["heads"], req["kv_heads"], req["head_dim"], req["block_size"]
+    seq_lens, query_lens = [int(v) for v in req["seq_lens"]], [int(v) for v in req["query_lens"]]
+    if len(seq_lens) != len(query_lens) or any(q < 1 or q > s for q, s in zip(query_lens, seq_lens)):
+        raise ValueError("query_lens must be 1..seq_len for each request")
+    isa = _attention_isa(dtype, block_size, dim)
+    blocks_per_req = [-(-s // block_size) for s in seq_lens]
+    block_bytes = kv_heads * block_size * 2 * dim * torch.empty(0, dtype=dtype).element_size()
+    pool_blocks = max(2 * sum(blocks_per_req), -(-req["pool_bytes"] // block_bytes))
+    shape = (kv_heads, dim, block_size, req["dtype"], pool_blocks)
+    if state.shape != shape:
+        state.kv_cache = None  # free the previous pool first
+        state.kv_cache = torch.empty(pool_blocks, kv_heads, block_size, 2 * dim, dtype=dtype).uniform_(
+            -1, 1, generator=torch.Generator().manual_seed(int(req["seed"])))
+        state.shape, state.cursor = shape, 0
+    key_cache, value_cache = _split_cache(state.kv_cache)
+    config = (heads, kv_heads, dim, block_size, req["dtype"])
+    if config not in state.checked:
+        state.checked[config] = _check_attention(req, isa)
+    gen = torch.Generator().manual_seed(int(req["seed"]) + len(seq_lens))
+    query = (torch.rand(sum(query_lens), heads, dim, generator=gen) * 2 - 1).to(dtype)
+    output = torch.empty_like(query)
+    ref_times = _reference(state.reference, req)
+    times: list[float] = []
+    timed = 0.0
+    with torch.inference_mode():
+        while len(times) < req["min_reps"] or (timed < req["min_timed_s"] and len(times) < req["max_reps"]):
+            block_table = torch.zeros(len(seq_lens), max(blocks_per_req), dtype=torch.int32)
+            for i, num_blocks in enumerate(blocks_per_req):  # fresh blocks each repetition: a cold cache
+                if state.cursor + num_blocks > pool_blocks:
+                    state.cursor = 0
+                block_table[i, :num_blocks] = torch.arange(state.cursor, state.cursor + num_blocks)
+                state.cursor += num_blocks
+            call = _attention_call(query, key_cache, value_cache, output, query_lens, seq_lens, block_table, req, isa)
+            t0 = time.thread_time()
+            call()
+            dt = time.thread_time() - t0
+            times.append(dt)
+            if len(times) > 1:
+                timed += dt
+    err = state.checked[config]
+    bound = 1e-4 if req["dtype"] == "fp32" else 3e-2
+    out = {"times_s": times, "ref_times_s": ref_times, "valid": bool(err <= bound) and bool(torch.isfinite(output).all()),
+           "max_abs_err": err, "isa": isa, "pool_blocks": pool_blocks}
+    if not out["valid"]:
+        out["invalid_reason"] = f"attention output off by {err:.3e} from the float64 reference (bound {bound:g})"
+    return out
+
+
 def main() -> int:
     try:
         import torch
@@ -133,11 +272,13 @@ def main() -> int:
         return 2
     print(json.dumps({"ready": True, "vllm_version": vllm.__version__, "torch_version": str(torch.__version__)}), flush=True)
     state = _State()
+    attention_state = _AttentionState(reference=state)
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            reply = measure(state, json.loads(line))
+            req = json.loads(line)
+            reply = measure_attention(attention_state, req) if req.get("op") == "attention" else measure(state, req)
         except Exception as e:  # one bad request is that row's error, not the end of the worker
             reply = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(reply), flush=True)

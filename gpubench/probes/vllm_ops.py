@@ -16,6 +16,17 @@ them into the calibration's ``cpu_ops`` tables as ``linear_vllm`` (used for vLLM
 Times are the worker thread's CPU time (``vllm_ops.num_threads`` threads, default 1: the
 reference engine's step rows are taken on one OpenMP thread).
 
+``family = "attn_decode"`` / ``"attn_prefill"``, ``engine = "vllm"``: vLLM's CPU paged-attention
+kernel (``ops.cpu_attention_with_kv_cache``, block size 128, split-KV, the ISA vLLM picks here),
+over the head configurations and the (batch, context) and (new, cached) grids of ``torch_ops``'
+attention families: B decode sequences of L keys in one call, or one prefill chunk of n new
+tokens over c cached (causal, so n*c + n(n+1)/2 query-key pairs; vLLM skips the masked ones,
+where torch's SDPA with a boolean mask computes all n(c+n)). The KV blocks are cold (a pool
+larger than 2x the last-level cache, fresh blocks every repetition), the reference GEMV is timed
+beside every row, and one problem per head configuration is checked against float64. ``gpubench
+fit`` fits the same attention laws as for torch's rows into ``attn_vllm``, which the fused (vLLM)
+layout uses in place of the SDPA laws.
+
 ``family = "engine_step"``: real vLLM engine steps of the shipped ``tiny-llama`` config (4 layers of
 width 128, random weights) decoding B sequences, B = 1..32: the CPU time of a whole engine step
 (schedule, input preparation, forward, sampling, output processing; all of the process's threads)
@@ -38,6 +49,7 @@ from gpubench.probes import torch_ops as grid
 from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt
 
 DTYPES = ("fp32", "bf16")
+ATTENTION_BLOCK_SIZE = 128           # vLLM's CPU default, what the reference engine runs
 ENGINE_MODEL = "tiny-llama"           # a shipped config whose ops cost a few % of a vLLM step
 ENGINE_BATCH = (1, 2, 4, 8, 16, 32)
 QUICK_ENGINE_BATCH = (1, 4, 16)
@@ -98,7 +110,8 @@ _WORKER = _VllmWorker()
 
 class VllmOpsProbe(Probe):
     name = "vllm_ops"
-    description = "vLLM's CPU linear (oneDNN, prepacked weights) over the torch_ops M grid, cold weights"
+    description = ("vLLM's CPU linear (oneDNN, prepacked weights) and paged attention over torch_ops' grids, "
+                   "cold weights and KV, plus real engine steps of a tiny model")
     timer = "thread_cpu"
     time_budget_s = 900.0
 
@@ -136,6 +149,8 @@ class VllmOpsProbe(Probe):
                             params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
                                     "num_threads": threads, "pool_bytes": int(pool_bytes)},
                             label=f"vllm linear {dt} M={m} N={nn} K={kk}"))
+        if opt(cfg, "vllm_ops", "attention", True):
+            specs += _attention_specs(cfg, dtypes, threads, int(pool_bytes), scale)
         if "fp32" in dtypes and opt(cfg, "vllm_ops", "engine_steps", True):
             max_b = opt(cfg, "vllm_ops", "max_batch", 1 << 30)
             for b in (QUICK_ENGINE_BATCH if q else ENGINE_BATCH):
@@ -151,19 +166,85 @@ class VllmOpsProbe(Probe):
         p = spec.params
         if p["family"] == "engine_step":
             return _measure_engine_step(p)
-        ref_n, ref_k = grid.REFERENCE_SHAPE
+        if p["family"] in ("attn_decode", "attn_prefill"):
+            return _measure_attention(p)
         req = {"m": p["m"], "n": p["n"], "k": p["k"], "dtype": p["dtype"], "pool_bytes": p["pool_bytes"],
-               "threads": p["num_threads"], "seed": zlib.crc32(f"{p['n']}x{p['k']}".encode()),
-               "min_reps": grid.MIN_REPS, "max_reps": grid.MAX_REPS, "min_timed_s": grid.MIN_TIMED_S,
-               "ref_n": ref_n, "ref_k": ref_k, "ref_reps": grid.REFERENCE_REPS}
-        reply = _WORKER.request(req, int(p["num_threads"]))
-        if "error" in reply:
-            raise RuntimeError(f"vLLM ops worker: {reply['error']}")
+               "threads": p["num_threads"], "seed": zlib.crc32(f"{p['n']}x{p['k']}".encode()), **_REPETITIONS}
+        reply = _ask_worker(req, p)
         itemsize = 2 if p["dtype"] == "bf16" else 4
         m, n, k = p["m"], p["n"], p["k"]
         base = {key: v for key, v in p.items() if key != "pool_bytes"}
         return {**base, **_WORKER.versions, **reply, "flops": grid.linear_flops(m, n, k),
                 "bytes": grid.linear_bytes(m, n, k, itemsize), "weight_bytes": n * k * itemsize}
+
+
+# how every worker measurement repeats, and the reference GEMV timed beside it (torch_ops' rules)
+_REPETITIONS = {"min_reps": grid.MIN_REPS, "max_reps": grid.MAX_REPS, "min_timed_s": grid.MIN_TIMED_S,
+                "ref_n": grid.REFERENCE_SHAPE[0], "ref_k": grid.REFERENCE_SHAPE[1], "ref_reps": grid.REFERENCE_REPS}
+
+
+def _ask_worker(req: dict, p: dict) -> dict:
+    reply = _WORKER.request(req, int(p["num_threads"]))
+    if "error" in reply:
+        raise RuntimeError(f"vLLM ops worker: {reply['error']}")
+    return reply
+
+
+def _attention_specs(cfg: ProbeConfig, dtypes, threads: int, pool_bytes: int, scale: float) -> list[MeasurementSpec]:
+    """The attention families over torch_ops' head configurations and grids (sizes scaled in tests)."""
+    q = cfg.quick
+    max_b = opt(cfg, "vllm_ops", "max_batch", 1 << 30)
+
+    def sz(v: int, floor: int = 1) -> int:
+        return max(floor, int(v * scale))
+
+    common = {"engine": "vllm", "num_threads": threads, "pool_bytes": pool_bytes, "block_size": ATTENTION_BLOCK_SIZE}
+    specs = []
+    for dt in dtypes:
+        for h, hkv, d in (grid.QUICK_ATTN_HEADS if q else grid.ATTN_HEADS):
+            for b in (grid.QUICK_DECODE_BATCH if q else grid.DECODE_BATCH):
+                for ctx in (grid.QUICK_DECODE_CONTEXT if q else grid.DECODE_CONTEXT):
+                    if b > max_b or b * ctx > grid.MAX_DECODE_KV_TOKENS:
+                        continue
+                    specs.append(MeasurementSpec(
+                        key=f"vllm_attn_decode_{dt}_h{h}_kv{hkv}_d{d}_b{b}_l{ctx}",
+                        params={**common, "family": "attn_decode", "dtype": dt, "heads": h, "kv_heads": hkv,
+                                "head_dim": d, "batch": b, "context": sz(ctx, 4)},
+                        label=f"vllm attn decode {dt} H={h}/{hkv} B={b} L={ctx}"))
+            for n_new in (grid.QUICK_PREFILL_NEW if q else grid.PREFILL_NEW):
+                for cached in (grid.QUICK_PREFILL_CACHED if q else grid.PREFILL_CACHED):
+                    specs.append(MeasurementSpec(
+                        key=f"vllm_attn_prefill_{dt}_h{h}_kv{hkv}_d{d}_n{n_new}_c{cached}",
+                        params={**common, "family": "attn_prefill", "dtype": dt, "heads": h, "kv_heads": hkv,
+                                "head_dim": d, "new_tokens": sz(n_new, 2), "cached_tokens": sz(cached, 0) if cached else 0},
+                        label=f"vllm attn prefill {dt} H={h}/{hkv} n={n_new} c={cached}"))
+    return specs
+
+
+def _measure_attention(p: dict) -> dict:
+    """One call of vLLM's CPU attention kernel on a decode group or one prefill chunk (cold KV)."""
+    if p["family"] == "attn_decode":
+        b, ctx = int(p["batch"]), int(p["context"])
+        # a decode's query is its sequence's last token: L cached keys plus its own
+        seq_lens, query_lens = [ctx + 1] * b, [1] * b
+        kv_tokens, query_tokens = b * (ctx + 1), b
+        pairs = kv_tokens
+    else:
+        n, c = int(p["new_tokens"]), int(p["cached_tokens"])
+        seq_lens, query_lens = [c + n], [n]
+        kv_tokens, query_tokens = c + n, n
+        pairs = n * c + n * (n + 1) // 2
+    h, hkv, d = int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"])
+    req = {"op": "attention", "heads": h, "kv_heads": hkv, "head_dim": d, "block_size": p["block_size"],
+           "seq_lens": seq_lens, "query_lens": query_lens, "dtype": p["dtype"], "pool_bytes": p["pool_bytes"],
+           "threads": p["num_threads"], "seed": zlib.crc32(f"{h}x{hkv}x{d}".encode()), **_REPETITIONS}
+    reply = _ask_worker(req, p)
+    itemsize = 2 if p["dtype"] == "bf16" else 4
+    base = {key: v for key, v in p.items() if key != "pool_bytes"}
+    # FLOPs: QK^T and PV, 2 x 2 x d per visible (query, key) pair and head; bytes: K and V read
+    # once per KV head, Q read and the output written once.
+    return {**base, **_WORKER.versions, **reply, "flops": 4 * pairs * h * d,
+            "bytes": (2 * kv_tokens * hkv * d + 2 * query_tokens * h * d) * itemsize}
 
 
 def _measure_engine_step(p: dict) -> dict:

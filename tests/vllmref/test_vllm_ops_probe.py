@@ -98,6 +98,60 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     assert separate.predict([(1, 100)] * b).host_s == 0.0
 
 
+def test_attention_rows_time_vllms_paged_kernel_and_count_what_it_computes(tiny_run):
+    _, every = tiny_run
+    dec = every[every.family == "attn_decode"]
+    pre = every[every.family == "attn_prefill"]
+    assert len(dec) and len(pre)
+    for rows in (dec, pre):
+        assert rows.valid.all(), rows[~rows.valid][["key", "invalid_reason"]].to_string()
+        assert (rows.engine == "vllm").all() and (rows.block_size == 128).all()
+        assert (rows.max_abs_err < 1e-4).all()  # one problem per head configuration against float64
+        assert rows.isa.notna().all() and (rows.t_median_s > 0).all()
+        assert rows.ref_times_s.map(len).min() >= 5
+        # the KV pool holds more blocks than one repetition reads: every repetition reads fresh ones
+        assert (rows.pool_blocks > 1).all()
+    # a decode query attends its own key too (L + 1); a causal chunk computes n*c + n(n+1)/2 pairs
+    b, ctx, h, hkv, d = (dec[c].to_numpy() for c in ("batch", "context", "heads", "kv_heads", "head_dim"))
+    assert (dec.flops.to_numpy() == 4 * b * (ctx + 1) * h * d).all()
+    assert (dec.bytes.to_numpy() == (2 * b * (ctx + 1) * hkv * d + 2 * b * h * d) * 4).all()
+    n, c, h = (pre[col].to_numpy() for col in ("new_tokens", "cached_tokens", "heads"))
+    assert (pre.flops.to_numpy() == 4 * (n * c + n * (n + 1) // 2) * h * pre.head_dim.to_numpy()).all()
+    # more keys cost more (same head configuration and batch)
+    one = dec[(dec.heads == dec.heads.iloc[0]) & (dec.batch == dec.batch.min())].sort_values("context")
+    assert one.t_median_s.iloc[-1] > one.t_median_s.iloc[0]
+
+
+def test_fused_layout_prices_attention_with_vllms_kernel(tiny_run, tmp_path):
+    from predictor.calibrate import Calibration, fit_run
+    from predictor.cpu_step import CpuTableStep
+    from predictor.cpu_tables import config_coef
+    from predictor.config import load_model_config
+
+    run_dir, every = tiny_run
+    cal = fit_run(run_dir, argv=["test"], allow_contended=True)
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    tables = Calibration.load(path).cpu_ops["fp32"]
+    law = tables.d["attn_vllm"]
+    assert law["engine"] == "vllm" and law["block_size"] == 128
+    assert law["decode"]["num_rows"] == int(every[(every.family == "attn_decode")].valid.sum())
+    model = load_model_config("llama-60m")
+    fused = CpuTableStep(tables, model, "fused")
+    separate = CpuTableStep(tables, model, "separate")
+    assert fused.attention_engine == "vllm" and separate.attention_engine == "torch"
+    # a prefill chunk over a cache: vLLM's law, causal pairs n*c + n(n+1)/2, recomputed by hand
+    hd, h, hkv = model.head_dim, model.num_heads, model.num_kv_heads
+    pc = config_coef(law["prefill"], h, hkv, hd)
+    n, c = 40, 300
+    want = pc["a"] + pc["b_new"] * h * hd * n + pc["e_kv"] * hkv * hd * (c + n) + pc["p_pairs"] * h * hd * (n * c + n * (n + 1) / 2)
+    assert fused.attention_s([(n, c)]) == pytest.approx(want, rel=1e-12)
+    dc = config_coef(law["decode"], h, hkv, hd)
+    want_dec = dc["a"] + dc["b"] * 3 + (dc["c_q"] * h * hd + dc["e_kv"] * hkv * hd) * (101 + 201 + 301)
+    assert fused.attention_s([(1, 100), (1, 200), (1, 300)]) == pytest.approx(want_dec, rel=1e-12)
+    assert separate.attention_s([(n, c)]) != fused.attention_s([(n, c)])
+
+
 def test_probe_is_skipped_with_the_reason_without_the_environment(tmp_path):
     from tests.gpubench.conftest import run_cli
 
