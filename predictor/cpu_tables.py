@@ -245,13 +245,17 @@ def config_coef(law: dict, heads: int, kv_heads: int, head_dim: int) -> dict:
 
 
 def _phase_spread(df) -> dict:
-    """p10 and p90 of the reference GEMV's medians over their median (1.0 without references)."""
+    """p10 and p90 of the reference GEMV's medians over their median (1.0 without references), and
+    that median itself (``reference_median_s``: the phase the tables describe, which a step row's
+    own reference GEMV is compared with)."""
     ref = _reference_medians(df)
     ref = ref[np.isfinite(ref) & (ref > 0)]
     if not ref.size:
-        return {"p10": 1.0, "p90": 1.0, "num_rows": 0}
-    rel = ref / np.median(ref)
-    return {"p10": float(np.percentile(rel, 10)), "p90": float(np.percentile(rel, 90)), "num_rows": int(ref.size)}
+        return {"p10": 1.0, "p90": 1.0, "num_rows": 0, "reference_median_s": None}
+    typical = float(np.median(ref))
+    rel = ref / typical
+    return {"p10": float(np.percentile(rel, 10)), "p90": float(np.percentile(rel, 90)), "num_rows": int(ref.size),
+            "reference_median_s": typical}
 
 
 class CpuOpTables:

@@ -729,7 +729,33 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     headline = headline_text(met, wil)
     if base["cpu_ops"] is not None:
         headline += interval_coverage_text(df, base["cpu_ops"], calibration, target)
+        headline += phase_matched_text(df, base["cpu_ops"], calibration, target)
     return EvalResult(pred, met, wil, transfer, fits, headline)
+
+
+def phase_matched_text(df: pd.DataFrame, predicted: pd.Series, calibration, target: str) -> str:
+    """A diagnostic, not a prediction a user can make ahead of time: the CPU op tables' decode MAPE
+    when each prediction is taken to the machine phase of its row, i.e. multiplied by the row's own
+    reference GEMV over the probe run's median one (the same cold GEMV, timed right before the
+    row's steps). What it removes is the host's drift between the probe run and the rows; nothing
+    is fitted. Empty when the rows or the calibration lack the reference."""
+    from predictor.calibrate import Calibration
+
+    if "ref_gemv_s" not in df.columns:
+        return ""
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    probe_ref = np.array([(cal.cpu_ops[dt].d.get("phase_spread") or {}).get("reference_median_s") or np.nan
+                          for dt in df.dtype], dtype=float)
+    phase = df["ref_gemv_s"].to_numpy(float) / probe_ref
+    y, p = df[target].to_numpy(np.float64), predicted.to_numpy()
+    sel = (df.phase == "decode").to_numpy() & np.isfinite(phase)
+    if not sel.any():
+        return ""
+    raw, matched = ape_pct(y[sel], p[sel]).mean(), ape_pct(y[sel], p[sel] * phase[sel]).mean()
+    return (f"- `cpu_ops` at each row's machine phase (prediction x the row's reference GEMV / the probe run's, "
+            f"a diagnostic of host drift, not a held-out figure): decode MAPE {matched:.2f} % against "
+            f"{raw:.2f} % as predicted (n = {int(sel.sum())}; row phase / probe phase median "
+            f"{np.median(phase[sel]):.3f}, p10..p90 {np.percentile(phase[sel], 10):.3f}..{np.percentile(phase[sel], 90):.3f})\n")
 
 
 def interval_coverage_text(df: pd.DataFrame, predicted: pd.Series, calibration, target: str) -> str:

@@ -396,6 +396,23 @@ def _ops_indices(num_points: int, k: int) -> set[int]:
     return {int(round(i)) for i in np.linspace(0, num_points - 1, k)}
 
 
+def reference_gemv_s(dtype: str, device_type: str) -> float:
+    """On the CPU, the median (first repetition discarded) of the cold reference GEMV every probe
+    row times beside itself, timed right before a grid point's steps: the machine phase the row
+    was taken in. NaN on other devices."""
+    if device_type != "cpu":
+        return float("nan")
+    from gpubench.hostinfo import host_cpu
+    from gpubench.probes.common import mem_available_bytes
+    from gpubench.probes.torch_ops import reference_times
+
+    pool_elements = max(2 * host_cpu().llc_bytes // 4, 1 << 20)
+    avail = mem_available_bytes()
+    if avail:
+        pool_elements = min(pool_elements, avail // 16 // 4)
+    return float(np.median(reference_times(dtype, pool_elements)[1:]))
+
+
 def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
                 progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
     """Time every point of the grid for ``cfg``; append rows; resume; write parquet. Returns all rows."""
@@ -438,7 +455,7 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
                 progress(j, len(todo), p.key)
             load_before = os.getloadavg()[0]
             row = {"key": row_key(cfg.name, dev_label, dtype, p), **static, "phase": p.phase,
-                   **point_features(cfg, p, dtype_bytes)}
+                   **point_features(cfg, p, dtype_bytes), "ref_gemv_s": reference_gemv_s(dtype, dev.type)}
             row |= time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
                              min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
             row |= (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if i in ops_idx

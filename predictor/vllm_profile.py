@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from vllmref.settings import EngineSettings
@@ -128,9 +130,20 @@ def batch_of(step: dict) -> tuple[str, tuple[tuple[int, int], ...]]:
     return phase, tuple(decodes + prefills)
 
 
+def reference_medians(records: list[dict]) -> dict[str, float]:
+    """Per scenario, the median of the reference GEMV timed before it (first repetition discarded,
+    as the probe rows' are); the last record of a scenario run twice wins."""
+    out = {}
+    for rec in records:
+        if rec.get("kind") == "reference" and len(rec.get("times_s") or ()) > 1:
+            out[rec["scenario"]] = float(np.median(rec["times_s"][1:]))
+    return out
+
+
 def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]:
     """Rows in the torch rows' schema (plus the vLLM fields) from the worker's step records."""
     rows = []
+    reference = reference_medians(records)
     threads = static["num_threads"]
     ncpu = os.cpu_count() or 1
     for rec in records:
@@ -161,9 +174,25 @@ def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]
             "scenario": rec["scenario"], "engine_step": rec["scenario_step"],
             "kv_free_blocks": rec["kv_free_blocks"], "kv_total_blocks": rec["kv_total_blocks"],
             "num_preempted": len(rec["preempted"]),
+            # the machine phase the row was taken in (NaN: a worker without the reference)
+            "ref_gemv_s": reference.get(rec["scenario"], float("nan")),
         }
         rows.append(row)
     return rows
+
+
+def reference_spec() -> dict:
+    """The reference GEMV the probe rows time beside themselves (torch_ops' shape, repetitions and
+    cold pool of 2x the last-level cache), for the worker to time before each scenario."""
+    from gpubench.hostinfo import host_cpu
+    from gpubench.probes.common import mem_available_bytes
+    from gpubench.probes.torch_ops import REFERENCE_REPS, REFERENCE_SHAPE
+
+    pool_bytes = max(2 * host_cpu().llc_bytes, 4 << 20)
+    avail = mem_available_bytes()
+    if avail:
+        pool_bytes = min(pool_bytes, avail // 16)
+    return {"ref_n": REFERENCE_SHAPE[0], "ref_k": REFERENCE_SHAPE[1], "ref_reps": REFERENCE_REPS, "pool_bytes": int(pool_bytes)}
 
 
 def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
@@ -189,7 +218,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     todo = [s for s in scenarios if s["name"] not in done or s["name"] == "warmup"]
     if len(todo) > 1:  # more than the warm-up
         longest = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in todo for r in s["requests"])
-        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo,
+        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo, "reference": reference_spec(),
                 "engine": pc.engine_spec(model_dir, real_weights=real_weights, longest_tokens=longest)}
         total = len(todo)
 

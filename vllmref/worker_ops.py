@@ -74,7 +74,7 @@ def _pool_for(state: _State, req: dict) -> None:
     state.shape, state.cursor = shape, 0
 
 
-def _reference(state: _State, req: dict) -> list[float]:
+def reference_gemv_times(state: _State, req: dict) -> list[float]:
     import torch
     import torch.nn.functional as F
 
@@ -103,7 +103,7 @@ def measure(state: _State, req: dict) -> dict:
     _pool_for(state, req)
     m, n, k = req["m"], req["n"], req["k"]
     x = (torch.rand(m, k, generator=torch.Generator().manual_seed(int(req["seed"]) + m)) * 2 - 1).to(_dtype(req["dtype"]))
-    ref_times = _reference(state, req)
+    ref_times = reference_gemv_times(state, req)
     times: list[float] = []
     timed = 0.0
     y = handler_index = None
@@ -232,7 +232,7 @@ def measure_attention(state: _AttentionState, req: dict) -> dict:
     gen = torch.Generator().manual_seed(int(req["seed"]) + len(seq_lens))
     query = (torch.rand(sum(query_lens), heads, dim, generator=gen) * 2 - 1).to(dtype)
     output = torch.empty_like(query)
-    ref_times = _reference(state.reference, req)
+    ref_times = reference_gemv_times(state.reference, req)
     times: list[float] = []
     timed = 0.0
     with torch.inference_mode():

@@ -16,7 +16,10 @@ same key are identical (prefix-cache hits), ``unique`` segments are fresh. A req
 before the scenario's ``after_step``-th engine step, or once the request named ``after_finish``
 has finished. Output records (JSONL): one ``{"kind": "step", ...}`` per engine step, one
 ``{"kind": "request", ...}`` per finished request (with vLLM's own ``num_cached_tokens``), one
-``{"kind": "engine", ...}`` with the settings the engine really runs with.
+``{"kind": "engine", ...}`` with the settings the engine really runs with. With a ``reference``
+entry in the spec (``{"ref_n", "ref_k", "ref_reps", "pool_bytes"}``), one ``{"kind": "reference",
+"scenario", "times_s"}`` per scenario: the cold torch GEMV every probe row times beside itself,
+timed right before the scenario's steps, so a row says which machine phase it was taken in.
 """
 from __future__ import annotations
 
@@ -96,8 +99,19 @@ def main(spec_path: str, out_path: str) -> int:
     with open(out_path, "a") as out:  # appended: the parent resumes from what an interrupted run wrote
         write_record(out, {"kind": "engine", **facts, "start_s": time.perf_counter() - t0})
         scenarios = spec["scenarios"]
+        reference = spec.get("reference")
+        reference_state = None
+        if reference:
+            from vllmref.worker_ops import _State
+
+            reference_state = _State()
         for i, scenario in enumerate(scenarios):
             engine.reset_prefix_cache()
+            if reference_state is not None:
+                from vllmref.worker_ops import reference_gemv_times
+
+                write_record(out, {"kind": "reference", "scenario": scenario["name"],
+                                   "times_s": reference_gemv_times(reference_state, reference)})
             n = run_scenario(engine, scenario, seed=seed, vocab_size=vocab_size, out=out, counter=counter)
             write_record(out, {"kind": "scenario_done", "scenario": scenario["name"], "num_steps": n})
             progress(f"{i + 1}/{len(scenarios)} {scenario['name']} ({n} steps)")

@@ -76,6 +76,26 @@ def test_phase_normalization_uses_the_row_reference_ratio(tiny_run):
     assert np.allclose(got, expect)
 
 
+def test_phase_matched_decode_mape_is_the_prediction_times_the_reference_ratio(tiny_run):
+    import numpy as np
+    import pandas as pd
+
+    from predictor.evaluate import phase_matched_text
+
+    run_dir, _ = tiny_run
+    cal = fit_run(run_dir, argv=["test"], allow_contended=True)
+    probe_ref = cal.cpu_ops["fp32"].d["phase_spread"]["reference_median_s"]
+    assert probe_ref > 0
+    df = pd.DataFrame({"dtype": ["fp32"] * 3, "phase": ["decode", "decode", "prefill"],
+                       "wall_s": [1.0, 2.0, 3.0], "ref_gemv_s": [probe_ref * 1.1, probe_ref * 0.5, probe_ref]})
+    predicted = pd.Series([1.0, 3.0, 3.0])
+    text = phase_matched_text(df, predicted, cal, "wall_s")
+    # decode rows: as predicted |1-1|/1 and |3-2|/2 -> 25 %; matched |1.1-1|/1 and |1.5-2|/2 -> 17.5 %
+    assert "decode MAPE 17.50 % against 25.00 % as predicted (n = 2" in text
+    assert phase_matched_text(df.drop(columns="ref_gemv_s"), predicted, cal, "wall_s") == ""
+    assert np.isfinite(probe_ref)
+
+
 def test_segment_context_delta_interpolates_between_measured_contexts(tiny_run):
     run_dir, rows = tiny_run
     tables = fit_run(run_dir, argv=["test"], allow_contended=True).cpu_ops["fp32"]

@@ -60,6 +60,7 @@ def test_profile_tiny_llama_rows_resume_and_ops(tmp_path):
         assert r.wall_min_s <= r.wall_s <= r.wall_max_s
         assert 0 < r.forward_s < r.wall_s and r.sampling_s > 0  # wall = prep + forward + sampling
         assert r.loadavg_1m_before >= 0 and r.num_threads == 1
+        assert r.ref_gemv_s > 0  # the machine phase: the probes' cold reference GEMV, timed before the point
         assert 0 < r.thread_cpu_s <= r.wall_max_s * 1.05 and len(r.thread_cpu_times_s) == r.num_repeats
     assert df.ops_profiled.sum() == 2
     prof = df[df.ops_profiled].iloc[0]

@@ -43,6 +43,17 @@ def test_step_rows_schema_and_contention_flag():
     assert rows[0]["key"] != rows[1]["key"]
 
 
+def test_step_rows_carry_the_reference_gemv_timed_before_their_scenario():
+    cfg = load_model_config("smollm2-135m")
+    records = [{"kind": "reference", "scenario": "a", "times_s": [9.0, 1.0, 3.0, 2.0]},
+               record([(1, 100, True)], scenario="a", step=1),
+               {"kind": "reference", "scenario": "b", "times_s": [9.0]},  # only a warm-up: no median
+               record([(1, 100, True)], scenario="b", step=1)]
+    rows = step_rows(records, cfg, {"num_threads": 1, "model": cfg.name})
+    assert rows[0]["ref_gemv_s"] == 2.0  # median of the repetitions after the first
+    assert rows[1]["ref_gemv_s"] != rows[1]["ref_gemv_s"]  # NaN
+
+
 def test_scenarios_respect_the_caps():
     cfg = load_model_config("llama-3.2-1b")
     names = [s["name"] for s in build_scenarios(VLLM_GRIDS["quick"], cfg, block_size=128)]

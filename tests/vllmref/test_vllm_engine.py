@@ -81,6 +81,7 @@ def test_rows_carry_engine_settings_and_host_state(tiny_rows):
     assert (tiny_rows["wall_s"] > 0).all()
     assert tiny_rows["cpu_share"].between(0, 1.5).all()
     assert tiny_rows["loadavg_1m_before"].notna().all()
+    assert (tiny_rows["ref_gemv_s"] > 0).all()  # the reference GEMV timed before each scenario
     assert tiny_rows["key"].is_unique
 
 
