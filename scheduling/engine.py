@@ -82,11 +82,15 @@ class EventPriority(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """Something that happens at ``time_s``. The contract: ``handle`` changes the engine's state and
+    puts any event it causes on the heap itself (``Engine.push``, or ``Engine.wake`` for a
+    scheduling pass); it returns nothing."""
+
     time_s: float
     seq: int
     priority: ClassVar[int] = EventPriority.SCHEDULE
 
-    def handle(self, engine: "Engine") -> list:
+    def handle(self, engine: "Engine") -> None:
         raise NotImplementedError
 
 
@@ -98,8 +102,8 @@ class ArrivalEvent(Event):
     turn: int
     priority: ClassVar[int] = EventPriority.ARRIVAL
 
-    def handle(self, engine: "Engine") -> list:
-        return engine.on_arrival(self.job_state, self.turn, self.time_s)
+    def handle(self, engine: "Engine") -> None:
+        engine.on_arrival(self.job_state, self.turn, self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +114,8 @@ class LoadDoneEvent(Event):
     num_computed: int
     priority: ClassVar[int] = EventPriority.LOAD_DONE
 
-    def handle(self, engine: "Engine") -> list:
-        return engine.on_load_done(self.request, self.num_computed, self.time_s)
+    def handle(self, engine: "Engine") -> None:
+        engine.on_load_done(self.request, self.num_computed, self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +126,9 @@ class BlocksReleaseEvent(Event):
     blocks: list
     priority: ClassVar[int] = EventPriority.LOAD_DONE
 
-    def handle(self, engine: "Engine") -> list:
+    def handle(self, engine: "Engine") -> None:
         engine.pool.free_blocks(self.blocks, True)
-        return engine.wake(self.time_s)
+        engine.wake(self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,18 +138,18 @@ class PinExpiryEvent(Event):
     job_state: JobState
     priority: ClassVar[int] = EventPriority.PIN_EXPIRY
 
-    def handle(self, engine: "Engine") -> list:
+    def handle(self, engine: "Engine") -> None:
         engine.policy.on_pin_deadline(self.job_state, self.time_s)
-        return engine.wake(self.time_s)
+        engine.wake(self.time_s)
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleEvent(Event):
     priority: ClassVar[int] = EventPriority.SCHEDULE
 
-    def handle(self, engine: "Engine") -> list:
+    def handle(self, engine: "Engine") -> None:
         engine.schedule_pending = False
-        return engine.try_step(self.time_s)
+        engine.try_step(self.time_s)
 
 
 @dataclass
@@ -223,12 +227,11 @@ class Engine:
         ev = event_cls(time_s, next(self._seq), *payload)
         heapq.heappush(self._heap, (time_s, ev.priority, ev.seq, ev))
 
-    def wake(self, now_s: float) -> list:
+    def wake(self, now_s: float) -> None:
         """Ask for a scheduling pass at ``now_s`` (after every other event of that instant)."""
         if not self.busy and not self.schedule_pending:
             self.schedule_pending = True
             self.push(ScheduleEvent, now_s)
-        return []
 
     def run(self) -> EngineResult:
         """Simulate until every job finished; return the records."""
@@ -263,7 +266,7 @@ class Engine:
         return self.result
 
     # --- event handlers -----------------------------------------------------------------------
-    def on_arrival(self, js: JobState, turn: int, now_s: float) -> list:
+    def on_arrival(self, js: JobState, turn: int, now_s: float) -> None:
         prompt = js.prompt_tokens(turn)
         total = prompt + js.job.turns[turn].output_tokens - 1  # the last sampled token gets no KV
         bs = self.block_size
@@ -276,38 +279,38 @@ class Engine:
             self.policy.on_job_arrival_gap(req, now_s)
         self.policy.on_arrival(req, now_s)
         self.queue.add(req)
-        return self.wake(now_s)
+        self.wake(now_s)
 
-    def on_load_done(self, req: Request, num_computed: int, now_s: float) -> list:
+    def on_load_done(self, req: Request, num_computed: int, now_s: float) -> None:
         del self.loading[req.seq]
         req.num_computed = num_computed
         self._cache_full_blocks(req)
         req.status = Status.WAITING_LOADED
         self.queue.prepend(req)
-        return self.wake(now_s)
+        self.wake(now_s)
 
-    def on_step_end(self, now_s: float) -> list:
+    def on_step_end(self, now_s: float) -> None:
         self._finish_step(now_s)
         self.busy = False
         heap = self._heap
         if heap and heap[0][0] <= now_s:
-            return self.wake(now_s)  # other events at this instant first
-        return self.try_step(now_s)
+            self.wake(now_s)  # other events at this instant first
+        else:
+            self.try_step(now_s)
 
-    def try_step(self, now_s: float) -> list:
+    def try_step(self, now_s: float) -> None:
         """Schedule a step at ``now_s``; if the batch is empty, stay idle until the next event."""
         dur_s = self._schedule(now_s)
         while dur_s is None and self._pass_preempted:
             dur_s = self._schedule(now_s)
         if dur_s is None:
-            return []
+            return
         self.busy = True
         if self._step_fast and not self._prefilling and not self.queue and not self.loading \
                 and not self.config.record_steps:
             self._step_end = self._decode_run(now_s, dur_s)
         else:
             self._step_end = now_s + dur_s
-        return []
 
     def _decode_run(self, now_s: float, dur_s: float) -> float:
         """Run consecutive pure-decode steps inline; return the end of the step left in flight.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     from scheduling.engine import Engine
-    from scheduling.request import Request
+    from scheduling.request import JobState, Request
 
 
 def check_params(policy: str, params, *, positive=(), non_negative=(), counts=(), optional_positive=()) -> None:
@@ -136,7 +136,8 @@ class KVPolicy(ABC):
     Hooks: ``on_arrival``, ``on_admitted``, ``on_turn_finish`` (free or keep blocks),
     ``external_hit`` (a connector lookup), ``on_prefill_complete`` (a synchronous store),
     ``make_queue`` (queue order), ``preemption_victim``, ``relieve_pressure`` (eviction choice
-    beyond the LRU free queue, e.g. releasing a pin).
+    beyond the LRU free queue, e.g. releasing a pin), ``on_pin_deadline`` (a pin's deadline, an
+    event the policy asked for with the engine's ``PinExpiryEvent``).
     """
 
     name = "base"
@@ -184,6 +185,9 @@ class KVPolicy(ABC):
     def relieve_pressure(self, now_s: float, num_other_running: int) -> bool:
         """Blocks ran out; free something other than a running request. True if anything freed."""
         return False
+
+    def on_pin_deadline(self, job_state: "JobState", deadline_s: float) -> None:
+        """A deadline this policy scheduled (``PinExpiryEvent``) passed; only pinning policies set one."""
 
     # --- what the step log and summary read -----------------------------------------------
     def num_pinned_blocks(self) -> int:
