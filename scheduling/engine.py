@@ -630,7 +630,7 @@ class Engine:
             gate = -(-r.num_tokens // bs) - len(hit_blocks) if self.config.reserve_full_sequence else need
             if gate > pool.num_free_blocks:
                 return None
-            if r.job_state.pin_blocks is None:
+            if not policy.holds_blocks(r.job_state):
                 # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
                 # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
                 # that rejects a queue head retried every step without counting its whole prefix.

@@ -29,10 +29,10 @@ class Status(enum.IntEnum):
 
 
 class JobState:
-    """Engine-side state of one job: turn cursor, block-hash chain, policy fields."""
+    """Engine-side state of one job: turn cursor and block-hash chain (policies keep their own state)."""
 
     __slots__ = ("job", "index", "next_turn", "hashes", "hash_index", "_group_blocks", "finish_s",
-                 "waiting_request", "pin_blocks", "pin_deadline_s", "num_turns_done")
+                 "waiting_request", "num_turns_done")
 
     def __init__(self, job: Job, index: int, block_size: int = BLOCK_SIZE) -> None:
         self.job = job
@@ -43,8 +43,6 @@ class JobState:
         self._group_blocks = job.system_tokens // block_size
         self.finish_s: float | None = None
         self.waiting_request: Request | None = None  # arrived, not admitted yet
-        self.pin_blocks: list[int] | None = None  # continuum: blocks held across the tool gap
-        self.pin_deadline_s = 0.0
         self.num_turns_done = 0
 
     def block_hashes(self, num_blocks: int) -> list[BlockHash]:

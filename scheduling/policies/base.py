@@ -186,6 +186,10 @@ class KVPolicy(ABC):
         """Blocks ran out; free something other than a running request. True if anything freed."""
         return False
 
+    def holds_blocks(self, job_state: "JobState") -> bool:
+        """Whether the policy keeps blocks of this job outside any request (a Continuum pin)."""
+        return False
+
     def on_pin_deadline(self, job_state: "JobState", deadline_s: float) -> None:
         """A deadline this policy scheduled (``PinExpiryEvent``) passed; only pinning policies set one."""
 

@@ -49,6 +49,15 @@ class ContinuumParams:
                      counts=("min_samples", "queue_window", "sample_window"))
 
 
+
+@dataclass(slots=True)
+class _Pin:
+    """Blocks a job keeps across its tool call, until ``deadline_s`` (or its next turn's admission)."""
+
+    job_state: JobState
+    blocks: list
+    deadline_s: float
+
 class ContinuumPolicy(KVPolicy):
     name = "continuum"
 
@@ -59,7 +68,7 @@ class ContinuumPolicy(KVPolicy):
             from gpubench.errors import ConfigError
 
             raise ConfigError(f"unknown TTL rule '{self.p.ttl_rule}' (known: {', '.join(TTL_RULES)})")
-        self._pins: dict[int, JobState] = {}  # job index -> job holding a pin
+        self._pins: dict[int, _Pin] = {}  # job index -> the pin that job holds
         self._num_pinned_blocks = 0
         self._tool_samples: dict[str | None, deque] = {}  # recent durations (empirical CDF)
         self._tool_sum: dict[str | None, float] = {}      # running mean over all durations
@@ -75,7 +84,7 @@ class ContinuumPolicy(KVPolicy):
 
     def on_arrival(self, req: Request, now_s: float) -> None:
         js = req.job_state
-        pinned = js.pin_blocks is not None
+        pinned = js.index in self._pins
         if pinned:
             self._pinned_at_arrival.add(req.seq)
         # Pinned jobs first, then FCFS by the job's first arrival.
@@ -94,11 +103,11 @@ class ContinuumPolicy(KVPolicy):
         js = req.job_state
         if req.seq in self._pinned_at_arrival:
             self._pinned_at_arrival.discard(req.seq)
-            if js.pin_blocks is not None:
+            if js.index in self._pins:
                 self.num_pin_hits += 1
         elif req.turn > 0 and req.first_scheduled_s == now_s:
             self._evicted_queue_s.append(now_s - req.arrival_s)
-        if js.pin_blocks is not None:
+        if js.index in self._pins:
             self._release(js)
 
     # --- pinning ------------------------------------------------------------------------------
@@ -110,19 +119,21 @@ class ContinuumPolicy(KVPolicy):
         self.ttl_chosen_s.append(ttl_s)
         if ttl_s <= 0:
             return True
-        js.pin_blocks = req.blocks
-        js.pin_deadline_s = now_s + ttl_s
-        self._pins[js.index] = js
+        pin = self._pins[js.index] = _Pin(js, req.blocks, now_s + ttl_s)
         self._num_pinned_blocks += len(req.blocks)
         self.num_pins += 1
         from scheduling.engine import PinExpiryEvent
 
-        self.engine.push(PinExpiryEvent, js.pin_deadline_s, js)
+        self.engine.push(PinExpiryEvent, pin.deadline_s, js)
         return False
+
+    def holds_blocks(self, job_state: JobState) -> bool:
+        return job_state.index in self._pins
 
     def on_pin_deadline(self, js: JobState, deadline_s: float) -> None:
         """Called by the engine's pin-expiry event."""
-        if js.pin_blocks is None or js.pin_deadline_s != deadline_s:
+        pin = self._pins.get(js.index)
+        if pin is None or pin.deadline_s != deadline_s:
             return  # already released (hit, pressure) or re-pinned later
         if js.waiting_request is not None:
             return  # the job has a turn waiting: keep the pin until that turn is admitted
@@ -130,16 +141,14 @@ class ContinuumPolicy(KVPolicy):
         self._release(js)
 
     def _release(self, js: JobState) -> None:
-        blocks = js.pin_blocks
-        js.pin_blocks = None
-        self._pins.pop(js.index, None)
+        blocks = self._pins.pop(js.index).blocks
         self._num_pinned_blocks -= len(blocks)
         self.engine.pool.free_blocks(blocks, True)
 
     def relieve_pressure(self, now_s: float, num_other_running: int) -> bool:
         if num_other_running > 0 or not self._pins:
             return False
-        js = max(self._pins.values(), key=lambda j: (j.pin_deadline_s, j.index))
+        js = max(self._pins.values(), key=lambda pin: (pin.deadline_s, pin.job_state.index)).job_state
         self.num_pin_released_pressure += 1
         self._release(js)
         return True
