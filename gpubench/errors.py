@@ -29,10 +29,6 @@ class TraceFormatError(GpubenchError):
     pass
 
 
-class ValidationError(GpubenchError):
-    """A probe's output failed its golden-value check: its numbers must not be reported."""
-
-
 class UnknownModelError(GpubenchError):
     pass
 

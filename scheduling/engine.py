@@ -842,7 +842,6 @@ class Engine:
             r.pool_hit_tokens, r.prompt_computed_tokens, r.output_tokens, r.num_preemptions,
             r.num_recomputed_tokens, scheduled,
         ))
-        js.num_turns_done += 1
         turns = js.job.turns
         if r.turn + 1 < len(turns):
             self.push(ArrivalEvent, now_s + turns[r.turn].tool_s, js, r.turn + 1)

@@ -29,21 +29,19 @@ class Status(enum.IntEnum):
 
 
 class JobState:
-    """Engine-side state of one job: turn cursor and block-hash chain (policies keep their own state)."""
+    """Engine-side state of one job: its block-hash chain, the turn waiting for admission and its
+    finish time (policies keep their own state)."""
 
-    __slots__ = ("job", "index", "next_turn", "hashes", "hash_index", "_group_blocks", "finish_s",
-                 "waiting_request", "num_turns_done")
+    __slots__ = ("job", "index", "hashes", "hash_index", "_group_blocks", "finish_s", "waiting_request")
 
     def __init__(self, job: Job, index: int, block_size: int = BLOCK_SIZE) -> None:
         self.job = job
         self.index = index  # arrival order of the job (ties broken by trace order)
-        self.next_turn = 0
         self.hashes: list[BlockHash] = []
         self.hash_index: dict[BlockHash, int] = {}  # hash -> block index in this job's chain
         self._group_blocks = job.system_tokens // block_size
         self.finish_s: float | None = None
         self.waiting_request: Request | None = None  # arrived, not admitted yet
-        self.num_turns_done = 0
 
     def block_hashes(self, num_blocks: int) -> list[BlockHash]:
         """The hash list, extended so that it covers at least ``num_blocks`` full blocks."""

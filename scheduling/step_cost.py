@@ -199,10 +199,6 @@ class PredictorStepCost(StepCost):
         self.num_predictor_calls += 1
         return float(self._model.predict_time(batch, async_scheduling=self.async_scheduling))
 
-    @property
-    def memo_size(self) -> int:
-        return len(self._memo)
-
     def describe(self) -> str:
         return f"predictor:{self.sku}:{self.model_name}" + ("" if self.async_scheduling else ":sync")
 

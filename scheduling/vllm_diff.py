@@ -154,5 +154,3 @@ def run_differentials(cases: Sequence[tuple[Sequence[Job], DiffSettings]]) -> li
     return results
 
 
-def run_differential(jobs: Sequence[Job], settings: DiffSettings) -> DiffResult:
-    return run_differentials([(jobs, settings)])[0]
