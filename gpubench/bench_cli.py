@@ -1,7 +1,35 @@
 """Sub-commands of the bench stage: skus, run, show, compare."""
 from __future__ import annotations
 
+import argparse
 import sys
+
+
+def device_probe_names() -> dict[str, list[str]]:
+    """``{"cpu": [...], "cuda": [...]}``: the probes a full run takes on each backend, in run order,
+    read from the backends' own registries so that help text cannot list a stale set."""
+    from gpubench.backends.cuda import CudaBackend
+    from gpubench.probes import cpu_probes
+
+    # CudaBackend.probes only wraps each probe around the backend it is given; no device is opened
+    # for the names, so a bare instance (no __init__, which would look for a GPU) is enough.
+    cuda_names = list(CudaBackend.probes(object.__new__(CudaBackend)))
+    return {"cpu": list(cpu_probes()), "cuda": cuda_names}
+
+
+class _ProbesOption(argparse._StoreAction):  # argparse has no public hook for a lazily built help
+    """``--probes``, whose help lists the registered probes when it is printed, not when the parser
+    is built: the CPU registry imports numpy, which every other command and --help can do without."""
+
+    @property
+    def help(self):
+        names = device_probe_names()
+        return (f"comma-separated probes (default: all the device's): on the CPU {','.join(names['cpu'])}; "
+                f"on a GPU {','.join(names['cuda'])}")
+
+    @help.setter
+    def help(self, _value):  # argparse's constructor assigns help; the property above answers it
+        pass
 
 
 def register(sub) -> None:
@@ -11,14 +39,18 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_skus)
 
     r = sub.add_parser(
-        "run", help="characterize the device: stream, l2, launch, peak, gemm probes into a run directory",
+        "run", help="characterize the device: run its probes (bandwidth, caches, launch, peak, GEMM, ...) into a run directory",
         description="Run the probes, each in its own worker process, into results/<sku>/<UTC>-<host>/ "
                     "(manifest.json + one <probe>.jsonl per probe, appended row by row). A probe that "
                     "crashes or overruns its time budget is recorded as failed; the others still run.")
     r.add_argument("--sku", help="SKU id for the spec peaks (default: the detected device; `cpu` on the CPU)")
     r.add_argument("--device", default="auto", help="auto (a working GPU, else the CPU), cpu, or cuda:N (default: auto)")
-    r.add_argument("--probes", help="comma-separated probes (default: all): stream,l2,launch,peak,gemm")
-    r.add_argument("--quick", action="store_true", help="coarser sweeps (under a minute on a small CPU)")
+    r.add_argument("--probes", action=_ProbesOption)
+    # Durations measured: a quick CPU run on a 2-core VM took ~3 min (stream 15 s, l2 18 s, gemm 14 s,
+    # torch_ops 66 s, vllm_ops 70 s); docs/cuda.md gives the GPU figure.
+    r.add_argument("--quick", action="store_true",
+                   help="coarser sweeps: about 3 minutes on a 2-core CPU (torch_ops and vllm_ops take over two of "
+                        "them), a couple of minutes on an H100-class GPU")
     r.add_argument("--out", default="results", help="results root (default: results)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
     r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")

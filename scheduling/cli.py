@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
+from gpubench.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
 from gpubench.errors import ConfigError
 from scheduling.policies import POLICY_NAMES
 
@@ -104,9 +104,11 @@ def register(sub) -> None:
                     "KV-cache policy, or (--engine vllm) through a real vLLM engine in real time; write "
                     "summary.json, steps.csv, turns.csv and jobs.csv to --out.",
         formatter_class=DefaultsHelpFormatter)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
-    src.add_argument("--synthetic", type=int, metavar="N", help="generate N synthetic SWE-agent jobs")
+    # --jobs as in `gpubench sweep` and `gpubench trace`: N synthetic jobs, or the first N of --trace.
+    p.add_argument("--trace", help="jobs file (JSONL of the job schema, or SWE-smith parquet/JSONL)")
+    p.add_argument("--jobs", type=int, metavar="N", default=None, dest="num_jobs",
+                   help="without --trace: generate N synthetic SWE-agent jobs; with --trace: replay its first N jobs")
+    p.add_argument("--synthetic", action=DeprecatedAlias, canonical="--jobs", type=int, dest="num_jobs")
     p.add_argument("--preset", default="swe", choices=("swe", "swe-long", "scaled-cpu"),
                    help="synthetic agent: swe (calibrated to public SWE-smith statistics: ~43 turns, ~142K "
                         "prompt tokens per job), swe-long (contexts of tens of thousands of tokens) or scaled-cpu "
@@ -117,12 +119,16 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
     p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache policy")
     p.add_argument("--jps", type=float, default=None,
-                   help="Poisson job arrivals per second (required with --synthetic; with --trace it "
+                   help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--no-progress", "--quiet", action="store_true", dest="no_progress",
-                   help="no progress bar (--quiet is the same, as in gpubench sweep)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_deprecated_flag(p, "--quiet", "--no-progress", dest="no_progress")
+    p.add_argument("--set", action="append", default=[], metavar="[POLICY.]KEY=VALUE", dest="assignments",
+                   help="a policy parameter (continuum.ttl_s=5) or an engine setting (max_num_seqs=128) as "
+                        "`gpubench sweep --set` takes it, so a sweep cell replays with the same words; "
+                        "repeatable; applied after the dedicated options below")
     p.add_argument("--json", action="store_true", help="print the summary (config and metrics) as JSON, not a table")
     p.add_argument("--no-step-log", action="store_true",
                    help="keep no per-step log (steps.csv gets its header only; `gpubench view` needs the log)")
@@ -153,17 +159,22 @@ def register(sub) -> None:
 
 
 def load_jobs(args: argparse.Namespace):
-    """Jobs from --trace or --synthetic, with Poisson arrivals at --jps when given."""
+    """Jobs from --trace (its first --jobs N when given) or N synthetic ones, with Poisson arrivals
+    at --jps when given."""
     from scheduling import traces
 
-    if args.synthetic is not None:
-        if args.synthetic < 1:
-            raise ConfigError(f"--synthetic needs at least 1 job, got {args.synthetic}")
+    if args.num_jobs is not None and args.num_jobs < 1:
+        raise ConfigError(f"--jobs needs at least 1 job, got {args.num_jobs}")
+    if args.trace is None:
+        if args.num_jobs is None:
+            raise ConfigError("give the jobs: --trace FILE, or --jobs N --jps RATE for synthetic ones")
         if args.jps is None:
-            raise ConfigError("--synthetic needs --jps (job arrivals per second)")
-        jobs = traces.synthetic_jobs(args.synthetic, seed=args.seed, params=traces.PRESETS[getattr(args, "preset", "swe")]())
+            raise ConfigError("synthetic jobs (--jobs without --trace) need --jps (job arrivals per second)")
+        jobs = traces.synthetic_jobs(args.num_jobs, seed=args.seed, params=traces.PRESETS[getattr(args, "preset", "swe")]())
     else:
         jobs = traces.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
+        if args.num_jobs is not None:
+            jobs = jobs[: args.num_jobs]
     if args.jps is not None:
         if not args.jps > 0:
             raise ConfigError(f"--jps must be > 0, got {args.jps}")
@@ -177,17 +188,50 @@ def config_from_args(args: argparse.Namespace):
     reserve = args.activation_reserve_gib
     if not (reserve >= 0 and reserve < float("inf")):
         raise ConfigError(f"--activation-reserve-gib must be a finite number >= 0, got {reserve}")
-    for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    return ReplayConfig(
+    fields = dict(
         sku=args.sku, model=args.model or "llama-3.1-8b", policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
         cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed,
         record_steps=not getattr(args, "no_step_log", False), block_size=args.block_size or 16)
+    apply_assignments(fields, getattr(args, "assignments", []))
+    for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks"):
+        value = fields[name]
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ConfigError(f"--{name.replace('_', '-')} (--set {name}) must be an integer >= 1, got {value!r}")
+    return ReplayConfig(**fields)
+
+
+# Fields --set may not change: the command line's own options and the outputs own them.
+_NOT_SETTABLE = ("policy", "policy_params", "seed", "record_steps")
+
+
+def apply_assignments(fields: dict, assignments: list[str]) -> None:
+    """Apply ``--set`` items to the ReplayConfig ``fields`` in place, read as `gpubench sweep --set`
+    reads them: ``POLICY.KEY=VALUE`` a parameter of the replayed policy, ``KEY=VALUE`` a ReplayConfig field."""
+    import dataclasses
+
+    from scheduling.policies import make_policy
+    from scheduling.replay import ReplayConfig
+    from scheduling.sweep import parse_assignments
+
+    if not assignments:
+        return
+    policy = fields["policy"]
+    policy_params, replay_params = parse_assignments(assignments, POLICY_NAMES)
+    settable = sorted(f.name for f in dataclasses.fields(ReplayConfig) if f.name not in _NOT_SETTABLE)
+    for key, value in replay_params.items():
+        if key not in settable:
+            raise ConfigError(f"--set {key}=...: unknown engine setting (known: {', '.join(settable)}; "
+                              f"a policy parameter is POLICY.KEY=VALUE)")
+        fields[key] = value
+    for owner, params in policy_params.items():
+        if owner != policy and not (policy == "continuum-offload" and owner in ("continuum", "cpu-offload")):
+            raise ConfigError(f"--set {owner}.{next(iter(params))}=...: a parameter of policy '{owner}', "
+                              f"not of the replayed '{policy}'")
+        fields["policy_params"] = {**fields["policy_params"], **params}
+    make_policy(policy, fields["policy_params"])  # an unknown or out-of-range parameter: one line now
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -277,6 +321,8 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.policy != "fcfs":
         raise ConfigError(f"--engine vllm runs vLLM's own scheduler (fcfs); --policy {args.policy} is simulator-only")
+    if args.assignments:
+        raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
     def given(value, default):
         return default if value is None else value
 

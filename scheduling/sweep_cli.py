@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
+from gpubench.clihelp import DefaultsHelpFormatter, add_deprecated_flag
 from scheduling.sweep_defaults import (
     DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
 )
@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the table as JSON records, not a summary table")
     p.add_argument("--plots-only", action="store_true",
                    help="only redraw OUT's plots and tables.md from its sweep.csv (runs nothing)")
-    p.add_argument("--quiet", "--no-progress", action="store_true", dest="quiet",
-                   help="no progress bar (--no-progress is the same, as in gpubench replay)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_deprecated_flag(p, "--quiet", "--no-progress", dest="no_progress")
     p.set_defaults(func=run)
 
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["sweep"] else \
         "gpubench sweep " + " ".join(shlex.quote(a) for a in _reconstruct(args))
     frame = run_sweep(spec, args.out, workers=args.workers, ray_address=args.ray, command=command,
-                      progress=not args.quiet, plots=not args.no_plots, fresh=args.fresh)
+                      progress=not args.no_progress, plots=not args.no_plots, fresh=args.fresh)
     if args.json:
         print(frame.to_json(orient="records"))
         return 0

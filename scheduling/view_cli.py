@@ -1,4 +1,5 @@
-"""``gpubench view RUN_DIR``: draw a replay's step log in the browser (or export one HTML file)."""
+"""``gpubench view RUN_DIR [RUN_DIR ...]``: draw a replay's step log in the browser (or export one
+HTML file); several runs are drawn side by side (one summary table, their curves overlaid)."""
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,16 @@ from gpubench.errors import GpubenchError
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``view`` sub-command."""
     p = sub.add_parser(
-        "view", help="draw a replay's step log (batch mix, KV pressure, preemptions, per-job timelines)",
+        "view", help="draw a replay's step log (batch mix, KV pressure, preemptions, per-job timelines), "
+                     "or several runs side by side",
         description="Serve a self-contained page on 127.0.0.1 that draws the step log of a "
-                    "`gpubench replay --out DIR` directory, or export it as one HTML file.",
+                    "`gpubench replay --out DIR` directory, or export it as one HTML file. Given several "
+                    "directories (e.g. FCFS and Continuum on the same jobs), the page shows their summary "
+                    "metrics in one table and overlays their curves, each labelled by its run.",
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a replay output directory (summary.json, steps.csv, ...)")
+    p.add_argument("run_dirs", metavar="RUN_DIR", type=Path, nargs="+",
+                   help="replay output directories (summary.json, steps.csv, ...); two or more are compared")
     p.add_argument("--port", type=argtypes.port, default=0, help="port on 127.0.0.1 (0: a free one)")
     p.add_argument("--no-open", action="store_true", help="do not open a browser; just print the URL")
     p.add_argument("--export", metavar="FILE.html", type=Path, default=None,
@@ -36,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduling.viewer.server import ViewerServer, render_page
 
     if args.export is not None:
-        page = render_page(data_mod.load_run(args.run_dir, max_jobs=args.max_jobs))
+        page = render_page(data_mod.load_runs(args.run_dirs, max_jobs=args.max_jobs))
         args.export.parent.mkdir(parents=True, exist_ok=True)
         args.export.write_text(page, encoding="utf-8")
         print(f"wrote {args.export} ({len(page.encode('utf-8')) / 1e6:.1f} MB)")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise GpubenchError(f"--port must be 0..65535, got {args.port}")
     try:
-        server = ViewerServer(args.run_dir, port=args.port)
+        server = ViewerServer(args.run_dirs, port=args.port)
     except OSError as err:
         raise GpubenchError(f"cannot listen on 127.0.0.1:{args.port} ({err.strerror or err})") from None
     # Ctrl-C must stop the server even when the shell started us with SIGINT ignored (a background
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     server.start()
-    print(f"viewer for {args.run_dir} at {server.url}  (Ctrl-C to stop)", flush=True)
+    print(f"viewer for {', '.join(map(str, args.run_dirs))} at {server.url}  (Ctrl-C to stop)", flush=True)
     if not args.no_open:
         import webbrowser
 

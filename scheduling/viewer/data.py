@@ -126,6 +126,7 @@ def load_run(run_dir: str | Path, *, max_step_points: int = DEFAULT_MAX_STEP_POI
         "run_dir": str(run_dir.resolve()),
         "name": run_dir.resolve().name,
         "summary": summary,
+        "token_budget": token_budget(summary),
         "totals": totals,
         "break_reasons": {str(k): int(v) for k, v in break_counts.items()},
         "steps_binned": len(binned) < len(steps),
@@ -146,3 +147,58 @@ def load_run(run_dir: str | Path, *, max_step_points: int = DEFAULT_MAX_STEP_POI
                            ("job_id", "turn", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                             "ttft_s", "num_preemptions", "hit_tokens", "prompt_tokens")},
     }
+
+
+def token_budget(summary: dict[str, Any]) -> int | None:
+    """The run's token budget per step (max_num_batched_tokens): as configured, as the live engine
+    reported it, or, for a simulated run left at the default, what ``vllm serve`` picks for its SKU;
+    None when the run does not say (the page then draws no budget line)."""
+    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
+    engine = metrics.get("engine") if isinstance(metrics.get("engine"), dict) else {}
+    for source in (config, engine):
+        value = source.get("max_num_batched_tokens")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    if not isinstance(config.get("sku"), str):
+        return None
+    from gpubench.errors import GpubenchError
+    from scheduling.replay import vllm_server_defaults
+
+    try:
+        return vllm_server_defaults(config["sku"])[0]
+    except GpubenchError:  # an SKU this version does not know (a run from elsewhere)
+        return None
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """A short label per run: its directory name, or as many trailing path parts as it takes to
+    tell runs with the same name apart (runs/a/fcfs vs runs/b/fcfs)."""
+    parts = [Path(d).resolve().parts for d in run_dirs]
+    for depth in range(1, max(len(p) for p in parts)):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(Path(d).resolve()) for d in run_dirs]
+
+
+def load_runs(run_dirs: list[str | Path], *, max_step_points: int = DEFAULT_MAX_STEP_POINTS,
+              max_jobs: int = DEFAULT_MAX_JOBS) -> dict[str, Any]:
+    """One run: :func:`load_run`'s dict. Several: ``{"runs": [load_run(d), ...]}`` with each run's
+    ``label``, which the page draws side by side (one summary table, curves overlaid)."""
+    from gpubench.errors import ConfigError
+
+    dirs = [Path(d) for d in run_dirs]
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        if d.resolve() in seen:
+            raise ConfigError(f"{d}: given twice (as {seen[d.resolve()]}); name each run once")
+        seen[d.resolve()] = d
+    if len(dirs) == 1:
+        return load_run(dirs[0], max_step_points=max_step_points, max_jobs=max_jobs)
+    runs = []
+    for label, d in zip(run_labels(dirs), dirs):
+        run = load_run(d, max_step_points=max_step_points, max_jobs=max_jobs)
+        run["label"] = label
+        runs.append(run)
+    return {"runs": runs}

@@ -145,7 +145,8 @@ def write_sample_run(out_dir: str | Path, *, num_jobs: int = 30, seed: int = 0, 
         step += 1
         st.t_s = end
     _write(out, jobs, steps, turn_rows, job_finish, dict(num_jobs=num_jobs, seed=seed, jps=jps,
-                                                          total_blocks=total_blocks))
+                                                          total_blocks=total_blocks,
+                                                          max_num_batched_tokens=token_budget))
     return out
 
 

@@ -1,11 +1,11 @@
-"""Serve (or export) the step-log viewer for one replay directory.
+"""Serve (or export) the step-log viewer for one replay directory, or several side by side.
 
 The page is one HTML file with its CSS and JavaScript inlined (no CDN: nothing outside is
 reachable, and an exported file must work alone). Served, it fetches ``data.json`` from this
 server; exported, the same JSON is embedded in a ``<script type="application/json">`` element.
 
 Routes: ``/`` (the page), ``/data.json`` (what :func:`scheduling.viewer.data.load_run` returns),
-``/summary.json`` (the run's own file). The server binds 127.0.0.1 only: a step log is nobody
+``/summary.json`` (the run's own file; with several runs, a JSON list of their files). The server binds 127.0.0.1 only: a step log is nobody
 else's business, and no page here needs to be reachable from another host.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from scheduling.viewer.data import load_run
+from scheduling.viewer.data import load_runs
 
 ASSETS = Path(__file__).parent
 HOST = "127.0.0.1"
@@ -36,11 +36,15 @@ def render_page(data: dict[str, Any] | None = None) -> str:
                 .replace("/*__JS__*/", js.replace("</script", "<\\/script")))
 
 
-def export_html(run_dir: str | Path, out_file: str | Path) -> Path:
-    """Write one self-contained HTML file with the run's data embedded."""
+def _as_list(run_dirs: str | Path | Sequence[str | Path]) -> list[Path]:
+    return [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
+
+
+def export_html(run_dirs: str | Path | Sequence[str | Path], out_file: str | Path) -> Path:
+    """Write one self-contained HTML file with the run's (or runs') data embedded."""
     out = Path(out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(load_run(run_dir)), encoding="utf-8")
+    out.write_text(render_page(load_runs(_as_list(run_dirs))), encoding="utf-8")
     return out
 
 
@@ -98,17 +102,20 @@ class _Server(ThreadingHTTPServer):
 
 
 class ViewerServer:
-    """A viewer for one run on 127.0.0.1 in a background thread. ``port=0`` picks a free port.
+    """A viewer for one run (or several side by side) on 127.0.0.1 in a background thread.
+    ``port=0`` picks a free port.
 
     Use as a context manager, or ``start()`` / ``stop()``; ``url`` is the page's address.
     """
 
-    def __init__(self, run_dir: str | Path, port: int = 0) -> None:
-        data = load_run(run_dir)
-        summary_path = Path(run_dir) / "summary.json"
+    def __init__(self, run_dirs: str | Path | Sequence[str | Path], port: int = 0) -> None:
+        dirs = _as_list(run_dirs)
+        data = load_runs(dirs)
+        summaries = [(d / "summary.json").read_bytes() for d in dirs]
+        summary = summaries[0] if len(dirs) == 1 else b"[" + b",".join(summaries) + b"]"
         handler = partial(_Handler, page=render_page(None).encode("utf-8"),
                           data=json.dumps(data, separators=(",", ":")).encode("utf-8"),
-                          summary=summary_path.read_bytes())
+                          summary=summary)
         self.httpd = _Server((HOST, port), handler)
         self._thread: threading.Thread | None = None
 

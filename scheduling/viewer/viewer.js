@@ -155,13 +155,14 @@
       for (const s of series) if (!s.stack) for (const v of s.y) ymax = Math.max(ymax, v || 0);
       if (stacked.length) for (let i = 0; i < xs.length; i++) ymax = Math.max(ymax, sum(stacked.map(s => s.y[i])));
     }
-    const A = axes(g, x0, x1, 0, ymax * 1.05 || 1, { xlabel: 'time (s)' });
+    const A = axes(g, x0, x1, 0, ymax * 1.05 || 1, { xlabel: opts.xlabel || 'time (s)' });
     const { ctx } = g;
     // Tokens happen during a step (draw over its duration; idle time stays empty); a state such
     // as a block count holds until the next step changes it (draw up to the next step).
     const ends = opts.dur ? xs.map((x, i) => x + (opts.dur[i] || 0))
       : xs.map((x, i) => (i + 1 < xs.length ? xs[i + 1] : x1));
     let marks = 0;
+    const seriesMarks = {};
     // stacked series: one column per pixel (mean over the steps in it) from the lower series' top
     let base = null;
     for (const s of stacked) {
@@ -171,9 +172,12 @@
         const b = base ? base[k][1] : 0;
         if (v > 0) ctx.fillRect(px, A.sy(b + v), pe - px, A.sy(b) - A.sy(b + v));
       });
-      marks += pts.filter(p => p[1] > 0).length;
+      seriesMarks[s.name] = pts.filter(p => p[1] > 0).length;
+      marks += seriesMarks[s.name];
       base = pts.map(([px, v, pe], k) => [px, v + (base ? base[k][1] : 0), pe]);
     }
+    // the tallest stacked column drawn (tests check it against the token budget)
+    const stackMax = base ? Math.max(0, ...base.map(p => p[1])) : null;
     // other series: step lines (a state such as a block count holds until the next step changes it)
     for (const s of series.filter(s => !s.stack)) {
       const pts = perPixel(xs, s.y, A.sx, s.how || 'max', null);
@@ -185,11 +189,12 @@
       if (pts.length) ctx.lineTo(A.sx(x1), A.sy(pts[pts.length - 1][1]));
       ctx.strokeStyle = s.color; ctx.lineWidth = s.width || 1.5; ctx.setLineDash(s.dash || []);
       ctx.stroke(); ctx.setLineDash([]);
-      marks += pts.filter(p => p[1] > 0).length;
+      seriesMarks[s.name] = pts.filter(p => p[1] > 0).length;
+      marks += seriesMarks[s.name];
     }
     if (opts.empty) noDataNote(g, opts.empty);
     legend(g, series.map(s => ({ name: s.name, color: s.color })));
-    viewer.charts[id] = { marks };
+    viewer.charts[id] = { marks, seriesMarks, stackMax, ymax };
     tooltip(g, (mx) => {
       if (mx < PAD.l || !xs.length) return null;
       const t = x0 + (mx - PAD.l) / A.pw * (x1 - x0);
@@ -408,6 +413,23 @@
       { name: 'prefill tokens / step', y: perStep(S.num_prefill_tokens), color: C('--prefill'), stack: true },
       { name: 'decode tokens / step', y: perStep(S.num_decode_tokens), color: C('--decode'), stack: true },
     ], { dur: S.dur_s, extra: i => `  (${S.break_reason[i]})` });
+    // Per engine step (x = step number, so the many short decode steps get their share of the width):
+    // decode at the bottom and prefill above it, each step's own tokens (a bin of a long log drawn as
+    // its mean per step), under the token budget; decode alone again on its own scale below, since
+    // a few dozen decode tokens are a sliver of an 8,192-token budget.
+    const stepSpan = S.steps_in_bin || S.step.map(() => 1);
+    const budget = data.token_budget;
+    const stepSeries = [
+      { name: 'decode tokens', y: perStep(S.num_decode_tokens), color: C('--decode'), stack: true },
+      { name: 'prefill tokens', y: perStep(S.num_prefill_tokens), color: C('--prefill'), stack: true },
+    ];
+    if (budget) stepSeries.push({ name: `token budget (${budget.toLocaleString('en-US')})`, y: S.step.map(() => budget),
+                                  color: C('--total'), dash: [4, 3], width: 1 });
+    timeChart('chart-step-tokens', S.step, stepSeries, { dur: stepSpan, xlabel: 'engine step',
+      extra: i => `  step ${S.step[i]}${S.steps_in_bin ? ` (+${S.steps_in_bin[i] - 1} more, mean shown)` : ''}` });
+    timeChart('chart-step-decode', S.step, [
+      { name: 'decode tokens per step', y: perStep(S.num_decode_tokens), color: C('--decode'), stack: true },
+    ], { dur: stepSpan, xlabel: 'engine step' });
     timeChart('chart-queue', t, [
       { name: 'running', y: S.num_running, color: C('--prefill') },
       { name: 'waiting', y: S.num_waiting, color: C('--preempt') },
@@ -440,6 +462,101 @@
     jobTimeline('chart-jobs', data);
   }
 
+  // ---- several runs side by side: one summary table, curves overlaid, one colour per run ----
+  // A run's label is its directory name: any character may appear in it, so it is escaped in HTML.
+  const esc = t => String(t).replace(/[&<>"]/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
+  const RUN_COLORS = ['#3b6fd8', '#f0a030', '#2fa37a', '#d43c3c', '#8e44ad', '#d97a2b', '#1d2430', '#8a9099'];
+
+  // Step lines of series that each have their own x values (runs do not share step times).
+  function overlayChart(id, series, opts) {
+    const g = makeCanvas(id);
+    opts = opts || {};
+    let x0 = Infinity, x1 = -Infinity, ymax = 0;
+    for (const s of series) {
+      if (s.xs.length) { x0 = Math.min(x0, s.xs[0]); x1 = Math.max(x1, s.xs[s.xs.length - 1]); }
+      for (const v of s.ys) ymax = Math.max(ymax, v || 0);
+    }
+    if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; }
+    const A = axes(g, x0, x1, 0, (opts.ymax || ymax * 1.05) || 1, { xlabel: opts.xlabel || 'time (s)', xfmt: opts.xfmt });
+    const { ctx } = g;
+    const seriesMarks = {};
+    let marks = 0;
+    for (const s of series) {
+      const pts = perPixel(s.xs, s.ys, A.sx, 'max', null);
+      ctx.beginPath();
+      pts.forEach(([px, v], k) => {
+        if (!k) { ctx.moveTo(px, A.sy(v)); return; }
+        ctx.lineTo(px, A.sy(pts[k - 1][1])); ctx.lineTo(px, A.sy(v));
+      });
+      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5; ctx.stroke();
+      seriesMarks[s.name] = pts.filter(p => p[1] > 0).length;
+      marks += seriesMarks[s.name];
+    }
+    legend(g, series.map(s => ({ name: s.name, color: s.color })));
+    viewer.charts[id] = { marks, seriesMarks, ymax };
+  }
+
+  function cdf(values, transform) {
+    const v = values.filter(x => x !== null && !Number.isNaN(x)).map(transform || (x => x)).sort((a, b) => a - b);
+    return { xs: v, ys: v.map((_, i) => (i + 1) / v.length) };
+  }
+
+  function renderCompare(data) {
+    const runs = data.runs;
+    document.title = 'gpubench: ' + runs.map(r => r.label).join(' vs ');
+    document.getElementById('run-name').textContent = `— ${runs.length} runs side by side`;
+    document.getElementById('run-config').textContent = runs.map(r => {
+      const c = r.summary.config || {};
+      return `${r.label}: ${[c.policy, c.sku, c.model].filter(v => v).join(' · ')}`;
+    }).join('   |   ');
+    const color = i => RUN_COLORS[i % RUN_COLORS.length];
+    const card = (id, title, extra) =>
+      `<section class="card${extra === 'wide' ? ' wide' : ''}"><h2>${title}</h2><div class="chart${extra === 'wide' ? '' : ' small-chart'}" id="${id}"></div></section>`;
+    document.querySelector('main').innerHTML =
+      `<section class="card wide"><h2>Summary <span class="muted small">(recomputed here from each run's CSVs; ` +
+      `a value that disagrees with its summary.json is red)</span></h2><table id="compare-summary"></table></section>` +
+      card('cmp-tokens', 'Tokens per step (prefill + decode; a bin drawn as its mean per step)', 'wide') +
+      card('cmp-running', 'Running requests', 'wide') +
+      card('cmp-kv', 'GPU KV blocks used', 'wide') +
+      card('cmp-preempt', 'Preemptions (cumulative)') +
+      card('cmp-ttft', 'TTFT per turn: CDF (log s)') +
+      card('cmp-jct', 'JCT per job: CDF (s)') +
+      card('cmp-hit', 'Prefix hit per turn: CDF (share of prompt)');
+    // the summary table: a row per metric, a column per run
+    const table = document.getElementById('compare-summary');
+    const computed = runs.map(computeSummary);
+    const keys = Object.keys(computed[0]);
+    const mismatches = [];
+    table.insertAdjacentHTML('beforeend', '<tr><td class="k">metric</td>' +
+      runs.map((r, i) => `<td class="v run" style="color:${color(i)}">${esc(r.label)}</td>`).join('') + '</tr>');
+    for (const k of keys) {
+      const cells = runs.map((r, i) => {
+        const js = computed[i][k], ref = findMetric(r.summary, METRIC_NAMES[k] || [k]);
+        const ok = ref === undefined || ref === null || js === null || Math.abs(ref - js) <= 1e-6 + 1e-4 * Math.abs(ref);
+        if (!ok) mismatches.push(`${r.label}:${k}`);
+        const show = js === null ? '–' : k.endsWith('rate') ? (100 * js).toFixed(1) + ' %' : fmt(js);
+        return `<td class="v${ok ? '' : ' bad'}" data-run="${esc(r.label)}" data-key="${k}" data-value="${js}">${show}</td>`;
+      });
+      table.insertAdjacentHTML('beforeend', `<tr><td class="k">${k}</td>${cells.join('')}</tr>`);
+    }
+    viewer.summary = Object.fromEntries(runs.map((r, i) => [r.label, computed[i]]));
+    viewer.mismatches = mismatches;
+    const perStep = (S, y) => (S.steps_in_bin ? y.map((v, i) => v / S.steps_in_bin[i]) : y);
+    const over = (id, ys, opts) => overlayChart(id, runs.map((r, i) => ({ name: r.label, xs: r.steps.t_s, ys: ys(r.steps), color: color(i) })), opts);
+    over('cmp-tokens', S => perStep(S, S.num_prefill_tokens.map((v, i) => v + S.num_decode_tokens[i])));
+    over('cmp-running', S => S.num_running);
+    over('cmp-kv', S => S.kv_used_blocks);
+    over('cmp-preempt', S => { let acc = 0; return S.num_preemptions.map(v => (acc += v || 0)); });
+    const cdfChart = (id, values, transform, opts) => overlayChart(id, runs.map((r, i) => {
+      const c = cdf(values(r), transform);
+      return { name: r.label, xs: c.xs, ys: c.ys, color: color(i) };
+    }), { ymax: 1, ...opts });
+    cdfChart('cmp-ttft', r => r.turn_ttft_s.filter(v => v !== null && v > 0), Math.log10,
+             { xlabel: 'TTFT (s)', xfmt: t => fmt(Math.pow(10, t)) });
+    cdfChart('cmp-jct', r => r.jobs.jct_s, null, { xlabel: 'JCT (s)' });
+    cdfChart('cmp-hit', r => r.turn_hit_frac, null, { xlabel: 'share of prompt' });
+  }
+
   async function getData() {
     const txt = document.getElementById('gpubench-data').textContent.trim();
     if (txt && !txt.startsWith('/*')) return JSON.parse(txt);  // exported page: data embedded
@@ -452,9 +569,10 @@
     try {
       const data = await getData();
       viewer.data = data;
-      render(data);
+      const draw = data.runs ? renderCompare : render;
+      draw(data);
       let timer = null;
-      window.addEventListener('resize', () => { clearTimeout(timer); timer = setTimeout(() => render(data), 150); });
+      window.addEventListener('resize', () => { clearTimeout(timer); timer = setTimeout(() => draw(data), 150); });
       viewer.ready = true;
     } catch (err) {
       viewer.error = String(err && err.stack || err);

@@ -50,9 +50,9 @@ BAD_VALUES = {
     "port": ["-1", "65536", "x", "", "nan", "99999999999"],
 }
 
-_SYN = ["replay", "--synthetic", "2", "--jps", "1", "--no-progress", "--no-step-log", "--out", "{o}"]
+_SYN = ["replay", "--jobs", "2", "--jps", "1", "--no-progress", "--no-step-log", "--out", "{o}"]
 _SWEEP = ["sweep", "--jobs", "2", "--skus", "h100-sxm", "--jps", "1", "--policies", "fcfs", "--workers", "1",
-          "--no-plots", "--quiet", "--out", "{o}"]
+          "--no-plots", "--no-progress", "--out", "{o}"]
 
 # (sub-command argv that runs quickly when valid, option, kind)
 OPTIONS = [
@@ -63,7 +63,7 @@ OPTIONS = [
     (["predict", "--sku", "h100"], "--model", "name"),
     (["predict", "--sku", "h100"], "--dtype", "name"),
     (_SYN, "--jps", "posfloat"),
-    (["replay", "--jps", "1", "--no-progress", "--out", "{o}"], "--synthetic", "posint"),
+    (["replay", "--jps", "1", "--no-progress", "--out", "{o}"], "--jobs", "posint"),
     (_SYN, "--seed", "seed"),
     (_SYN, "--max-num-batched-tokens", "posint"),
     (_SYN, "--max-num-seqs", "posint"),
@@ -151,14 +151,18 @@ OTHER_CASES = [
     ["predict", "--sku", "h100", "--batch-json", "[[0, 0]]"], ["predict", "--sku", "h100", "--batch-json", '[["a", 2]]'],
     ["predict", "--sku", "h100", "--batch-json", "[[1, 2, 3]]"], ["predict", "--sku", "h100", "--batch-json", "[[NaN, 2]]"],
     ["predict", "--sku", "h100", "--batch-json", "[[1.5, 2]]"], ["predict", "--sku", "h100", "--batch-json", "[1, 2]"],
-    ["replay", "--out", "{o}"], ["replay", "--synthetic", "2", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--trace", "{d}/trace_ok.jsonl", "--jps", "1", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--jps", "1", "--out", "{d}/afile"],
+    ["replay", "--out", "{o}"], ["replay", "--jobs", "2", "--out", "{o}"],
+    ["replay", "--jobs", "0", "--trace", "{d}/trace_ok.jsonl", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--set", "nope=1", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--set", "lmcache.chunk_tokens=64", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--policy", "continuum", "--set", "continuum.ttl_s=-1", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--set", "max_num_seqs=0", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--out", "{d}/afile"],
     ["replay", "--trace", "{d}/nothere.jsonl", "--out", "{o}"], ["replay", "--trace", "{d}", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--jps", "1", "--policy", "fcfs", "--cpu-gib", "8", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--jps", "1", "--policy", "fcfs", "--ttl-s", "3", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--jps", "1", "--step-cost", "nope", "--out", "{o}"],
-    ["replay", "--synthetic", "2", "--jps", "1", "--trace-out", "{d}/afile/x.json", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--policy", "fcfs", "--cpu-gib", "8", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--policy", "fcfs", "--ttl-s", "3", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--step-cost", "nope", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--trace-out", "{d}/afile/x.json", "--out", "{o}"],
     ["show", "{d}/nothere"], ["show", "{d}/afile"], ["show", "{d}"], ["compare", "{d}/run_ok", "{d}/nothere"],
     ["compare", "{d}/nothere", "{d}/run_ok"], ["fit", "{d}/nothere"], ["fit", "{d}/afile"],
     ["fit", "{d}/run_ok", "-o", "{d}/afile/x.json"],

@@ -58,3 +58,26 @@ def test_nothing_shipped_cites_a_document_the_repository_does_not_ship():
                     if pattern.search(line):
                         offenders.append(f"{path.relative_to(root)}:{i}")
     assert offenders == []
+
+
+def test_run_help_lists_the_registered_probes_of_both_backends():
+    """The probe list in `gpubench run --help` comes from the registries, so adding a probe (as
+    torch_ops and vllm_ops were) cannot leave the help naming an old set."""
+    import contextlib
+    import io
+
+    import pytest
+
+    from gpubench.backends.cuda import CudaBackend
+    from gpubench.cli import main
+    from gpubench.probes import cpu_probes
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(out.getvalue().split())  # argparse wraps lines
+    assert f"on the CPU {','.join(cpu_probes())};" in text
+    assert "torch_ops" in text and "vllm_ops" in text
+    cuda = ",".join(CudaBackend.probes(object.__new__(CudaBackend)))
+    assert f"on a GPU {cuda}" in text
+    assert "under a minute" not in text and "about 3 minutes on a 2-core CPU" in text

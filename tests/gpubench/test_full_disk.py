@@ -13,7 +13,7 @@ import pytest
 from .badinput import invoke
 
 CASES = {
-    "replay": lambda out: ["replay", "--synthetic", "4", "--jps", "2", "--no-progress", "--out", str(out / "r")],
+    "replay": lambda out: ["replay", "--jobs", "4", "--jps", "2", "--no-progress", "--out", str(out / "r")],
     "trace-swesmith": lambda out: ["trace", "swesmith", "--jobs", "5", "--out", str(out / "t.jsonl")],
 }
 

@@ -16,19 +16,19 @@ def cli(*args):
 def test_a_second_sweep_on_a_locked_directory_is_refused_with_the_holder(tmp_path):
     out = tmp_path / "sweep"
     with locked(out, "sweep directory"):
-        p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--quiet")
+        p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--no-progress")
         assert p.returncode == 2 and "in use by PID" in p.stderr and "Traceback" not in p.stderr
-        q = cli("replay", "--synthetic", "2", "--jps", "1", "--out", str(out), "--no-progress")
+        q = cli("replay", "--jobs", "2", "--jps", "1", "--out", str(out), "--no-progress")
         assert q.returncode == 2 and "in use by PID" in q.stderr
     assert not (out / "sweep.csv").exists()
-    p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--quiet")
+    p = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out), "--no-progress")
     assert p.returncode == 0, p.stderr  # the lock went with its holder
 
 
 def test_error_cells_are_rerun_on_resume_and_replaced_not_doubled(tmp_path):
     out = tmp_path / "sweep"
     args = ("sweep", "--policies", "fcfs", "--skus", "a100-40,h100", "--jps", "1", "--jobs", "2",
-            "--model", "llama-3.1-70b", "--out", str(out), "--quiet", "--no-plots")
+            "--model", "llama-3.1-70b", "--out", str(out), "--no-progress", "--no-plots")
     assert cli(*args).returncode == 0
     first = pd.read_csv(out / "sweep.csv", keep_default_na=False)
     assert len(first) == 2 and (first["error"] != "").all()  # 70B bf16 fits neither card
@@ -40,7 +40,7 @@ def test_error_cells_are_rerun_on_resume_and_replaced_not_doubled(tmp_path):
 def test_duplicate_cells_in_a_table_are_refused(tmp_path):
     out = tmp_path / "sweep"
     args = ("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out),
-            "--quiet", "--no-plots")
+            "--no-progress", "--no-plots")
     assert cli(*args).returncode == 0
     lines = (out / "sweep.csv").read_text().splitlines()
     (out / "sweep.csv").write_text("\n".join(lines + lines[1:]) + "\n")  # what two writers used to leave
@@ -71,7 +71,7 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "gpubench", "sweep", "--policies", "fcfs,continuum", "--skus",
                              "a100-40,h100,l40s", "--jps", "3,10", "--jobs", "200", "--workers", "2", "--out", str(out),
-                             "--quiet", "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--no-progress", "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def children():
         found = set()
@@ -102,10 +102,10 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path):
 def test_replay_and_sweep_print_json_when_asked(tmp_path):
     import json
 
-    p = cli("replay", "--synthetic", "2", "--jps", "1", "--out", str(tmp_path / "r"), "--no-progress", "--json")
+    p = cli("replay", "--jobs", "2", "--jps", "1", "--out", str(tmp_path / "r"), "--no-progress", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["metrics"]["num_jobs"] == 2
     q = cli("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(tmp_path / "s"),
-            "--quiet", "--no-plots", "--json")
+            "--no-progress", "--no-plots", "--json")
     rows = json.loads(q.stdout)
     assert q.returncode == 0 and len(rows) == 1 and rows[0]["policy"] == "fcfs" and rows[0]["error"] == ""
 
@@ -113,7 +113,7 @@ def test_replay_and_sweep_print_json_when_asked(tmp_path):
 def test_fresh_regenerates_instead_of_resuming(tmp_path):
     out = tmp_path / "sweep"
     args = ("sweep", "--policies", "fcfs", "--skus", "h100", "--jps", "1", "--jobs", "2", "--out", str(out),
-            "--quiet", "--no-plots")
+            "--no-progress", "--no-plots")
     assert cli(*args).returncode == 0
     lines = (out / "sweep.csv").read_text().splitlines()
     (out / "sweep.csv").write_text("\n".join(lines + lines[1:]) + "\n")  # a table a resume would refuse

@@ -77,7 +77,7 @@ def gpubench(*args, cwd=None):
 
 
 def test_cli_replay_synthetic_and_trace(tmp_path):
-    p = gpubench("replay", "--synthetic", "3", "--jps", "1", "--policy", "lmcache", "--lmcache-cpu-gib", "2",
+    p = gpubench("replay", "--jobs", "3", "--jps", "1", "--policy", "lmcache", "--lmcache-cpu-gib", "2",
                  "--step-cost", "constant:0.01", "--no-progress", "--out", str(tmp_path / "syn"))
     assert p.returncode == 0, p.stderr
     assert "GPU prefix-hit rate" in p.stdout
@@ -97,10 +97,10 @@ def test_cli_replay_trace_in_process(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--synthetic", "3", "--jps", "1", "--policy", "fcfs", "--cpu-gib", "4"], "applies to policy 'cpu-offload'"),
-    (["--synthetic", "3"], "needs --jps"),
-    (["--synthetic", "3", "--jps", "1", "--sku", "h9000"], "unknown SKU"),
-    (["--synthetic", "3", "--jps", "1", "--step-cost", "magic"], "unknown step cost"),
+    (["--jobs", "3", "--jps", "1", "--policy", "fcfs", "--cpu-gib", "4"], "applies to policy 'cpu-offload'"),
+    (["--jobs", "3"], "need --jps"),
+    (["--jobs", "3", "--jps", "1", "--sku", "h9000"], "unknown SKU"),
+    (["--jobs", "3", "--jps", "1", "--step-cost", "magic"], "unknown step cost"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
     from gpubench.cli import main

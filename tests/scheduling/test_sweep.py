@@ -139,7 +139,7 @@ def test_ray_missing_is_a_clear_error(tmp_path):
 def test_sweep_cli(tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "gpubench.cli", "sweep", "--policies", "fcfs,continuum", "--skus", "h100-sxm",
-           "--jps", "0.5", "2", "--jobs", "3", "--workers", "1", "--out", str(out), "--quiet"]
+           "--jps", "0.5", "2", "--jobs", "3", "--workers", "1", "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     frame = load_table(out)

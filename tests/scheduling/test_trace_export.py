@@ -82,7 +82,7 @@ def test_trace_under_preemption_keeps_tracks_apart(tmp_path):
 
 def test_json_output_names_the_trace(tmp_path, capsys):
     trace_out = tmp_path / "t.json"
-    rc = main(["replay", "--synthetic", "2", "--jps", "1", "--preset", "scaled-cpu", "--step-cost", "constant:0.01",
+    rc = main(["replay", "--jobs", "2", "--jps", "1", "--preset", "scaled-cpu", "--step-cost", "constant:0.01",
                "--no-progress", "--json", "--out", str(tmp_path / "r"), "--trace-out", str(trace_out)])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["trace"] == str(trace_out) and trace_out.is_file()
@@ -97,7 +97,7 @@ def test_json_output_names_the_trace(tmp_path, capsys):
 def test_bad_trace_out_is_one_line_before_the_replay(tmp_path, capsys, trace_out, extra, message):
     (tmp_path / "a_dir.json").mkdir()
     out = tmp_path / "run"
-    rc = main(["replay", "--synthetic", "2", "--jps", "1", "--step-cost", "constant:0.01", "--no-progress",
+    rc = main(["replay", "--jobs", "2", "--jps", "1", "--step-cost", "constant:0.01", "--no-progress",
                "--out", str(out), "--trace-out", str(tmp_path / trace_out), *extra])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -181,7 +181,7 @@ def _ink_fraction(driver, canvas_id: str) -> float:
         return n / (c.width * c.height);""", canvas_id)
 
 
-CHARTS = ("chart-batch", "chart-queue", "chart-kv", "chart-pool", "chart-break", "chart-preempt", "chart-hit",
+CHARTS = ("chart-batch", "chart-step-tokens", "chart-step-decode", "chart-queue", "chart-kv", "chart-pool", "chart-break", "chart-preempt", "chart-hit",
           "chart-ttft", "chart-jobs")
 
 
@@ -200,12 +200,26 @@ def _check_page(driver, run_dir: Path, shot: Path) -> None:
             continue
         assert marks[chart]["marks"] > 0, chart
         assert _ink_fraction(driver, chart) > 0.01, chart
+    _check_step_tokens(driver, json.loads((run_dir / "summary.json").read_text())["config"]["max_num_batched_tokens"])
     # the timeline draws one row per shown job
     assert driver.execute_script("return window.gpubenchViewer.data.timeline_jobs.length;") == summary["num_jobs"]
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
     driver.save_screenshot(str(shot))
     assert shot.stat().st_size > 20_000
+
+
+def _check_step_tokens(driver, budget: int) -> None:
+    """The per-step chart: no drawn column above the token budget (a bin's sum once peaked at ~5x
+    it), and decode tokens drawn, in the stacked chart and on their own scale."""
+    charts = driver.execute_script("return window.gpubenchViewer.charts;")
+    assert driver.execute_script("return window.gpubenchViewer.data.token_budget;") == budget
+    stacked = charts["chart-step-tokens"]
+    assert 0 < stacked["stackMax"] <= budget * (1 + 1e-9)
+    assert stacked["seriesMarks"]["decode tokens"] > 0 and stacked["seriesMarks"]["prefill tokens"] > 0
+    assert stacked["seriesMarks"][f"token budget ({budget:,})"] > 0
+    assert charts["chart-step-decode"]["seriesMarks"]["decode tokens per step"] > 0
+    assert _ink_fraction(driver, "chart-step-decode") > 0.01
 
 
 def _shot_dir(tmp_path: Path) -> Path:
@@ -252,6 +266,7 @@ def test_browser_on_real_replay_output(browser, tmp_path):
         metrics = json.loads((out / "summary.json").read_text())["metrics"]
         for key in ("tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "ttft_p99_s", "slo_turn_share", "goodput_tok_per_s"):
             assert shown[key] == pytest.approx(metrics[key], rel=1e-3, abs=1e-6), key
+        _check_step_tokens(browser, 2048)  # vllm serve's budget on an L40S
         marks = browser.execute_script("return window.gpubenchViewer.charts;")
         empty_ok = {"chart-pool"} | ({"chart-preempt"} if data["totals"]["num_preemptions"] == 0 else set())
         assert {c: marks[c]["marks"] for c in CHARTS if c not in empty_ok and marks[c]["marks"] == 0} == {}
@@ -301,3 +316,102 @@ def test_binned_steps_carry_their_count_so_the_page_draws_tokens_per_step():
     per_step = binned["num_prefill_tokens"] / binned["steps_in_bin"]
     assert (per_step == 8192).all()  # the budget, not ten times it
     assert binned["num_prefill_tokens"].sum() == 819_200  # totals kept for the summary
+
+
+@needs_browser
+def test_browser_binned_step_log_stays_under_the_budget(browser, run_dir, tmp_path):
+    """A step log binned to a few points (as a long replay is): the page divides each bin by its
+    step count, so the per-step chart still peaks at or below the budget, not at a bin's sum."""
+    data = load_run(run_dir, max_step_points=40)
+    assert data["steps_binned"]
+    budget = data["token_budget"]
+    sums = [p + d for p, d in zip(data["steps"]["num_prefill_tokens"], data["steps"]["num_decode_tokens"])]
+    assert max(sums) > budget  # what the old chart drew
+    page = tmp_path / "binned.html"
+    page.write_text(render_page(data), encoding="utf-8")
+    browser.get(page.as_uri())
+    _wait_ready(browser)
+    _check_step_tokens(browser, budget)
+
+
+def test_token_budget_read_from_the_run():
+    from scheduling.viewer.data import token_budget
+
+    assert token_budget({"config": {"max_num_batched_tokens": 512}}) == 512
+    live = {"config": {"engine": "vllm"}, "metrics": {"engine": {"max_num_batched_tokens": 4096}}}
+    assert token_budget(live) == 4096
+    assert token_budget({"config": {"sku": "h100-sxm", "max_num_batched_tokens": None}}) == 8192
+    assert token_budget({"config": {"sku": "no-such-gpu"}}) is None and token_budget({}) is None
+
+
+def _two_policies(tmp_path) -> list[Path]:
+    """FCFS and Continuum replayed on the same jobs (the comparison the viewer is asked for)."""
+    from scheduling.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+
+    jobs = with_poisson_arrivals(synthetic_jobs(10, 0, SyntheticParams(turns_mean=5, turns_max=8)), jps=1.0, seed=0)
+    dirs = []
+    for policy in ("fcfs", "continuum"):
+        out = tmp_path / "runs" / policy
+        write_outputs(run_replay(jobs, ReplayConfig(sku="l40s", policy=policy, seed=0)), out)
+        dirs.append(out)
+    return dirs
+
+
+def _check_compare_page(driver, dirs: list[Path], labels: list[str], shot: Path) -> None:
+    _wait_ready(driver)
+    assert driver.execute_script("return window.gpubenchViewer.mismatches;") == []
+    shown = driver.execute_script("return window.gpubenchViewer.summary;")
+    assert sorted(shown) == sorted(labels)
+    for label, d in zip(labels, dirs):
+        metrics = json.loads((d / "summary.json").read_text())["metrics"]
+        for key in ("num_jobs", "num_turns", "steps", "jct_mean_s", "ttft_p90_s", "gpu_prefix_hit_rate"):
+            assert shown[label][key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-9), (label, key)
+        # the table shows the same number in this run's column
+        cell = driver.execute_script(
+            "return document.querySelector(`#compare-summary td[data-run=\"${arguments[0]}\"][data-key=\"jct_mean_s\"]`)"
+            ".dataset.value;", label)
+        assert float(cell) == pytest.approx(metrics["jct_mean_s"], rel=1e-6)
+    header = driver.execute_script(
+        "return [...document.querySelectorAll('#compare-summary td.run')].map(td => td.textContent);")
+    assert header == labels
+    charts = driver.execute_script("return window.gpubenchViewer.charts;")
+    for chart in ("cmp-tokens", "cmp-running", "cmp-kv", "cmp-ttft", "cmp-jct", "cmp-hit"):
+        assert all(charts[chart]["seriesMarks"][label] > 0 for label in labels), (chart, charts[chart])
+        assert _ink_fraction(driver, chart) > 0.005, chart
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+    driver.save_screenshot(str(shot))
+
+
+@needs_browser
+def test_browser_compares_runs_side_by_side(browser, tmp_path):
+    dirs = _two_policies(tmp_path)
+    page = tmp_path / "compare.html"
+    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "view", *map(str, dirs), "--export", str(page)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    browser.get(page.as_uri())
+    _check_compare_page(browser, dirs, ["fcfs", "continuum"], _shot_dir(tmp_path) / "viewer_compare_export.png")
+    with ViewerServer(dirs) as server:
+        browser.get(server.url)
+        _check_compare_page(browser, dirs, ["fcfs", "continuum"], _shot_dir(tmp_path) / "viewer_compare_served.png")
+        listed = json.loads(urllib.request.urlopen(server.url + "summary.json", timeout=10).read())
+        assert [d["config"]["policy"] for d in listed] == ["fcfs", "continuum"]
+
+
+def test_compared_runs_with_one_name_are_labelled_by_their_parents(tmp_path):
+    from scheduling.viewer.data import load_runs
+
+    a = write_sample_run(tmp_path / "a" / "run", seed=0)
+    b = write_sample_run(tmp_path / "b" / "run", seed=1)
+    assert [r["label"] for r in load_runs([a, b])["runs"]] == ["a/run", "b/run"]
+
+
+@pytest.mark.parametrize("case", ["twice", "one-missing"])
+def test_compare_errors_are_one_line(run_dir, tmp_path, case):
+    second = run_dir if case == "twice" else tmp_path / "missing"
+    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "view", str(run_dir), str(second), "--export",
+                           str(tmp_path / "x.html")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert ("given twice" if case == "twice" else "not a directory") in proc.stderr
+    assert not (tmp_path / "x.html").exists()

@@ -88,7 +88,7 @@ def test_rows_carry_engine_settings_and_host_state(tiny_rows):
 @pytest.fixture(scope="module")
 def live_and_sim(tmp_path_factory):
     root = tmp_path_factory.mktemp("live")
-    common = ["--synthetic", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
+    common = ["--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
               "--block-size", "128", "--max-num-batched-tokens", "4096", "--no-progress"]
     live = gpubench("replay", "--engine", "vllm", *common, "--out", str(root / "live"))
     assert live.returncode == 0, live.stderr[-2000:]
@@ -177,7 +177,7 @@ def test_model_vllm_cannot_load_is_one_line(tmp_path):
 def test_bad_settings_fail_before_the_engine_starts(tmp_path):
     for args, needle in ((["--block-size", "48"], "multiple of 32"), (["--num-gpu-blocks", "0"], ">= 1"),
                          (["--policy", "continuum"], "simulator-only")):
-        proc = gpubench("replay", "--engine", "vllm", "--synthetic", "1", "--preset", "scaled-cpu", "--jps", "1",
+        proc = gpubench("replay", "--engine", "vllm", "--jobs", "1", "--preset", "scaled-cpu", "--jps", "1",
                         *args, "--out", str(tmp_path / "x"))
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "x").exists()

@@ -1,0 +1,101 @@
+"""scripts/bench_compare.sh on stored pytest-benchmark JSON files (no timing run): it fails past
+the threshold, passes within it, warns when the machines differ, and refuses bad input in one line."""
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench_compare.sh"
+BASELINE = REPO / "results" / "predictor" / "bench.json"  # committed: the predictor bench's figures
+SLOWED = "benchmarks/test_predictor_bench.py::test_predict_time_single_batch"
+TIME_FIELDS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15iqr", "hd15iqr", "total")
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")
+
+
+def stored_run(tmp_path, factor: float, name: str = "current.json", cpu: str | None = None) -> Path:
+    """The committed baseline with SLOWED's times multiplied by ``factor`` (the other benchmarks
+    unchanged), as a later run would store it."""
+    doc = json.loads(BASELINE.read_text())
+    doc = copy.deepcopy(doc)
+    for bench in doc["benchmarks"]:
+        if bench["fullname"] == SLOWED:
+            for field in TIME_FIELDS:
+                bench["stats"][field] *= factor
+            bench["stats"]["ops"] /= factor
+    if cpu is not None:
+        doc["machine_info"]["cpu"]["brand_raw"] = cpu
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def compare(*args, baselines=None):
+    env = {**os.environ, "PYTHON": sys.executable}
+    if baselines is not None:
+        env["BENCH_BASELINES"] = " ".join(map(str, baselines))
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120)
+
+
+def test_a_mean_past_the_threshold_fails_and_one_within_it_passes(tmp_path):
+    current = stored_run(tmp_path, 1.25)  # 25 % slower
+    over = compare(10, current)
+    assert over.returncode == 1, over.stderr
+    assert "1 regression(s)" in over.stderr and SLOWED in over.stderr and "PercentageRegressionCheck" in over.stderr
+    assert "REGRESSION" in over.stdout and "+25.0%" in over.stdout
+    within = compare(30, current)
+    assert within.returncode == 0, within.stderr
+    assert "4 benchmark(s) within mean:30% of the baseline" in within.stdout
+    assert "warning" not in within.stderr  # same machine: no warning
+
+
+def test_a_faster_run_passes_even_at_zero_percent(tmp_path):
+    assert compare(0, stored_run(tmp_path, 0.5)).returncode == 0
+
+
+def test_another_machine_is_named_in_a_warning(tmp_path):
+    proc = compare(10, stored_run(tmp_path, 1.0, cpu="Some Other CPU"))
+    assert proc.returncode == 0
+    assert "warning: the baseline was timed on Intel(R) Xeon(R) Processor" in proc.stderr
+    assert "Some Other CPU" in proc.stderr
+
+
+def test_every_committed_baseline_is_a_pytest_benchmark_file():
+    """The script's default baselines exist and name benchmark files that exist."""
+    proc = subprocess.run(["bash", "-c", f"grep -o 'results/[a-z/_]*bench.json' {SCRIPT} | sort -u"],
+                          capture_output=True, text=True, check=True)
+    baselines = proc.stdout.split()
+    assert len(baselines) == 3
+    for path in baselines:
+        doc = json.loads((REPO / path).read_text())
+        assert doc["benchmarks"]
+        for bench in doc["benchmarks"]:
+            assert (REPO / bench["fullname"].split("::")[0]).is_file(), bench["fullname"]
+
+
+@pytest.mark.parametrize("case", ["pct-not-a-number", "not-json", "missing-current", "missing-baseline",
+                                  "no-common-benchmark"])
+def test_bad_input_is_one_line_exit_2(tmp_path, case):
+    current = stored_run(tmp_path, 1.0)
+    baselines = None
+    if case == "pct-not-a-number":
+        args = ["ten", current]
+    elif case == "not-json":
+        (tmp_path / "bad.json").write_text("{not json")
+        args = [10, tmp_path / "bad.json"]
+    elif case == "missing-current":
+        args = [10, tmp_path / "nothere.json"]
+    elif case == "missing-baseline":
+        args, baselines = [10, current], [tmp_path / "nothere.json"]
+    else:
+        args, baselines = [10, current], [REPO / "results" / "scheduling" / "bench" / "bench.json"]
+    proc = compare(*args, baselines=baselines)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr

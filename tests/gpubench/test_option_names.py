@@ -1,0 +1,102 @@
+"""One name per option across commands: --no-progress (replay, sweep, kvcomm), --jobs N (replay,
+sweep, trace), --set [POLICY.]KEY=VALUE (run, sweep, replay). The old spellings (--quiet,
+--synthetic) still work, say once on stderr which name to use, and are hidden from --help and
+from shell completion."""
+import contextlib
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from gpubench.cli import build_parser, main
+from gpubench.completion import command_tree
+from scheduling.traces import save_trace, synthetic_jobs, with_poisson_arrivals
+
+FAST = ["--step-cost", "constant:0.01", "--jps", "1"]
+
+
+def replay(tmp_path, name, *argv, capsys):
+    rc = main(["replay", *argv, "--out", str(tmp_path / name), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    doc = json.loads(captured.out)
+    steps = pd.read_csv(tmp_path / name / "steps.csv")
+    return doc, steps, captured.err
+
+
+def same_outcome(a, b):
+    """Two replays' config and metrics (wall-clock fields aside) and step logs are the same."""
+    (doc_a, steps_a, _), (doc_b, steps_b, _) = a, b
+    wall = ("sim_wall_s", "steps_per_wall_s")
+    assert doc_a["config"] == doc_b["config"]
+    assert {k: v for k, v in doc_a["metrics"].items() if k not in wall} == \
+        {k: v for k, v in doc_b["metrics"].items() if k not in wall}
+    pd.testing.assert_frame_equal(steps_a, steps_b)
+
+
+def test_old_replay_spellings_give_the_same_replay_with_a_note(tmp_path, capsys):
+    canonical = replay(tmp_path, "new", "--jobs", "3", *FAST, "--no-progress", capsys=capsys)
+    old = replay(tmp_path, "old", "--synthetic", "3", *FAST, "--quiet", capsys=capsys)
+    same_outcome(canonical, old)
+    assert canonical[2] == ""
+    notes = old[2].strip().splitlines()
+    assert notes == ["gpubench replay: note: --synthetic is deprecated, use --jobs (same meaning)",
+                     "gpubench replay: note: --quiet is deprecated, use --no-progress (same meaning)"]
+
+
+def test_replay_set_is_the_dedicated_option_in_sweep_words(tmp_path, capsys):
+    flags = replay(tmp_path, "flags", "--jobs", "3", *FAST, "--no-progress", "--policy", "continuum",
+                   "--ttl-rule", "fixed", "--ttl-s", "5", "--max-num-seqs", "2", capsys=capsys)
+    sets = replay(tmp_path, "sets", "--jobs", "3", *FAST, "--no-progress", "--policy", "continuum",
+                  "--set", "continuum.ttl_rule=fixed", "--set", "continuum.ttl_s=5", "--set", "max_num_seqs=2",
+                  capsys=capsys)
+    same_outcome(flags, sets)
+    assert sets[0]["config"]["policy_params"] == {"ttl_rule": "fixed", "ttl_s": 5}
+    assert sets[0]["config"]["max_num_seqs"] == 2
+
+
+def test_jobs_with_a_trace_keeps_its_first_n_jobs(tmp_path, capsys):
+    trace = save_trace(with_poisson_arrivals(synthetic_jobs(5, seed=1), 1.0, seed=1), tmp_path / "t.jsonl")
+    doc, _, _ = replay(tmp_path, "cut", "--trace", str(trace), "--jobs", "2", "--step-cost", "constant:0.01",
+                       "--no-progress", capsys=capsys)
+    assert doc["metrics"]["num_jobs"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["replay", "--jobs", "2", *FAST, "--set", "nope=1"], "unknown engine setting"),
+    (["replay", "--jobs", "2", *FAST, "--set", "lmcache.chunk_tokens=64"], "not of the replayed 'fcfs'"),
+    (["replay", "--jobs", "2", *FAST, "--set", "max_num_seqs=0"], "must be an integer >= 1"),
+    (["replay", "--jps", "1"], "give the jobs"),
+])
+def test_bad_replay_options_are_one_line(tmp_path, capsys, argv, message):
+    rc = main([*argv, "--no-progress", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sweep_quiet_is_no_progress(capsys):
+    parser = build_parser()
+    canonical = parser.parse_args(["sweep", "--out", "o", "--no-progress"])
+    old = parser.parse_args(["sweep", "--out", "o", "--quiet"])
+    assert "--quiet is deprecated, use --no-progress" in capsys.readouterr().err
+    assert vars(canonical) == vars(old) and canonical.no_progress is True
+    assert parser.parse_args(["sweep", "--out", "o"]).no_progress is False
+    assert parser.parse_args(["replay", "--out", "o"]).no_progress is False
+
+
+def help_text(*argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_help_and_completion_list_only_the_canonical_names(command):
+    text = help_text(command)
+    assert "--no-progress" in text and "--jobs" in text and "--set" in text
+    assert "--quiet" not in text and "--synthetic" not in text
+    options = command_tree(build_parser())[command]["options"]
+    assert {"--no-progress", "--jobs", "--set"} <= set(options)
+    assert not {"--quiet", "--synthetic"} & set(options)
