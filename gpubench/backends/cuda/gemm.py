@@ -9,7 +9,6 @@ from gpubench.backends.cuda.extension import NUM_WARMUP
 from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
 from gpubench.probes.common import opt
 
-
 # Llama-3.1-8B projections (hidden 4096, intermediate 14336, 32 heads, 8 KV heads, head_dim 128),
 # fixed here because gpubench must not import predictor; plus one square shape.
 GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),

@@ -6,7 +6,7 @@ import math
 
 from gpubench import errors, skus
 from gpubench.backends.cuda.gemm import GEMM_DTYPES
-from gpubench.backends.cuda.probes import MiB, LaunchProbe
+from gpubench.backends.cuda.probes import LaunchProbe, MiB
 from gpubench.report import valid_rows
 
 # What published measurements lead one to expect, per SKU and figure prefix of check_table, so that
