@@ -14,7 +14,7 @@ import io
 from pathlib import Path
 
 from gpubench.outdir import write_bytes_atomic
-from gpubench.report import _valid, describe_device
+from gpubench.report import describe_device, valid_rows
 from gpubench.results import Run
 
 STREAM_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
@@ -46,8 +46,8 @@ def _save(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Pat
 
 def _bandwidth(run: Run, out: Path, title: str):
     stream, l2 = run.frames.get("stream"), run.frames.get("l2")
-    stream = _valid(stream) if stream is not None else None
-    l2 = _valid(l2) if l2 is not None else None
+    stream = valid_rows(stream) if stream is not None else None
+    l2 = valid_rows(l2) if l2 is not None else None
     if (stream is None or not len(stream)) and (l2 is None or not len(l2)):
         return None
     plt, fig, ax = _figure()
@@ -76,7 +76,7 @@ def _gemm(run: Run, out: Path, title: str):
     df = run.frames.get("gemm")
     if df is None:
         return None
-    df = _valid(df)
+    df = valid_rows(df)
     if not len(df) or "m" not in df:
         return None
     plt, fig, ax = _figure()
@@ -100,7 +100,7 @@ def _launch(run: Run, out: Path, title: str):
     df = run.frames.get("launch")
     if df is None:
         return None
-    df = _valid(df)
+    df = valid_rows(df)
     if not len(df) or "count" not in df:
         return None
     plt, fig, ax = _figure()
@@ -117,7 +117,7 @@ def _torch_linear(run: Run, out: Path, title: str):
     df = run.frames.get("torch_ops")
     if df is None or "family" not in df:
         return None
-    df = _valid(df)
+    df = valid_rows(df)
     df = df[df["family"] == "linear"]
     if not len(df):
         return None

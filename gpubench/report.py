@@ -49,7 +49,8 @@ class RunSummary:
         return d
 
 
-def _valid(df):
+def valid_rows(df):
+    """The rows a figure may use: those whose check passed (all rows when there is no check)."""
     return df[df["valid"].astype(bool)] if "valid" in df else df
 
 
@@ -206,7 +207,7 @@ def summarize_run(run: Run) -> RunSummary:
                           if entry.get(k) is not None}
     peaks = {}  # dtype -> (GFLOP/s, what it is): the FMA peak at the measured clock, else the spec
     if "peak" in run.frames:
-        pk = _valid(run.frames["peak"])
+        pk = valid_rows(run.frames["peak"])
         for _, r in pk.iterrows():
             ref = _num(r.get("measured_clock_tflops"))
             if ref:
@@ -217,7 +218,7 @@ def summarize_run(run: Run) -> RunSummary:
         if "valid" in df:
             for _, r in df[~df["valid"].astype(bool)].iterrows():
                 s.invalid.append(f"{probe}/{r['key']}: {r.get('invalid_reason', 'invalid')}")
-        good = _valid(df)
+        good = valid_rows(df)
         if not len(good) or "t_min_s" not in good:
             continue
         fn = {"stream": _stream, "l2": _l2, "launch": _launch, "peak": _peak, "torch_ops": _torch_ops,
@@ -342,7 +343,7 @@ def row_figures(probe: str, df, device: dict) -> list[Figure]:
     """
     cache, cname = cache_bytes(device)
     out = []
-    for _, r in _valid(df).iterrows():
+    for _, r in valid_rows(df).iterrows():
         if "t_median_s" not in r or not (r["t_median_s"] > 0):
             continue
         t, spread = float(r["t_median_s"]), _spread(r)

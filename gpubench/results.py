@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpubench import __version__
 from gpubench.errors import ResultsFormatError
+from gpubench.jsonio import iter_jsonl
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -185,22 +186,7 @@ def read_rows(path: str | os.PathLike, *, torn_tail_ok: bool = False) -> list[di
     rows = []
     seen: dict[str, int] = {}
     numeric: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8", errors="strict") as f:
-            lines = f.readlines()
-    except UnicodeDecodeError as e:
-        raise ResultsFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if torn_tail_ok and lines and not lines[-1].endswith("\n"):
-        lines.pop()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise ResultsFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    for lineno, row in iter_jsonl(path, error=ResultsFormatError, objects_only=True, torn_tail_ok=torn_tail_ok):
         if "key" not in row:
             raise ResultsFormatError(f"{path}:{lineno}: row has no 'key' field")
         if row["key"] in seen:

@@ -221,18 +221,10 @@ def read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
     if path.suffix == ".jsonl":
-        rows = []
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    if lineno == sum(1 for _ in open(path)):  # a torn last line: interrupted mid-write
-                        break
-                    raise ResultsFormatError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-        return rows
+        from gpubench.jsonio import iter_jsonl
+
+        # A torn last line (interrupted mid-write) is left out: its point is measured again.
+        return [row for _, row in iter_jsonl(path, error=ResultsFormatError, torn_tail_ok=True)]
     import pandas as pd
 
     try:

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from scheduling.sweep import SweepSpec, parse_assignments, run_sweep, split_policy_label
 
     if args.plots_only:
-        from scheduling.sweep import load_table, write_plots
+        from scheduling.sweep_report import write_plots
+        from scheduling.sweep_table import load_table
 
         frame = load_table(args.out)
         if frame.empty:
@@ -124,7 +125,7 @@ def _reconstruct(args: argparse.Namespace) -> list[str]:
 
 def _print_table(frame) -> None:
     """JCT mean per SKU × policy at each JPS (seed mean), as a rich table."""
-    from scheduling.sweep import metric_column
+    from scheduling.sweep_report import metric_column
 
     col = metric_column(frame, "jct_mean")
     if col is None or frame.empty:

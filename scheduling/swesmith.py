@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from gpubench.errors import TraceFormatError
+from gpubench.jsonio import iter_jsonl
 from scheduling.traces import DEFAULT_TOOL_MODELS, Job, ToolTimeModel, Turn, validate_job
 
 __all__ = [
@@ -293,17 +294,8 @@ def _iter_rows(path: Path) -> Iterator[tuple[str, dict]]:
         for idx, row in enumerate(frame.to_dict(orient="records")):
             yield f"{path}: row {idx}: ", row
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise TraceFormatError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise TraceFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            yield f"{path}:{lineno}: ", row
+    for lineno, row in iter_jsonl(path, error=TraceFormatError, objects_only=True):
+        yield f"{path}:{lineno}: ", row
 
 
 def load_swesmith(path: str | Path, *, seed: int = 0, tokenizer: str = "estimate",

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from gpubench.errors import TraceFormatError
+from gpubench.jsonio import iter_jsonl
 
 __all__ = [
     "Turn", "Job", "SyntheticParams", "ToolTimeModel", "DEFAULT_TOOL_MODELS",
@@ -242,20 +243,13 @@ def _load_trace(path: Path, seed: int) -> list[Job]:
         return swesmith.load_swesmith(path, seed=seed)
     jobs: list[Job] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise TraceFormatError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-            job = job_from_dict(obj, path=path, line=lineno)
-            if job.job_id in seen:
-                raise TraceFormatError(
-                    f"{path}:{lineno}: job {job.job_id!r}: field 'job_id' duplicates line {seen[job.job_id]}")
-            seen[job.job_id] = lineno
-            jobs.append(job)
+    for lineno, obj in iter_jsonl(path, error=TraceFormatError):
+        job = job_from_dict(obj, path=path, line=lineno)
+        if job.job_id in seen:
+            raise TraceFormatError(
+                f"{path}:{lineno}: job {job.job_id!r}: field 'job_id' duplicates line {seen[job.job_id]}")
+        seen[job.job_id] = lineno
+        jobs.append(job)
     if not jobs:
         raise TraceFormatError(f"{path}: no jobs in file")
     return jobs

@@ -1,7 +1,18 @@
-"""Sizes and host facts the CPU probes plan with."""
+"""What the probes of both backends (CPU here, CUDA in ``gpubench.backends.cuda``) plan with:
+sizes and host facts, ``--set`` options, and STREAM's byte counting."""
 from __future__ import annotations
 
 import math
+
+
+# STREAM's work table: arrays moved per element (BabelStream's "weight"); bytes per repetition are
+# these x n x the element size, the write-allocate read of the destination not counted (stream.c).
+STREAM_KERNEL_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
+
+
+def stream_bytes(kernel: str, n_elements: int, word_bytes: int = 8) -> int:
+    """Bytes one repetition of a STREAM ``kernel`` moves (STREAM convention, no write-allocate)."""
+    return STREAM_KERNEL_ARRAYS[kernel] * n_elements * word_bytes
 
 
 def mem_available_bytes() -> int | None:

@@ -11,17 +11,10 @@ check makes all four rows invalid.
 from __future__ import annotations
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import geometric, llc_bytes, mem_available_bytes, opt
+from gpubench.probes.common import STREAM_KERNEL_ARRAYS, geometric, llc_bytes, mem_available_bytes, opt, stream_bytes
 
 WORD_BYTES = 8  # fp64
-# STREAM's work table: arrays moved per element (BabelStream's "weight").
-KERNEL_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
 CORRUPT_TARGETS = {"": 0, "a": 1, "b": 2, "c": 3}
-
-
-def stream_bytes(kernel: str, n_elements: int) -> int:
-    """Bytes one repetition of `kernel` moves (STREAM convention, no write-allocate)."""
-    return KERNEL_ARRAYS[kernel] * n_elements * WORD_BYTES
 
 
 class StreamProbe(Probe):
@@ -52,7 +45,7 @@ class StreamProbe(Probe):
                 params={"n_elements": n, "num_reps": reps, "corrupt": CORRUPT_TARGETS[corrupt],
                         "top_bounded_by_memory": hi < 4 * llc},
                 label=f"{array_bytes / 2**20:.1f} MiB x 3",
-                row_keys=tuple(f"stream_{k}_fp64_{n}" for k in KERNEL_ARRAYS),
+                row_keys=tuple(f"stream_{k}_fp64_{n}" for k in STREAM_KERNEL_ARRAYS),
             ))
         return specs
 
@@ -63,14 +56,14 @@ class StreamProbe(Probe):
         n = p["n_elements"]
         out = _cpu.stream(n, p["num_reps"], p["corrupt"])
         rows = []
-        for kernel in KERNEL_ARRAYS:
+        for kernel in STREAM_KERNEL_ARRAYS:
             row = {
                 "key": f"stream_{kernel}_fp64_{n}",
                 "kernel": kernel,
                 "dtype": "fp64",
                 "n_elements": n,
                 "array_bytes": n * WORD_BYTES,
-                "bytes": stream_bytes(kernel, n),
+                "bytes": stream_bytes(kernel, n, WORD_BYTES),
                 "threads": out["threads"],
                 "times_s": list(out[kernel]),
                 "valid": bool(out["valid"]),

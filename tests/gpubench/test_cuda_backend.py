@@ -430,7 +430,7 @@ def test_quick_l2_sweep_reads_a_bounded_number_of_bytes():
 def test_short_gemms_are_timed_inside_one_cuda_graph_replay():
     """Calls under 50 us are timed as replays of one captured graph of 32 calls (torch's CUDA API
     stood in for: there is no GPU here); a failed capture falls back to an event pair per call."""
-    from gpubench.backends import cuda
+    from gpubench.backends.cuda import gemm
 
     log = []
 
@@ -475,10 +475,10 @@ def test_short_gemms_are_timed_inside_one_cuda_graph_replay():
         def matmul(a, b, out):
             log.append(f"matmul {b}")
 
-    times = cuda._graph_timed_matmuls(FakeTorch, "a", ["b0", "b1"], "c", 100, Stream())
+    times = gemm._graph_timed_matmuls(FakeTorch, "a", ["b0", "b1"], "c", 100, Stream())
     assert len(times) == 4 and all(t == pytest.approx(10e-6) for t in times)  # ceil(100 / 32) replays
     captured = log[log.index("capture", log.index("capture") + 1) + 1:log.index("record")]
-    assert captured == [f"matmul b{i % 2}" for i in range(cuda.GRAPH_CALLS)]  # weight copies cycle
+    assert captured == [f"matmul b{i % 2}" for i in range(gemm.GRAPH_CALLS)]  # weight copies cycle
     assert log.count("replay") == 4
 
 

@@ -9,10 +9,7 @@ mixes up warm and cold requests fails.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +20,7 @@ import pytest
 from gpubench.errors import KVCommError
 from kvcomm.clients import PrefixCounters
 from kvcomm.clients.openai_http import OpenAIHTTPClient, parse_prometheus
+from tests.conftest import gpubench
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4               # the small server's cache block, in words
@@ -303,16 +301,11 @@ def test_a_server_that_does_not_stream_sse_is_one_line():
 
 
 # ---- serve-exchange end to end (against the small server) ----------------------------------------------
-def gpubench(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "gpubench.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=REPO)
-
-
 def test_serve_exchange_cli_measures_warm_and_cold(prefix_server, tmp_path):
     out = tmp_path / "run"
     proc = gpubench("kvcomm", "serve-exchange", "--client", "http", "--url", prefix_server.url, "--block-size", str(BLOCK), "--task", "drift",
-                    "--repeats", "2", "--warmup", "0", "--max-tokens-a", "3", "--max-tokens-b", "2", "--out", str(out))
+                    "--repeats", "2", "--warmup", "0", "--max-tokens-a", "3", "--max-tokens-b", "2", "--out", str(out),
+                    timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "repeat 2/2" in proc.stderr and "B TTFT median warm" in proc.stdout
     s = json.loads((out / "summary.json").read_text())
@@ -357,7 +350,7 @@ def test_serve_exchange_bad_input_is_one_line(tmp_path):
              (["--client", "hf", "--url", "http://127.0.0.1:1"], "--url is for --client http"),
              (["--block-size", "48"], "multiple of 32"))
     for args, needle in cases:
-        proc = gpubench("kvcomm", "serve-exchange", *args, "--out", str(tmp_path / "x"))
+        proc = gpubench("kvcomm", "serve-exchange", *args, "--out", str(tmp_path / "x"), timeout=300, cwd=REPO)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, proc.stderr)
     assert not (tmp_path / "x").exists()

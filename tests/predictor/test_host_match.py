@@ -2,8 +2,6 @@
 a run taken under contention (real committed runs from two different hosts of this project)."""
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,14 +9,11 @@ import pytest
 from gpubench.errors import ConfigError
 from predictor.calibrate import Calibration, fit_run
 from predictor.host_match import check_calibration_host, current_cpu_identity, identity_from_device, mismatches
+from tests.conftest import gpubench
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEL_RUN = ROOT / "results/eval/cpu/probes/cpu/20261201T112057Z-vm"   # 2-vCPU Intel Xeon, AVX-512
 AMD_RUN = ROOT / "results/eval/cpu/probes/cpu/20261129T171339Z-vm"     # AMD EPYC, AVX2
-
-
-def gpubench(*args):
-    return subprocess.run([sys.executable, "-m", "gpubench", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_fit_records_the_host_of_the_run():

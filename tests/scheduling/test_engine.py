@@ -8,22 +8,9 @@ from gpubench.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig, Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
-from scheduling.traces import Job, SyntheticParams, Turn, long_context_params, synthetic_jobs, with_poisson_arrivals
-
-
-def job(job_id, turns, *, system=0, group=None, arrival=0.0):
-    """Small factory: turns as (input, output, tool_s)."""
-    ts = tuple(Turn(i, o, "bash" if k < len(turns) - 1 else None, g if k < len(turns) - 1 else 0.0)
-               for k, (i, o, g) in enumerate(turns))
-    return Job(job_id, group or job_id, system, ts, arrival)
-
-
-def run(jobs, num_blocks, policy="fcfs", params=None, cost=0.01, **cfg):
-    e = Engine(jobs, EngineConfig(num_gpu_blocks=num_blocks, **cfg), make_policy(policy, params),
-               ConstantStepCost(cost) if isinstance(cost, float) else cost)
-    res = e.run()
-    e.pool.check_invariants()
-    return e, res
+from scheduling.traces import long_context_params, synthetic_jobs, with_poisson_arrivals
+from tests.conftest import job, turn_dicts
+from tests.conftest import run_engine as run
 
 
 def small_workload(n=12, seed=3, jps=4.0):
@@ -32,12 +19,6 @@ def small_workload(n=12, seed=3, jps=4.0):
                      system_tokens_max=600, obs_tokens_median=120, obs_tokens_max=800, out_tokens_median=30,
                      out_tokens_max=80, task_tokens_median=200)
     return with_poisson_arrivals(synthetic_jobs(n, seed=seed, params=params), jps, seed=seed)
-
-
-def turn_dicts(res):
-    from scheduling.engine import TURN_COLUMNS
-
-    return [dict(zip(TURN_COLUMNS, t)) for t in res.turns]
 
 
 # --- hand-checkable preemption scenario ----------------------------------------------------------

@@ -4,24 +4,16 @@ import math
 import pytest
 
 from gpubench.errors import ConfigError
-from scheduling.engine import TURN_COLUMNS, Engine, EngineConfig
+from scheduling.engine import Engine, EngineConfig
 from scheduling.policies import ContinuumParams, make_policy, param_names
 from scheduling.policies.continuum import ContinuumPolicy
 from scheduling.step_cost import ConstantStepCost
-from scheduling.traces import Job, Turn
-
-
-def job(job_id, turns, *, system=0, group=None, arrival=0.0):
-    ts = tuple(Turn(i, o, "bash" if k < len(turns) - 1 else None, g if k < len(turns) - 1 else 0.0)
-               for k, (i, o, g) in enumerate(turns))
-    return Job(job_id, group or job_id, system, ts, arrival)
+from tests.conftest import job, run_engine, turn_dicts
 
 
 def run(jobs, num_blocks, policy, params=None, cost=0.01, **cfg):
-    e = Engine(jobs, EngineConfig(num_gpu_blocks=num_blocks, **cfg), make_policy(policy, params), ConstantStepCost(cost))
-    res = e.run()
-    e.pool.check_invariants()
-    return e, [dict(zip(TURN_COLUMNS, t)) for t in res.turns], res
+    e, res = run_engine(jobs, num_blocks, policy, params, cost, **cfg)
+    return e, turn_dicts(res), res
 
 
 # Job "a": a 1600-token prompt, 16 output tokens (1615 computed -> 100 full blocks + 1 partial),

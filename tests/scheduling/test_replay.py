@@ -2,8 +2,6 @@
 import json
 import math
 import pickle
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -14,6 +12,7 @@ from predictor import load_model_config
 from scheduling.engine import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
 from scheduling.replay import ReplayConfig, kv_pool_blocks, run_replay, write_outputs
 from scheduling.traces import SyntheticParams, save_trace, synthetic_jobs, with_poisson_arrivals
+from tests.conftest import gpubench
 
 SMALL = SyntheticParams(turns_mean=4, turns_min=2, turns_max=6, obs_tokens_median=100, obs_tokens_max=600,
                         out_tokens_median=20, out_tokens_max=60)
@@ -69,11 +68,6 @@ def test_replay_is_deterministic_and_config_pickles():
     pd.testing.assert_frame_equal(a.turns, b.turns)
     assert {k: v for k, v in a.summary.items() if k not in ("sim_wall_s", "steps_per_wall_s")} == \
         {k: v for k, v in b.summary.items() if k not in ("sim_wall_s", "steps_per_wall_s")}
-
-
-def gpubench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gpubench.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
 
 
 def test_cli_replay_synthetic_and_trace(tmp_path):

@@ -13,8 +13,9 @@ import pytest
 
 from gpubench.errors import ConfigError, GpubenchError, UnknownSKUError
 from scheduling.sweep import (
-    CSV_NAME, SweepCell, SweepSpec, _Table, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics,
+    CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics,
 )
+from scheduling.sweep_table import SweepTable
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_REPLAY = importlib.util.find_spec("scheduling.replay") is not None
@@ -68,13 +69,13 @@ def test_summary_metrics_flatten():
 
 def test_table_appends_widens_and_resumes(tmp_path):
     path = tmp_path / CSV_NAME
-    t = _Table(path)
+    t = SweepTable(path)
     t.append({"key": "a", "policy": "fcfs", "sku": "s", "jps": 0.1, "seed": 0, "m1": 1.0, "wall_s": 0.1, "error": ""})
     t.append({"key": "b", "policy": "fcfs", "sku": "s", "jps": 0.2, "seed": 0, "m2": 2.0, "wall_s": 0.1, "error": ""})
     frame = pd.read_csv(path)
     assert list(frame.columns) == ["key", "policy", "sku", "jps", "seed", "m1", "m2", "wall_s", "cpu_s", "error"]
     assert frame["m1"].tolist()[0] == 1.0 and pd.isna(frame["m1"].tolist()[1]) and frame["m2"].tolist()[1] == 2.0
-    t2 = _Table(path)  # a resumed sweep keeps the header
+    t2 = SweepTable(path)  # a resumed sweep keeps the header
     t2.append({"key": "c", "policy": "fcfs", "sku": "s", "jps": 0.4, "seed": 0, "m1": 3.0, "wall_s": 0.1, "error": ""})
     assert pd.read_csv(path)["key"].tolist() == ["a", "b", "c"]
 

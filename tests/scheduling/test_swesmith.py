@@ -119,7 +119,7 @@ def test_malformed_inputs_name_line_job_and_field(tmp_path):
         with pytest.raises(TraceFormatError, match=pattern):
             load_swesmith(p)
     _write_rows(p, [good, '{"messages": '])
-    with pytest.raises(TraceFormatError, match=r"bad.jsonl:2: invalid JSON"):
+    with pytest.raises(TraceFormatError, match=r"bad.jsonl:2: malformed JSON"):
         load_swesmith(p)
     q = tmp_path / "bad.parquet"
     q.write_bytes(b"PAR1 not really")

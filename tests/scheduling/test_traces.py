@@ -65,7 +65,7 @@ def test_bad_job_names_file_line_job_and_field(tmp_path, mutate, field):
 def test_bad_json_and_duplicates_and_missing(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"job_id": "a", oops}\n')
-    with pytest.raises(TraceFormatError, match=r"t.jsonl:1: invalid JSON"):
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:1: malformed JSON"):
         load_trace(path)
     line = json.dumps({"job_id": "a", "system_tokens": 5, "turns": [{"input_tokens": 1, "output_tokens": 1}]})
     path.write_text(line + "\n" + line + "\n")

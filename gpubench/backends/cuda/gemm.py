@@ -1,0 +1,218 @@
+"""Library GEMM (cuBLAS through torch) over Llama-3.1-8B shapes, and how its calls are timed."""
+from __future__ import annotations
+
+import math
+
+from gpubench import errors
+from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
+from gpubench.backends.cuda.extension import NUM_WARMUP
+from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
+from gpubench.probes.common import opt
+
+# Llama-3.1-8B projections (hidden 4096, intermediate 14336, 32 heads, 8 KV heads, head_dim 128),
+# fixed here because gpubench must not import predictor; plus one square shape.
+GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+               "square": (8192, 8192)}
+GEMM_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192, 16384)
+QUICK_GEMM_M = (1, 16, 128, 512, 2048, 16384)
+GEMM_DTYPES = ("bf16", "fp16", "tf32")
+# Unit roundoff of the inputs (tf32 keeps 10 mantissa bits) for the validation tolerance.
+GEMM_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "tf32": 2.0**-11}
+DROOP_M = 16384
+
+
+def gemm_library() -> tuple[str | None, str]:
+    """(library, "") when GEMM can run on the GPU, else (None, reason). Checked at run time."""
+    try:
+        import torch
+    except ImportError:
+        return None, "no CUDA torch (torch is not installed); cuBLAS is not linked in gpubench._cuda"
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but sees no device"
+        return None, f"no CUDA torch (torch {torch.__version__} is {build}); cuBLAS is not linked in gpubench._cuda"
+    return "torch", ""
+
+
+class GemmProbe(CudaProbe):
+    """Library GEMM (cuBLAS through ``torch.matmul``) over Llama-3.1-8B decode/prefill shapes.
+
+    ``C[M, N] = A[M, K] @ B[K, N]`` in bf16 and fp16 (fp32 accumulate) and tf32, M from 1 to 16384.
+    FLOPs = 2 M N K; bytes = A, B and C once. The weight B is rotated among copies covering 2x L2 so
+    repetitions stream it from memory. Repetitions are queued behind ``torch.cuda._sleep`` so host
+    enqueue gaps do not enter event intervals; their count comes from a time budget (0.2 s, 2 s for
+    the bf16 M = 16384 rows that clock droop is read from). Validation: up to 64 rows of C against a
+    float64 product on the device, |err| <= 8 eps sqrt(K) for inputs in [-1, 1].
+    """
+
+    name = "gemm"
+    description = "cuBLAS GEMM via torch over Llama-3.1-8B shapes, bf16/fp16/tf32, float64-checked"
+    timer = "cuda_events"
+    time_budget_s = 600.0
+
+    def supported(self, backend: Backend) -> tuple[bool, str]:
+        lib, reason = gemm_library()
+        return (lib is not None), reason
+
+    def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
+        ms = QUICK_GEMM_M if cfg.quick else GEMM_M
+        max_m = opt(cfg, "gemm", "max_m", max(ms))
+        scale = opt(cfg, "gemm", "shape_scale", 1.0)  # tests shrink N and K
+        reps = max(10, opt(cfg, "gemm", "num_reps", cfg.num_reps))
+        budget_s = opt(cfg, "gemm", "budget_s", 0.2)
+        droop_budget_s = opt(cfg, "gemm", "droop_budget_s", 1.0 if cfg.quick else 2.0)
+        specs = []
+        for dtype in GEMM_DTYPES:
+            # --quick: every M in bf16 (the droop rows too); two M values in fp16 and tf32.
+            dms = ms if (dtype == "bf16" or not cfg.quick) else (16, 2048)
+            for shape, (n0, k0) in GEMM_SHAPES.items():
+                n, k = (max(8, int(v * scale)) for v in (n0, k0))
+                for m in dms:
+                    if m > max_m:
+                        continue
+                    droop = dtype == "bf16" and m == DROOP_M
+                    specs.append(MeasurementSpec(
+                        key=f"gemm_{shape}_{dtype}_{m}x{n}x{k}",
+                        params={"dtype": dtype, "m": m, "n": n, "k": k, "shape": shape, "num_reps": reps,
+                                "budget_s": droop_budget_s if droop else budget_s},
+                        label=f"{dtype} {shape} M={m}"))
+        return specs
+
+    def measure(self, spec: MeasurementSpec) -> dict:
+        p = spec.params
+        res = torch_gemm(self.backend.index, p["dtype"], p["m"], p["n"], p["k"], num_reps=p["num_reps"],
+                         budget_s=p["budget_s"], l2_bytes=int(self.backend.properties.get("l2_bytes", 0)),
+                         clock_khz=float(self.backend.properties.get("clock_khz", 1.5e6)))
+        source = "square" if p["shape"] == "square" else f"llama-3.1-8b:{p['shape']}"
+        return probe_row(spec.key, res, "cuda_events", dtype=p["dtype"], m=p["m"], n=p["n"], k=p["k"], shape=p["shape"],
+                    flops=2.0 * p["m"] * p["n"] * p["k"], bytes=res["bytes"], library=res["library"],
+                    shape_source=source, max_abs_err=res["max_abs_err"], tol=res["tol"],
+                    num_weight_copies=res["num_weight_copies"], droop_row=p["dtype"] == "bf16" and p["m"] == DROOP_M,
+                    timing=res.get("timing"),
+                    spec_tflops=spec_tflops(self.backend.sku, p["dtype"]))
+
+
+def gemm_tolerance(dtype: str, k: int) -> float:
+    """Max |C - C_ref| accepted for inputs in [-1, 1]: 8 eps sqrt(K) (rounding errors add like a walk)."""
+    return 8.0 * GEMM_EPS[dtype] * math.sqrt(k)
+
+
+def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
+               l2_bytes: int, clock_khz: float) -> dict:
+    """Time ``torch.matmul(A, B, out=C)`` on cuda:index; returns times_s, valid, check, errors."""
+    import torch
+
+    dev = torch.device("cuda", index)
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[dtype]
+    elem = torch.tensor([], dtype=tdt).element_size()
+    b_bytes = k * n * elem
+    copies = max(1, min(8, math.ceil(2 * l2_bytes / b_bytes))) if l2_bytes else 1
+    need = (m * k + copies * k * n + m * n) * elem
+    free, _ = torch.cuda.mem_get_info(dev)
+    if need > 0.9 * free:
+        raise errors.DeviceMemoryError(f"cuda:{index}: gemm {m}x{n}x{k} {dtype} needs {need} bytes of device memory "
+                                       f"but only {free} bytes are free")
+    gen = torch.Generator(device=dev).manual_seed(1234 + m + n + k)
+    a = (torch.rand(m, k, device=dev, generator=gen) * 2 - 1).to(tdt)
+    bs = [(torch.rand(k, n, device=dev, generator=gen) * 2 - 1).to(tdt) for _ in range(copies)]
+    c = torch.empty(m, n, device=dev, dtype=tdt)
+    stream = torch.cuda.current_stream(dev)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        with torch.cuda.device(dev):
+            # Estimate one call (after cuBLAS picked its kernel) to turn the budget into a count.
+            for i in range(3):
+                torch.matmul(a, bs[i % copies], out=c)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            for i in range(3):
+                torch.matmul(a, bs[i % copies], out=c)
+            e1.record(stream)
+            torch.cuda.synchronize(dev)
+            t_est = max(e0.elapsed_time(e1) * 1e-3 / 3, 1e-7)
+            reps = int(min(2000, max(num_reps, math.ceil(budget_s / t_est))))
+            timing, last_b = "event pair per call", (reps + NUM_WARMUP - 1) % copies
+            times = None
+            if t_est < GRAPH_TIMING_BELOW_S:
+                # A call this short is of the order of an event pair's own cost: time one graph
+                # replay of GRAPH_CALLS calls instead, and report the per-call mean of each replay.
+                try:
+                    times = _graph_timed_matmuls(torch, a, bs, c, reps + NUM_WARMUP, stream)[NUM_WARMUP:]
+                    timing, last_b = f"one CUDA-graph replay of {GRAPH_CALLS} calls", (GRAPH_CALLS - 1) % copies
+                except RuntimeError as exc:  # capture not possible here: say so, time call by call
+                    timing = f"event pair per call (graph capture failed: {str(exc).splitlines()[0][:120]})"
+            if times is None:
+                times = _timed_matmuls(torch, a, bs, c, reps + NUM_WARMUP, stream, clock_khz)[NUM_WARMUP:]
+            check = check_gemm(a, bs[last_b], c, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
+            "library": f"torch {torch.__version__} (cuBLAS)", "timing": timing, **check}
+
+
+def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:
+    """Compare up to ``max_rows`` evenly spaced rows of ``c`` with a float64 ``a @ b`` (any torch device).
+
+    Returns ``valid``, ``max_abs_err``, ``tol`` (``gemm_tolerance``) and a one-line ``check``.
+    """
+    import torch
+
+    m, k = a.shape
+    rows = torch.linspace(0, m - 1, steps=min(m, max_rows), device=a.device).long().unique()
+    ref = a[rows].double() @ b.double()
+    err = float((c[rows].double() - ref).abs().max().item())
+    tol = gemm_tolerance(dtype, k)
+    ok = math.isfinite(err) and err <= tol
+    return {"valid": ok, "max_abs_err": err, "tol": tol,
+            "check": f"{len(rows)} rows of C vs a float64 product: max |err| {err:.3g} {'<=' if ok else '>'} tol {tol:.3g}"}
+
+
+GRAPH_TIMING_BELOW_S = 50e-6  # calls shorter than this are timed inside a CUDA graph
+GRAPH_CALLS = 32               # matmuls per captured graph
+
+
+def _graph_timed_matmuls(torch, a, bs, c, total: int, stream) -> list[float]:
+    """Per-call seconds from event-timed replays of one CUDA graph of ``GRAPH_CALLS`` matmuls
+    (cycling the weight copies, so consecutive calls do not hit the same B in L2); at least
+    ``total`` calls in all. Raises RuntimeError when capture fails."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):  # warm cuBLAS (workspace, heuristics) outside the capture
+        for i in range(3):
+            torch.matmul(a, bs[i % len(bs)], out=c)
+    stream.wait_stream(side)
+    with torch.cuda.graph(graph):
+        for i in range(GRAPH_CALLS):
+            torch.matmul(a, bs[i % len(bs)], out=c)
+    times: list[float] = []
+    replays = -(-total // GRAPH_CALLS)
+    batch = 16
+    for start in range(0, replays, batch):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(min(batch, replays - start))]
+        for s, e in events:
+            s.record(stream)
+            graph.replay()
+            e.record(stream)
+        stream.synchronize()
+        times += [s.elapsed_time(e) * 1e-3 / GRAPH_CALLS for s, e in events]
+    return times
+
+
+def _timed_matmuls(torch, a, bs, c, total: int, stream, clock_khz: float) -> list[float]:
+    """Event-timed matmuls, queued in batches behind ``torch.cuda._sleep`` (a device-side spin)."""
+    times: list[float] = []
+    batch = 64
+    for start in range(0, total, batch):
+        num = min(batch, total - start)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(num)]
+        # ~40 us of host enqueue per matmul, covered by the spin so the device never waits on the host.
+        torch.cuda._sleep(int(num * 40e-6 * clock_khz * 1e3))
+        for i, (s, e) in enumerate(events):
+            s.record(stream)
+            torch.matmul(a, bs[(start + i) % len(bs)], out=c)
+            e.record(stream)
+        stream.synchronize()
+        times += [s.elapsed_time(e) * 1e-3 for s, e in events]
+    return times

@@ -1,0 +1,43 @@
+"""Reading JSON Lines files: run rows, traces, SWE-smith trajectories and profile sidecars alike.
+
+One reader, so that every JSONL file a user hands gpubench fails the same way: a line that does
+not parse is one error naming the file and the line, raised as the caller's error class (a run's
+rows raise ``ResultsFormatError``, a trace ``TraceFormatError``), never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+from gpubench.errors import ConfigError, GpubenchError
+
+
+def iter_jsonl(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigError, objects_only: bool = False,
+               torn_tail_ok: bool = False) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` for every non-blank line of a JSONL file, read as it is iterated.
+
+    Raises ``error`` with ``PATH:LINE: malformed JSON (...)`` for a line that does not parse,
+    ``PATH:LINE: expected a JSON object, got T`` for a non-object when ``objects_only``, and
+    ``PATH: not UTF-8 text (...)`` for bytes that are not UTF-8.
+
+    Args:
+        torn_tail_ok: a last line without its newline is left out. Writers end every row with a
+            newline, so such a line is one a killed writer did not finish.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            for lineno, line in enumerate(f, 1):
+                if torn_tail_ok and not line.endswith("\n"):
+                    return  # only the last line can lack its newline
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise error(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+                if objects_only and not isinstance(value, dict):
+                    raise error(f"{path}:{lineno}: expected a JSON object, got {type(value).__name__}")
+                yield lineno, value
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None

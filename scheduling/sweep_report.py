@@ -1,0 +1,183 @@
+"""The sweep's report: ``tables.md`` (SKU x policy by JPS) and the plots of metric vs load."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+# Metric names as the replay summary may spell them; the first present is plotted.
+METRIC_CANDIDATES = {
+    "jct_mean": ("jct_mean_s", "jct_s_mean", "mean_jct_s"),
+    "jct_p90": ("jct_p90_s", "jct_s_p90"),
+    "ttft_p90": ("ttft_p90_s", "ttft_s_p90"),
+    "gpu_hit": ("gpu_prefix_hit_rate", "prefix_hit_rate", "gpu_hit_rate"),
+    "pool_hit": ("pool_hit_rate", "offload_hit_rate", "pool_prefix_hit_rate"),
+    "preemptions": ("preemptions", "num_preemptions"),
+    "recomputed": ("recomputed_tokens", "num_recomputed_tokens"),
+    "jct_p50": ("jct_p50_s",), "jct_p99": ("jct_p99_s",),
+    "ttft_p50": ("ttft_p50_s",), "ttft_p99": ("ttft_p99_s",),
+    "tpot_p50": ("tpot_p50_s",), "tpot_p90": ("tpot_p90_s",), "tpot_p99": ("tpot_p99_s",),
+    "slo_share": ("slo_turn_share",), "goodput": ("goodput_tok_per_s",),
+}
+# The tables of tables.md: (metric, title, format). Serving metrics as users ask for them: JCT,
+# TTFT and TPOT percentiles, and goodput under the replay's SLO (TTFT <= 2 s, TPOT <= 0.1 s).
+TABLES = (
+    ("jct_mean", "JCT mean (s)", "{:.0f}"), ("jct_p50", "JCT p50 (s)", "{:.0f}"), ("jct_p90", "JCT p90 (s)", "{:.0f}"),
+    ("jct_p99", "JCT p99 (s)", "{:.0f}"),
+    ("ttft_p50", "turn TTFT p50 (s)", "{:.3g}"), ("ttft_p90", "turn TTFT p90 (s)", "{:.3g}"),
+    ("ttft_p99", "turn TTFT p99 (s)", "{:.3g}"),
+    ("tpot_p50", "TPOT p50 (ms)", "ms"), ("tpot_p90", "TPOT p90 (ms)", "ms"), ("tpot_p99", "TPOT p99 (ms)", "ms"),
+    ("slo_share", "turns meeting the SLO (TTFT <= 2 s, TPOT <= 0.1 s)", "{:.1%}"),
+    ("goodput", "goodput (output tokens/s of turns meeting the SLO)", "{:.0f}"),
+    ("gpu_hit", "GPU prefix-hit rate", "{:.1%}"), ("pool_hit", "pool hit rate (share of GPU misses)", "{:.1%}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+)
+POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa37a", "lmcache": "#d97a2b",
+                 "continuum-offload": "#8a4fc7"}
+
+
+_VARIANT_COLORS = ("#6b6b6b", "#b8860b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+
+
+def policy_color(label: str) -> str:
+    """The policy's colour; a variant (``NAME@...``) gets a colour of its own from a fixed list."""
+    if label in POLICY_COLORS:
+        return POLICY_COLORS[label]
+    import zlib
+
+    return _VARIANT_COLORS[zlib.crc32(label.encode()) % len(_VARIANT_COLORS)]
+
+
+def metric_column(frame: pd.DataFrame, what: str) -> str | None:
+    """The table's column for a metric (see METRIC_CANDIDATES), or None."""
+    return next((c for c in METRIC_CANDIDATES[what] if c in frame.columns), None)
+
+
+def _panel_grid(num: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncols = min(3, num)
+    nrows = math.ceil(num / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(8.0, 4.4 * ncols), 3.3 * nrows + 0.9), squeeze=False,
+                             sharex=True)
+    for ax in axes.flat[num:]:
+        ax.set_visible(False)
+    return plt, fig, list(axes.flat)
+
+
+def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str, str]], ylabel: str,
+                 title: str, logy: bool = False) -> Path | None:
+    """One panel per SKU; x = JPS; one line per policy per (column, linestyle, label) in series;
+    the line is the mean over seeds, the band min..max over seeds."""
+    ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
+    series = [s for s in series if s[0] in ok.columns]
+    if ok.empty or not series:
+        return None
+    skus = list(dict.fromkeys(ok["sku"]))
+    plt, fig, axes = _panel_grid(len(skus))
+    for ax, sku in zip(axes, skus):
+        sub = ok[ok["sku"] == sku]
+        for policy in dict.fromkeys(frame["policy"]):
+            rows = sub[sub["policy"] == policy]
+            if rows.empty:
+                continue
+            for col, style, label in series:
+                g = rows.groupby("jps")[col].agg(["mean", "min", "max"]).reset_index()
+                color = policy_color(policy)
+                ax.plot(g["jps"], g["mean"], style, color=color, marker="o", ms=3,
+                        label=f"{policy}{label}" if sku == skus[0] else None)
+                if (g["max"] > g["min"]).any():
+                    ax.fill_between(g["jps"], g["min"], g["max"], color=color, alpha=0.15, lw=0)
+        ax.set_title(sku)
+        ax.set_xscale("log")
+        levels = sorted(ok["jps"].unique())
+        ax.set_xticks(levels, [f"{j:g}" for j in levels])
+        ax.minorticks_off()
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel("arrival rate (jobs/s)")
+        ax.set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    num_rows = math.ceil(len(labels) / 4)
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.045 * num_rows + 0.02, 1, 0.97))
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def _format_cell(value: float, fmt: str) -> str:
+    if value != value:
+        return "–"
+    return f"{value * 1e3:.1f}" if fmt == "ms" else fmt.format(value)
+
+
+def _pivot_lines(pivot: pd.DataFrame, title: str, fmt: str) -> str:
+    head = "| SKU | policy | " + " | ".join(f"{j:g} jobs/s" for j in pivot.columns) + " |"
+    lines = [title, "", head, "|" + "---|" * (len(pivot.columns) + 2)]
+    for (sku, policy), row in pivot.iterrows():
+        lines.append(f"| {sku} | {policy} | " + " | ".join(_format_cell(v, fmt) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def markdown_tables(frame: pd.DataFrame) -> str:
+    """SKU × policy by JPS tables (seed means) of every metric in :data:`TABLES`, and mean JCT as
+    a ratio to FCFS at the same cell (FCFS / policy: above 1 is faster)."""
+    ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
+    parts = []
+    jobs_col = "num_jobs" if "num_jobs" in ok.columns else None
+    if jobs_col and not ok.empty:
+        counts = sorted(ok[jobs_col].dropna().astype(int).unique())
+        parts.append(f"Every cell replays {', '.join(map(str, counts))} jobs; at a high arrival rate they all arrive "
+                     "within a short span (`arrival_span_s`) and a cell measures how long the engine takes to "
+                     "drain them.")
+    for what, title, fmt in TABLES:
+        col = metric_column(ok, what)
+        if col is None or ok.empty:
+            continue
+        pivot = ok.groupby(["sku", "policy", "jps"])[col].mean().unstack("jps")
+        parts.append(_pivot_lines(pivot, f"**{title}** (`{col}`)", fmt))
+        if what == "jct_mean" and "fcfs" in set(ok["policy"]):
+            fcfs = pivot.xs("fcfs", level="policy")
+            ratio = pd.DataFrame({key: fcfs.loc[key[0]] / row for key, row in pivot.iterrows()}).T
+            ratio.index = pd.MultiIndex.from_tuples(ratio.index, names=["sku", "policy"])
+            parts.append(_pivot_lines(ratio, "**JCT mean, FCFS ÷ policy** (above 1: the policy is faster)",
+                                      "{:.2f}x"))
+    n_cells = len(frame)
+    return f"{n_cells} runs ({(frame['error'] != '').sum() if 'error' in frame.columns else 0} failed).\n\n" + "\n\n".join(parts) + "\n"
+
+
+def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """jct_vs_jps.png, ttft_vs_jps.png, tpot_vs_jps.png, goodput_vs_jps.png, hit_rates.png,
+    preemptions.png (those whose metrics exist), and tables.md."""
+    out = Path(out_dir)
+    made = []
+    col = metric_column
+    specs = [
+        ("jct_vs_jps.png", [(col(frame, "jct_mean"), "-", " mean"), (col(frame, "jct_p90"), ":", " p90")],
+         "job completion time (s)", "JCT vs load, per policy (line: mean over seeds; dotted: p90)", True),
+        ("ttft_vs_jps.png", [(col(frame, "ttft_p50"), "-", " p50"), (col(frame, "ttft_p90"), ":", " p90")],
+         "TTFT (s)", "Turn TTFT vs load (solid: p50; dotted: p90)", True),
+        ("tpot_vs_jps.png", [(col(frame, "tpot_p50"), "-", " p50"), (col(frame, "tpot_p90"), ":", " p90")],
+         "TPOT (s)", "Time per output token vs load (solid: p50; dotted: p90)", True),
+        ("goodput_vs_jps.png", [(col(frame, "goodput"), "-", "")], "output tokens/s meeting the SLO",
+         "Goodput under the SLO (TTFT <= 2 s, TPOT <= 0.1 s) vs load", False),
+        ("hit_rates.png", [(col(frame, "gpu_hit"), "-", " GPU"), (col(frame, "pool_hit"), "--", " pool")],
+         "hit rate (share of prompt tokens)", "Prefix hit rates: GPU cache (solid), offload pool (dashed)", False),
+        ("preemptions.png", [(col(frame, "preemptions"), "-", "")], "preemptions", "Preemptions vs load", False),
+    ]
+    for name, series, ylabel, title, logy in specs:
+        series = [s for s in series if s[0] is not None]
+        if series:
+            path = _plot_metric(frame, out / name, series, ylabel, title, logy)
+            if path:
+                made.append(path)
+    (out / "tables.md").write_text(markdown_tables(frame))
+    made.append(out / "tables.md")
+    return made
