@@ -51,7 +51,9 @@ def register(sub) -> None:
     r.add_argument("--quick", action="store_true",
                    help="coarser sweeps: about 3 minutes on a 2-core CPU (torch_ops and vllm_ops take over two of "
                         "them), a couple of minutes on an H100-class GPU")
-    r.add_argument("--out", default="results", help="results root (default: results)")
+    r.add_argument("--out", default="gpubench-results",
+                   help="results root: the run goes to OUT/<sku>/<UTC>-<host>/ (default: ./gpubench-results, so a "
+                        "run from a checkout never lands among its committed results/)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
     r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")
     r.add_argument("--reps", type=int, default=10, help="repetitions per measurement (default 10; first discarded)")

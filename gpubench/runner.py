@@ -47,7 +47,7 @@ class RunRequest:
     sku: str | None = None
     probes: tuple | None = None  # None: every probe of the backend
     quick: bool = False
-    out: str = "results"
+    out: str = "gpubench-results"  # a user's runs, kept out of a checkout's committed results/
     resume: str | None = None
     force: bool = False
     options: dict = field(default_factory=dict)  # "<probe>.<name>" -> value (--set)

@@ -40,3 +40,13 @@ def test_run_json_reports_a_failed_probe_and_exits_1(tmp_path):
     assert doc["ok"] is False and status["stream"][0] == "done"
     assert status["debug_error"][0] == "failed" and "debug_error" in status["debug_error"][1]
 
+
+
+def test_run_without_out_writes_under_gpubench_results_in_the_working_directory(tmp_path):
+    # a user's run from a checkout must not land among its committed results/
+    res = run_cli("run", "--device", "cpu", "--probes", "stream", "--json", *STREAM_TINY, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run_dir = Path(json.loads(res.stdout)["run_dir"])
+    assert not run_dir.is_absolute() or tmp_path in run_dir.parents
+    assert only_run_dir(tmp_path / "gpubench-results").resolve() == (tmp_path / run_dir).resolve()
+    assert not (tmp_path / "results").exists()
