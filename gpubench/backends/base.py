@@ -1,4 +1,5 @@
-"""The backend and probe contract every device implements (STYLE.md section 1).
+"""The backend and probe contract every device implements: one backend per device, probes that
+only plan and measure, and one generic runner for all of them (BabelStream's layout).
 
 A **backend** (``cpu``, ``cuda``) says what the device is (``device_info`` for the manifest), how to
 read its telemetry (``telemetry_source``) and which probes it offers (``probes``). A **probe** only

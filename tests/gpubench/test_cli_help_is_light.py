@@ -49,7 +49,7 @@ def test_nothing_shipped_cites_a_document_the_repository_does_not_ship():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    pattern = re.compile(r"DESIGN(\.md| §| section)|shared/(DESIGN|reference)|/work/")
+    pattern = re.compile(r"DESIGN(\.md| §| section)|STYLE\.md|shared/(DESIGN|STYLE|reference)|/work/")
     offenders = []
     for top in ("gpubench", "predictor", "scheduling", "kvcomm", "vllmref", "scripts", "docs", "csrc"):
         for path in (root / top).rglob("*"):
