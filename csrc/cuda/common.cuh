@@ -1,5 +1,5 @@
 // Shared pieces of the probes: device context, RAII device buffers with a free-memory check,
-// timing events and the spin-kernel gate. Small classes, one job each (STYLE.md section 1).
+// timing events and the spin-kernel gate. Small classes, one job each.
 #pragma once
 #include <algorithm>
 #include <cuda_runtime.h>
