@@ -80,4 +80,4 @@ def test_run_help_lists_the_registered_probes_of_both_backends():
     assert "torch_ops" in text and "vllm_ops" in text
     cuda = ",".join(CudaBackend.probes(object.__new__(CudaBackend)))
     assert f"on a GPU {cuda}" in text
-    assert "under a minute" not in text and "about 3 minutes on a 2-core CPU" in text
+    assert "under a minute" not in text and "about 4 minutes on a 2-core CPU" in text
