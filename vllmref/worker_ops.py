@@ -74,6 +74,24 @@ def _pool_for(state: _State, req: dict) -> None:
     state.shape, state.cursor = shape, 0
 
 
+def repeat_timed(call, req: dict, before=None) -> list[float]:
+    """Thread-CPU seconds of ``call()``, at least ``min_reps`` times and more until ``min_timed_s`` was
+    timed (at most ``max_reps``; the first repetition is the warm-up); ``before()`` runs untimed
+    ahead of each (the rule of every torch_ops row, which this environment cannot import)."""
+    times: list[float] = []
+    timed = 0.0
+    while len(times) < req["min_reps"] or (timed < req["min_timed_s"] and len(times) < req["max_reps"]):
+        if before is not None:
+            before()
+        t0 = time.thread_time()
+        call()
+        dt = time.thread_time() - t0
+        times.append(dt)
+        if len(times) > 1:
+            timed += dt
+    return times
+
+
 def reference_gemv_times(state: _State, req: dict) -> list[float]:
     import torch
     import torch.nn.functional as F
@@ -104,19 +122,18 @@ def measure(state: _State, req: dict) -> dict:
     m, n, k = req["m"], req["n"], req["k"]
     x = (torch.rand(m, k, generator=torch.Generator().manual_seed(int(req["seed"]) + m)) * 2 - 1).to(_dtype(req["dtype"]))
     ref_times = reference_gemv_times(state, req)
-    times: list[float] = []
-    timed = 0.0
-    y = handler_index = None
+    last: dict = {}
+
+    def before():  # every repetition calls the next prepacked weight of the pool
+        last["handler"] = state.cursor
+        state.cursor = (state.cursor + 1) % len(state.handlers)
+
+    def call():
+        last["y"] = ops.onednn_mm(state.handlers[last["handler"]], x, None)
+
     with torch.inference_mode():
-        while len(times) < req["min_reps"] or (timed < req["min_timed_s"] and len(times) < req["max_reps"]):
-            handler_index = state.cursor
-            state.cursor = (state.cursor + 1) % len(state.handlers)
-            t0 = time.thread_time()
-            y = ops.onednn_mm(state.handlers[handler_index], x, None)
-            dt = time.thread_time() - t0
-            times.append(dt)
-            if len(times) > 1:
-                timed += dt
+        times = repeat_timed(call, req, before=before)
+    handler_index, y = last["handler"], last["y"]
     w = state.weights[handler_index]
     rows = torch.arange(0, m, max(1, m // 4))[:4]
     cols = torch.arange(0, n, max(1, n // 16))[:16]
@@ -233,23 +250,20 @@ def measure_attention(state: _AttentionState, req: dict) -> dict:
     query = (torch.rand(sum(query_lens), heads, dim, generator=gen) * 2 - 1).to(dtype)
     output = torch.empty_like(query)
     ref_times = reference_gemv_times(state.reference, req)
-    times: list[float] = []
-    timed = 0.0
+    prepared: dict = {}
+
+    def before():  # fresh blocks each repetition: a cold cache
+        block_table = torch.zeros(len(seq_lens), max(blocks_per_req), dtype=torch.int32)
+        for i, num_blocks in enumerate(blocks_per_req):
+            if state.cursor + num_blocks > pool_blocks:
+                state.cursor = 0
+            block_table[i, :num_blocks] = torch.arange(state.cursor, state.cursor + num_blocks)
+            state.cursor += num_blocks
+        prepared["call"] = _attention_call(query, key_cache, value_cache, output, query_lens, seq_lens, block_table,
+                                           req, isa)
+
     with torch.inference_mode():
-        while len(times) < req["min_reps"] or (timed < req["min_timed_s"] and len(times) < req["max_reps"]):
-            block_table = torch.zeros(len(seq_lens), max(blocks_per_req), dtype=torch.int32)
-            for i, num_blocks in enumerate(blocks_per_req):  # fresh blocks each repetition: a cold cache
-                if state.cursor + num_blocks > pool_blocks:
-                    state.cursor = 0
-                block_table[i, :num_blocks] = torch.arange(state.cursor, state.cursor + num_blocks)
-                state.cursor += num_blocks
-            call = _attention_call(query, key_cache, value_cache, output, query_lens, seq_lens, block_table, req, isa)
-            t0 = time.thread_time()
-            call()
-            dt = time.thread_time() - t0
-            times.append(dt)
-            if len(times) > 1:
-                timed += dt
+        times = repeat_timed(lambda: prepared["call"](), req, before=before)
     err = state.checked[config]
     bound = 1e-4 if req["dtype"] == "fp32" else 3e-2
     out = {"times_s": times, "ref_times_s": ref_times, "valid": bool(err <= bound) and bool(torch.isfinite(output).all()),
