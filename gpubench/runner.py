@@ -129,9 +129,8 @@ def find_probe(backend: Backend, name: str) -> Probe:
 def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
     """Measure one probe into run_dir; events on stdout; exceptions propagate (exit 1)."""
     from gpubench.backends import get_backend
-    from gpubench.telemetry import Sampler
-
     from gpubench.procutil import die_with_parent
+    from gpubench.telemetry import Sampler
 
     die_with_parent(parent_pid)
     manifest = read_manifest(run_dir)

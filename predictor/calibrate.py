@@ -643,7 +643,8 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
         try:
             a, b, ea, eb, mape = fit_eta_mem(x, eta)
             src = f"{run.run_dir}: curve_fit over {', '.join(used)} (x = bytes / {hw.l2_bytes:.3g} B L2; " \
-                  f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s ({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
+                  f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s " \
+                  f"({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
             params["eta_max"] = Param(a, _err(ea), "measured", src)
             params["x_half"] = Param(b, _err(eb), "measured", src)
             report["eta_mem_mape"] = mape

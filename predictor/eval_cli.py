@@ -1,7 +1,6 @@
 """``gpubench profile`` (step rows) and ``gpubench evaluate`` (score the predictor on them)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -143,8 +142,7 @@ def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = 
 
 def _profile_vllm(args, cfg) -> int:
     from gpubench.errors import ConfigError
-    from predictor.vllm_profile import (MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios,
-                                        contention_summary, run_vllm_profile)
+    from predictor.vllm_profile import MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios, contention_summary, run_vllm_profile
 
     if args.list:
         for s in build_scenarios(VLLM_GRIDS[args.grid], cfg, block_size=args.block_size):

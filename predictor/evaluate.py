@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol

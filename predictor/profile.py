@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

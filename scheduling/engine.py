@@ -24,11 +24,11 @@ from typing import Callable, ClassVar, Sequence
 
 from gpubench.errors import ConfigError
 from scheduling.kv_cache import BlockPool
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS  # noqa: F401 (re-exported)
 from scheduling.policies.base import KVPolicy
 from scheduling.request import BLOCK_SIZE, JobState, Request, Status
 from scheduling.step_cost import StepCost
 from scheduling.traces import Job
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
     from scheduling.request import BLOCK_SIZE
     from scheduling.traces import synthetic_jobs
 
-    cfg = load_model_config(model)
+    load_model_config(model)  # an unknown model fails here, before the step model is built
     step = StepModel.for_names(sku=sku, model=model)
     t_decode_s = float(step.predict([(1, 3000)] * 32).total_s)
     t_prefill_per_token_s = float(step.predict([(2048, 3000)]).total_s) / 2048

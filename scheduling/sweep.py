@@ -36,9 +36,13 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 
 from gpubench.errors import ConfigError
-
 from scheduling.sweep_defaults import (  # light constants, shared with the CLI's --help
-    DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
+    DEFAULT_JPS,
+    DEFAULT_MODEL,
+    DEFAULT_NUM_JOBS,
+    DEFAULT_POLICIES,
+    DEFAULT_SEEDS,
+    DEFAULT_SKUS,
 )
 from scheduling.sweep_table import CSV_NAME, SPEC_NAME, SweepTable, check_spec, done_keys, load_table
 

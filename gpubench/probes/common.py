@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-
 # STREAM's work table: arrays moved per element (BabelStream's "weight"); bytes per repetition are
 # these x n x the element size, the write-allocate read of the destination not counted (stream.c).
 STREAM_KERNEL_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}

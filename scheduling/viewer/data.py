@@ -20,8 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gpubench.errors import ResultsFormatError
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS
-from scheduling.outputs import TURN_CONTRACT_COLUMNS as TURN_COLUMNS
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_CONTRACT_COLUMNS as TURN_COLUMNS
 
 # Columns a plot may do without (older or partial logs): filled with 0.
 OPTIONAL_STEP_COLUMNS = ("kv_pinned_blocks", "kv_cached_blocks", "pool_used_blocks", "pool_total_blocks",
