@@ -36,7 +36,7 @@ def geometric(lo: float, hi: float, factor: float, align: int = 1) -> list[int]:
     if lo <= 0 or hi < lo or factor <= 1:
         raise ValueError(f"bad sweep lo={lo} hi={hi} factor={factor}")
     n = int(math.floor(math.log(hi / lo) / math.log(factor) + 1e-9))
-    out = []
+    out: list[int] = []
     for i in range(n + 1):
         v = max(align, int(round(lo * factor**i / align)) * align)
         if not out or v > out[-1]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from typing import Any
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
 from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
@@ -429,7 +430,7 @@ def _measure_segment(spec: MeasurementSpec) -> dict:
         if context:
             F.linear(flush_x, _POOL.take(dt, context, p["pool_elements"]).view(-1, flush_k))
 
-    state = {}
+    state: dict[str, Any] = {}
     itemsize = torch.empty(0, dtype=dtype).element_size()
     heads = w // HEAD_DIM
     if seg == "rmsnorm":
