@@ -17,6 +17,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -455,7 +456,7 @@ def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:
     if len(clk) == 0 or col not in clk.columns or not clk[col].notna().any():
         return None
     mhz = float(clk[col].dropna().median())
-    cv = clk["cv"].dropna() if "cv" in clk.columns else []
+    cv: Any = clk["cv"].dropna() if "cv" in clk.columns else []  # a Series, or [] (only len() is asked of that)
     return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
                  "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
                  f"{hw.spec_clock_mhz:.0f} MHz")

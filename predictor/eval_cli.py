@@ -128,10 +128,10 @@ def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True) if json_out else None
+    console = Console(stderr=True) if json_out else None  # so console is not None exactly when json_out
     with Progress(TextColumn(f"[bold]{title} {{task.fields[model]}}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False, console=console,
-                  disable=json_out and not console.is_terminal) as bar:
+                  disable=console is not None and not console.is_terminal) as bar:
         task = bar.add_task(title, total=None, model=model, point=first)
 
         def progress(done: int, total: int, what: str) -> None:

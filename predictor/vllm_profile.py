@@ -229,7 +229,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
 
         records += env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
                                   on_line=on_line, out_path=partial)
-    facts = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
+    facts: dict = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
         "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
