@@ -6,7 +6,7 @@ from scheduling.sweep_defaults import DEFAULT_MODEL
 
 
 def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int = 400, seed: int = 0,
-                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2 * (1 << 30)) -> dict[str, float]:
+                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2 * (1 << 30)) -> dict[str, float | str]:
     """Back-of-envelope arrival rates (jobs/s) at which a SKU saturates on the synthetic agents.
 
     * ``kv_jps``: Little's law on KV memory. A job holds its context (prompt + output so far)

@@ -227,7 +227,7 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"key": cell.key, "policy": cell.policy, "sku": cell.sku, "jps": cell.jps, "seed": cell.seed}
     try:
-        result = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))
+        result: Any = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))  # the next line also takes a dict
         summary = result.summary if hasattr(result, "summary") else result["summary"]
         row.update(summary_metrics(summary))
         row["error"] = ""
@@ -352,7 +352,7 @@ def _append_rows(rows, table: SweepTable, on_row, *, total: int, already_done: i
             table.append(row)
             if on_row:
                 on_row(row)
-            if bar is not None:
+            if bar is not None and task is not None:  # set together
                 bar.update(task, advance=1, description=row["key"] + (" (error)" if row.get("error") else ""))
     finally:
         if bar is not None:
