@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 MAX_HANDLERS = 2048   # the smallest weights stay below the pool size rather than allocating ~10^4 handlers
 EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7}
@@ -117,6 +118,7 @@ def measure(state: _State, req: dict) -> dict:
             times.append(dt)
             if len(times) > 1:
                 timed += dt
+    assert y is not None and handler_index is not None  # the loop ran (min_reps >= 1)
     w = state.weights[handler_index]
     rows = torch.arange(0, m, max(1, m // 4))[:4]
     cols = torch.arange(0, n, max(1, n // 16))[:16]
@@ -137,8 +139,8 @@ class _AttentionState:
 
     def __init__(self, reference: _State):
         self.reference = reference
-        self.shape = None
-        self.kv_cache = None
+        self.shape: tuple | None = None
+        self.kv_cache: Any = None  # a torch tensor (torch is imported in the worker's functions)
         self.cursor = 0
         self.checked: dict = {}
 
