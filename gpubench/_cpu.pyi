@@ -2,7 +2,9 @@
 gpubench CPU backend: compiled probes timed with steady_clock
 """
 from __future__ import annotations
+
 import typing
+
 __all__: list[str] = ['cache_read_cold', 'cache_read_warm', 'debug_abort', 'debug_segfault', 'dependent_add_seconds', 'isa', 'max_threads', 'noop', 'omp_fork_join', 'peak_fma', 'stream', 'vector_bytes']
 def cache_read_cold(working_set_bytes: typing.SupportsInt | typing.SupportsIndex, flush_bytes: typing.SupportsInt | typing.SupportsIndex, num_reps: typing.SupportsInt | typing.SupportsIndex = 10) -> dict:
     """

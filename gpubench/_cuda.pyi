@@ -2,7 +2,9 @@
 gpubench CUDA backend: compiled probes timed with CUDA events
 """
 from __future__ import annotations
+
 import typing
+
 __all__: list[str] = ['CudaError', 'DeviceMemoryError', 'NoDeviceError', 'device_count', 'device_identity', 'device_properties', 'l2', 'launch', 'peak', 'peak_supported', 'peak_wgmma', 'selfcheck_fill', 'stream']
 class NoDeviceError(RuntimeError):
     pass

@@ -232,7 +232,8 @@ def _print_summary(s, console) -> None:
                       f"(median over rows); load average at start {', '.join(f'{x:.1f}' for x in la) or '-'}",
                       markup=False, highlight=False)
     if tel.get("droop_detail"):
-        console.print(f"  clock droop under the M=16384 bf16 GEMM: {_fmt(100 * tel['droop'] if tel.get('droop') is not None else None, 1)} % "
+        console.print("  clock droop under the M=16384 bf16 GEMM: "
+                      f"{_fmt(100 * tel['droop'] if tel.get('droop') is not None else None, 1)} % "
                       f"({tel['droop_detail']})", markup=False, highlight=False)
     if tel.get("note"):
         console.print(f"  clock: {tel['note']}", markup=False, highlight=False)
@@ -246,9 +247,8 @@ def cmd_show(args) -> int:
     from rich.console import Console
 
     from gpubench import report
-    from gpubench.results import load
-
     from gpubench.errors import ConfigError
+    from gpubench.results import load
 
     if args.out is not None and not args.plots:
         raise ConfigError("--out is where --plots writes: give --plots too")
@@ -341,8 +341,8 @@ def _print_compare(out: dict, args) -> None:
     con = Console(width=max(Console().width, 140))
     for i, r in enumerate(out["runs"]):
         d = r["device"]
-        con.print(f"{'run 0' if i == 0 else f'run {i}'}{' (baseline)' if i == 0 else ''} = {r['run_dir']}  ({d['text']}; sku {d['sku']}, host "
-                  f"{d['host']})", highlight=False, markup=False, soft_wrap=True)
+        con.print(f"{'run 0' if i == 0 else f'run {i}'}{' (baseline)' if i == 0 else ''} = {r['run_dir']}  "
+                  f"({d['text']}; sku {d['sku']}, host {d['host']})", highlight=False, markup=False, soft_wrap=True)
     con.print("speed ratio = run / baseline (> 1: faster; rates divide, times invert); flagged when |ratio - 1| > "
               "the larger (p80 - p20)/median spread of the two rows", highlight=False)
     rows = [f for f in out["figures"] if args.all or any(f["flagged"][1:])]

@@ -10,7 +10,8 @@ from gpubench import __version__
 from gpubench.errors import GpubenchError
 
 # Packages whose cli.py registers sub-commands, in the order --help lists them.
-_REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "kvcomm.cli", "vllmref.cli", "gpubench.completion")
+_REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli",
+               "kvcomm.cli", "vllmref.cli", "gpubench.completion")
 
 
 MAX_INT = 2**63 - 1  # an integer option beyond int64 is a typo (numpy and the engine cannot hold it)

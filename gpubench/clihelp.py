@@ -12,7 +12,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default in (None, False) or "default" in text:
             return text
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""
 
 
 class DeprecatedAlias(argparse.Action):

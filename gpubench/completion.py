@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 SHELLS = ("bash", "zsh")
 # A word goes into the script unquoted inside a case branch; anything else is left out rather
@@ -43,7 +44,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def command_tree(parser: argparse.ArgumentParser, path: str = "") -> dict[str, dict]:
     """``{path: {"subcommands", "options", "choices": {option: [...]}, "takes_value", "positional_choices"}}``
     for the parser and every sub-command under it (path "" is the top level, "kvcomm eval" a nested one)."""
-    node = {"subcommands": [], "options": [], "choices": {}, "takes_value": [], "positional_choices": []}
+    node: dict[str, Any] = {"subcommands": [], "options": [], "choices": {}, "takes_value": [], "positional_choices": []}
     tree = {path: node}
     for action in parser._actions:  # argparse has no public walk of a parser's actions
         if isinstance(action, argparse._SubParsersAction):

@@ -114,7 +114,7 @@ def _count_cpu_list(text: str) -> int:
 
 def _cpuinfo() -> dict:
     text = read_text("/proc/cpuinfo") or ""
-    info = {}
+    info: dict[str, str] = {}
     for line in text.splitlines():
         if ":" in line:
             k, v = line.split(":", 1)

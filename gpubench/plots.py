@@ -84,7 +84,7 @@ def _gemm(run: Run, out: Path, title: str):
     # a square shape grows N and K with M: one line per dtype; other shapes: one per (N, K)
     square = shape == "square"
     nk = (df["n"].astype(int).astype(str) + "x" + df["k"].astype(int).astype(str)).where(~square, "M")
-    styles = {}
+    styles: dict[str, str] = {}
     for (sh, dt, dims), g in df.assign(_shape=shape, _nk=nk).groupby(["_shape", "dtype", "_nk"], sort=False):
         g = g.sort_values("m")
         label = f"{sh} {dt} (M=N=K)" if dims == "M" else f"{sh} {dt} NxK={dims}"

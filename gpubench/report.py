@@ -193,11 +193,6 @@ def _vllm_ops(df) -> list[Headline]:
     return out
 
 
-def _size(b) -> str:
-    b = float(b)
-    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 1024:.0f} KiB"
-
-
 def summarize_run(run: Run) -> RunSummary:
     m = run.manifest
     s = RunSummary(run_dir=str(run.run_dir), sku=m["sku"], device=m.get("device", {}).get("name", "?"),
@@ -233,7 +228,11 @@ def summarize_run(run: Run) -> RunSummary:
 
 def telemetry_summary(run: Run) -> dict:
     """Clock range, low-clock share, energy and null reasons over every row of the run."""
-    clocks, lows, energy, utils, samples = [], [], [], [], 0
+    clocks: list[float] = []
+    lows: list[float] = []
+    energy: list[float] = []
+    utils: list[float] = []
+    samples = 0
     for df in run.frames.values():
         for col, acc in (("clock_mhz_mean", clocks), ("low_clock_frac", lows), ("energy_j", energy),
                          ("proc_cpu_util", utils)):
@@ -376,7 +375,7 @@ def row_figures(probe: str, df, device: dict) -> list[Figure]:
 
 def run_figures(run: Run) -> dict:
     """id -> Figure over every probe of a run (the first row of an id wins)."""
-    out = {}
+    out: dict[str, Figure] = {}
     for probe in sorted(run.frames):
         for f in row_figures(probe, run.frames[probe], run.manifest.get("device") or {}):
             out.setdefault(f.id, f)

@@ -107,7 +107,7 @@ class RunWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def measured_keys(self, probe: str) -> set[str]:
+    def measured_keys(self, probe: str) -> set[str | None]:
         """Keys of complete rows already on disk; a torn last line (killed mid-write) is dropped."""
         p = self.path(probe)
         if not p.exists():

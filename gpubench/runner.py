@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from gpubench import stats
 from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
@@ -129,9 +129,8 @@ def find_probe(backend: Backend, name: str) -> Probe:
 def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
     """Measure one probe into run_dir; events on stdout; exceptions propagate (exit 1)."""
     from gpubench.backends import get_backend
-    from gpubench.telemetry import Sampler
-
     from gpubench.procutil import die_with_parent
+    from gpubench.telemetry import Sampler
 
     die_with_parent(parent_pid)
     manifest = read_manifest(run_dir)
@@ -240,6 +239,7 @@ class _Worker:
             t.start()
 
     def _pump_out(self) -> None:
+        assert self.proc.stdout is not None  # opened with stdout=PIPE
         for line in self.proc.stdout:
             try:
                 self.events.put(json.loads(line))
@@ -247,6 +247,7 @@ class _Worker:
                 self.stderr_tail.append(line.rstrip())
 
     def _pump_err(self) -> None:
+        assert self.proc.stderr is not None  # opened with stderr=PIPE
         for line in self.proc.stderr:
             self.stderr_tail.append(line.rstrip())
 
@@ -316,7 +317,7 @@ def run_probe(writer: RunWriter, backend: Backend, name: str, budget_s: float,
     if reason is None and num_invalid:
         reason = f"{num_invalid} of {num_rows} rows failed validation (first: {first_bad})"
     status = "failed" if reason else "done"
-    info = {"wall_s": wall_s, "num_rows": num_rows, "num_invalid": num_invalid,
+    info: dict[str, Any] = {"wall_s": wall_s, "num_rows": num_rows, "num_invalid": num_invalid,
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
     if notes:
         info["notes"] = notes

@@ -13,7 +13,7 @@ from importlib import resources
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]  # the same API under the backport's name
 
 from gpubench.errors import ConfigError, SKUMismatchError, UnknownSKUError, suggest
 

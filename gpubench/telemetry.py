@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpubench.hostinfo import read_text
 
@@ -135,7 +136,7 @@ def aggregate(samples, max_ref_mhz: float | None, null_reasons: dict | None = No
     temps = _values(pairs, "temp_c")
     bits = _values(pairs, "throttle_bits")
     energy = _values(pairs, "energy_j")
-    out = {
+    out: dict[str, Any] = {
         "clock_mhz_mean": sum(clocks) / len(clocks) if clocks else None,
         "clock_mhz_min": min(clocks) if clocks else None,
         "clock_mhz_max": max(clocks) if clocks else None,
@@ -201,7 +202,7 @@ class CpuTelemetry(TelemetrySource):
         self._reasons: dict[str, str] = {}
         if self._freq_paths is None:
             self._clock_source = "/proc/cpuinfo 'cpu MHz'"
-            self._reasons_clock = ("no cpufreq in sysfs (VM or driver-less): per-core 'cpu MHz' from /proc/cpuinfo, "
+            self._reasons_clock: str | None = ("no cpufreq in sysfs (VM or driver-less): per-core 'cpu MHz' from /proc/cpuinfo, "
                                    "which a hypervisor may report as a constant nominal figure")
         else:
             self._clock_source = "sysfs cpufreq scaling_cur_freq"
@@ -256,7 +257,7 @@ class CpuTelemetry(TelemetrySource):
         if self._rapl:
             readings = [read_text(p) for p in self._rapl]
             if all(readings):
-                energy = sum(int(r) for r in readings) / 1e6
+                energy = sum(int(r) for r in readings if r is not None) / 1e6  # all(readings): none is None
         return {"clock_mhz": sum(vals) / len(vals) if vals else None, "mem_clock_mhz": None, "power_w": None,
                 "temp_c": None, "throttle_bits": None, "energy_j": energy, "proc_cpu_s": time.process_time()}
 

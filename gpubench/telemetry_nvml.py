@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from gpubench.telemetry import LOW_CLOCK_FRACTION, SAMPLE_FIELDS, TelemetrySource
 
@@ -66,7 +66,7 @@ def decode_throttle(bits: int | None) -> list[str]:
 
 def low_clock_flags(clocks_mhz: Iterable[float | None], max_clock_mhz: float | None) -> list[bool | None]:
     """Per sample: True where the SM clock is under 75 % of the max clock (None where unknown)."""
-    out = []
+    out: list[bool | None] = []
     for c in clocks_mhz:
         if c is None or not max_clock_mhz:
             out.append(None)
@@ -106,10 +106,8 @@ def clock_droop(rows, *, m: int = DROOP_GEMM_M, dtype: str | None = DROOP_DTYPE)
               and r.get("valid", True) is not False]
     if not picked:
         return Droop(None, None, None, 0, f"no valid gemm rows at M={m}" + (f" in {dtype}" if dtype else ""))
-    clocks = [_num(r.get("clock_mhz_mean")) for r in picked]
-    clocks = [c for c in clocks if c is not None]
-    refs = [_num(r.get("clock_max_ref_mhz")) for r in picked]
-    refs = [x for x in refs if x]
+    clocks = [c for c in (_num(r.get("clock_mhz_mean")) for r in picked) if c is not None]
+    refs = [x for x in (_num(r.get("clock_max_ref_mhz")) for r in picked) if x]
     if not clocks:
         why = next((r.get("telemetry_null_reason") for r in picked if r.get("telemetry_null_reason")), None)
         return Droop(None, None, max(refs) if refs else None, 0,
@@ -147,10 +145,14 @@ class NvmlTelemetry(TelemetrySource):
         nvml: the ``pynvml`` module (tests pass a fake); imported when None.
     """
 
+    # Set by _pick_power / _pick_throttle once NVML is up (None: no reading of that kind).
+    _power: Callable[[], float] | None
+    _throttle: Callable[[Any], int] | None
+
     def __init__(self, index: int = 0, *, pci_bus_id: str | None = None, nvml: Any = None):
         self._reasons: dict[str, str] = {}
-        self._nvml = None
-        self._handle = None
+        self._nvml: Any = None  # the pynvml module (or a test's fake); None once NVML failed
+        self._handle: Any = None
         self._max_mhz: float | None = None
         self.power_source: str | None = None
         self.throttle_source: str | None = None
@@ -160,7 +162,9 @@ class NvmlTelemetry(TelemetrySource):
         self.compute_mode: int | None = None   # 0 default, 2 prohibited, 3 exclusive process
         try:
             if nvml is None:
-                import pynvml as nvml  # noqa: PLC0415 - optional dependency
+                import pynvml  # noqa: PLC0415 - optional dependency
+
+                nvml = pynvml
             nvml.nvmlInit()
         except ImportError:
             self._fail("nvidia-ml-py is not installed (pip install nvidia-ml-py)")

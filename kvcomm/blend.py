@@ -147,6 +147,7 @@ def blend_prefill(model, chunk_caches: Sequence[KVCache], query_ids, ratio: floa
     num_context, num_query = base.num_tokens, query.numel()
     if num_query == 0:
         raise KVCommError("the query suffix must hold at least one token")
+    assert base.token_ids is not None  # _layout refuses a chunk without token ids
     ids = torch.cat([base.token_ids, query])
     positions = torch.arange(num_context + num_query)
     extend = base.keys[0].new_zeros(1, base.keys[0].shape[1], num_query, base.keys[0].shape[3])

@@ -95,7 +95,7 @@ class KVCache:
             keys=[torch.cat([c.keys[i] for c in caches], dim=-2) for i in range(num_layers)],
             values=[torch.cat([c.values[i] for c in caches], dim=-2) for i in range(num_layers)],
             positions=torch.cat([c.positions for c in caches]),
-            token_ids=torch.cat([c.token_ids for c in caches]) if has_ids else None,
+            token_ids=torch.cat([c.token_ids for c in caches if c.token_ids is not None]) if has_ids else None,
         )
 
     def to(self, dtype: torch.dtype) -> "KVCache":

@@ -3,8 +3,6 @@
 and what does that save in B's time to first token?"""
 from __future__ import annotations
 
-import argparse
-
 import shlex
 import sys
 from pathlib import Path

@@ -25,7 +25,6 @@ wall time of ``kvcomm.protocols.receive`` (B's fixed prefix cached, see there); 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -35,10 +34,19 @@ import numpy as np
 import pandas as pd
 
 from gpubench.errors import KVCommError
+from kvcomm.metrics import (  # noqa: F401
+    GOAL_RECOMPUTE_FRACTION,
+    GOAL_RELATIVE_ACCURACY,
+    NUM_BOOTSTRAP,
+    bootstrap_ci,
+    discordant_counts,
+    first_token_kl,
+    goal_verdict,
+    mcnemar_exact,
+    median_ci,
+    relative_ci,
+)
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix
-from kvcomm.metrics import (GOAL_RECOMPUTE_FRACTION, GOAL_RELATIVE_ACCURACY, NUM_BOOTSTRAP,  # noqa: F401
-                            bootstrap_ci, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact,
-                            median_ci, relative_ci)
 from kvcomm.tasks import check_task, exact_match, extract_answer, generate, token_f1
 
 RESULTS_FILE = "results.jsonl"

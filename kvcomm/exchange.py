@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gpubench.errors import KVCommError, suggest
 
@@ -212,7 +213,7 @@ def run_exchange(client, cfg: ExchangeConfig, *, load_before: float | None = Non
             salt = f"[request {uuid.uuid4().hex[:12]}] "
         cold_row = _timed(client, ex.b_messages(a["text"], salt), cfg.max_tokens_b)
         wall, cpu1 = time.perf_counter() - w0, client.cpu_seconds()
-        row = {"index": index, "measured": measured, "loadavg_1m": load, "wall_s": wall,
+        row: dict[str, Any] = {"index": index, "measured": measured, "loadavg_1m": load, "wall_s": wall,
                "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0, "a": a, "b_warm": warm, "b_cold": cold_row,
                "answer": ex.answer, "b_answer_found": ex.answer.lower() in warm["text"].lower()}
         row["cpu_share"] = (row["cpu_s"] / (wall * threads)) if row["cpu_s"] is not None and threads else None

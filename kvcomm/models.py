@@ -87,7 +87,11 @@ def smollm2_path() -> Path:
             f"the real model needs the '{SMOLLM2_PACKAGE.replace('_', '-')}' wheel: pip install 'gpubench[kvcomm]'"
         )
     locations = list(spec.submodule_search_locations or [])
-    directory = Path(locations[0]) if locations else Path(spec.origin).parent
+    if locations:
+        directory = Path(locations[0])
+    else:
+        assert spec.origin is not None  # a module found without search locations is a file
+        directory = Path(spec.origin).parent
     if not (directory / SMOLLM2_GGUF).is_file():
         raise KVCommError(f"{SMOLLM2_GGUF} not found in {directory}")
     return directory
@@ -141,6 +145,7 @@ def _load_smollm2(dtype: torch.dtype, disk_cache: bool):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    model: Any  # a transformers PreTrainedModel (its .to is typed through a wrapper mypy cannot call)
     directory = smollm2_path()
     stamp = _gguf_stamp(directory)
     cached = disk_cache_dir()
@@ -251,7 +256,9 @@ def rope_info(model) -> RopeInfo:
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = str(getattr(rotary, "rope_type", None) or params.get("rope_type", "default"))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    inv_freq = rotary.inv_freq.detach().to(torch.float32).clone()
+    inv_freq = rotary.inv_freq
+    assert isinstance(inv_freq, torch.Tensor)  # what _rotary_module looked for
+    inv_freq = inv_freq.detach().to(torch.float32).clone()
     return RopeInfo(
         inv_freq=inv_freq,
         rotary_dim=2 * inv_freq.numel(),

@@ -52,8 +52,8 @@ import torch
 
 from gpubench.errors import KVCommError, suggest
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
-from kvcomm.rope import reposition
 from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS  # noqa: F401 - defined once, there
+from kvcomm.rope import reposition
 from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
 
 _PLACEHOLDER = "\x00IMPORT{}\x00"

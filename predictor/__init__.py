@@ -3,8 +3,8 @@
 Public API (other packages use only this): ``load_model_config``, ``ModelConfig``, ``StepModel``,
 ``StepPrediction``, ``OpTime``, ``HardwareSpec``, ``Calibration``.
 """
-from predictor.config import ModelConfig, available_models, load_model_config
 from predictor.calibrate import Calibration, Param
+from predictor.config import ModelConfig, available_models, load_model_config
 from predictor.hardware import HardwareSpec
 from predictor.step import OpTime, StepModel, StepPrediction
 

@@ -17,6 +17,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -455,7 +456,7 @@ def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:
     if len(clk) == 0 or col not in clk.columns or not clk[col].notna().any():
         return None
     mhz = float(clk[col].dropna().median())
-    cv = clk["cv"].dropna() if "cv" in clk.columns else []
+    cv: Any = clk["cv"].dropna() if "cv" in clk.columns else []  # a Series, or [] (only len() is asked of that)
     return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
                  "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
                  f"{hw.spec_clock_mhz:.0f} MHz")
@@ -643,7 +644,8 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
         try:
             a, b, ea, eb, mape = fit_eta_mem(x, eta)
             src = f"{run.run_dir}: curve_fit over {', '.join(used)} (x = bytes / {hw.l2_bytes:.3g} B L2; " \
-                  f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s ({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
+                  f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s " \
+                  f"({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
             params["eta_max"] = Param(a, _err(ea), "measured", src)
             params["x_half"] = Param(b, _err(eb), "measured", src)
             report["eta_mem_mape"] = mape

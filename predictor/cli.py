@@ -98,9 +98,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     calibration, sku = args.calibration, args.sku
     if calibration is not None:
-        from predictor.calibrate import Calibration
-
         from gpubench import skus as sku_table
+        from predictor.calibrate import Calibration
         from predictor.host_match import check_calibration_host
 
         calibration = Calibration.load(calibration)
@@ -134,7 +133,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
           f" = {pred.num_new_tokens / total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
           f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
-          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms{' (overlapped)' if overlap else ''} | sampling {pred.sample_s * 1e3:.3f} ms")
+          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms{' (overlapped)' if overlap else ''} | "
+          f"sampling {pred.sample_s * 1e3:.3f} ms")
     t = pred.tiers
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
           f"eta_duty {t['eta_duty']}, launch {t['t_dispatch_s' if hw.backend == 'cpu' else 't_launch_s']}, host {t['s_floor_ms']}")

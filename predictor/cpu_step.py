@@ -13,7 +13,6 @@ from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef, prefill_pairs
 
-
 SEGMENT_T_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 

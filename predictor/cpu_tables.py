@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -291,8 +292,9 @@ class CpuOpTables:
         if not len(lin):
             raise ConfigError(f"{source}: no valid torch_ops linear rows for {dtype}")
         d["linear"] = _linear_nodes(lin)
-        vllm_lin = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
-        engine = _rows(vllm_frame, "engine_step", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        # The vLLM rows: a DataFrame, or () when the run has none (only len() is asked of that).
+        vllm_lin: Any = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        engine: Any = _rows(vllm_frame, "engine_step", dtype) if vllm_frame is not None and len(vllm_frame) else ()
         if len(engine):
             engine = engine.sort_values("batch")
             d["engine_vllm"] = {"model": str(engine["model"].iloc[0]), "num_seqs": [int(v) for v in engine["batch"]],
@@ -315,8 +317,8 @@ class CpuOpTables:
             if not len(sub):
                 raise ConfigError(f"{source}: no valid {mode} attn_prefill rows for {dtype}")
             d["attn_prefill"][mode] = _prefill_law(sub, masked)
-        vllm_dec = _rows(vllm_frame, "attn_decode", dtype) if vllm_frame is not None and len(vllm_frame) else ()
-        vllm_pre = _rows(vllm_frame, "attn_prefill", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        vllm_dec: Any = _rows(vllm_frame, "attn_decode", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        vllm_pre: Any = _rows(vllm_frame, "attn_prefill", dtype) if vllm_frame is not None and len(vllm_frame) else ()
         if len(vllm_dec) and len(vllm_pre):
             # vLLM's kernel: a decode's query is in the cache (L + 1 keys); a prefill chunk is causal
             # over its cached context (n*c + n(n+1)/2 pairs), the masked pairs skipped

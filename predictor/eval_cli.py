@@ -1,7 +1,6 @@
 """``gpubench profile`` (step rows) and ``gpubench evaluate`` (score the predictor on them)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -129,10 +128,10 @@ def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True) if json_out else None
+    console = Console(stderr=True) if json_out else None  # so console is not None exactly when json_out
     with Progress(TextColumn(f"[bold]{title} {{task.fields[model]}}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[point]}"), transient=False, console=console,
-                  disable=json_out and not console.is_terminal) as bar:
+                  disable=console is not None and not console.is_terminal) as bar:
         task = bar.add_task(title, total=None, model=model, point=first)
 
         def progress(done: int, total: int, what: str) -> None:
@@ -143,8 +142,7 @@ def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = 
 
 def _profile_vllm(args, cfg) -> int:
     from gpubench.errors import ConfigError
-    from predictor.vllm_profile import (MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios,
-                                        contention_summary, run_vllm_profile)
+    from predictor.vllm_profile import MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios, contention_summary, run_vllm_profile
 
     if args.list:
         for s in build_scenarios(VLLM_GRIDS[args.grid], cfg, block_size=args.block_size):

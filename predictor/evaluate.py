@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -181,8 +180,11 @@ def step_model_parts(df: pd.DataFrame, *, sku: str, calibration) -> OpParts:
         pred = m.predict([tuple(x) for x in json.loads(r.batch_json)])
         sample = m.graph.ops[m.graph.sample_index].name
         ops = [o for k, o in pred.ops.items() if k != sample]
-        rows_c.append([o.t_c_s for o in ops]), rows_m.append([o.t_m_s for o in ops])
-        sc.append(pred.ops[sample].t_c_s), sm_.append(pred.ops[sample].t_m_s), la.append(pred.launch_added_s)
+        rows_c.append([o.t_c_s for o in ops])
+        rows_m.append([o.t_m_s for o in ops])
+        sc.append(pred.ops[sample].t_c_s)
+        sm_.append(pred.ops[sample].t_m_s)
+        la.append(pred.launch_added_s)
         width = max(width, len(ops))
     pad = lambda rows: np.array([x + [0.0] * (width - len(x)) for x in rows])  # noqa: E731
     return OpParts(pad(rows_c), pad(rows_m), np.array(sc), np.array(sm_), np.array(la), df.index)
@@ -225,6 +227,7 @@ class RowCalibrated:
                                     bounds=([-6, -6, -6, 0, 0], [6, 6, 6, np.inf, np.inf]), method="trf")
                 if best is None or res.cost < best.cost:
                     best = res
+        assert best is not None  # nine starts ran
         self.theta = best.x
 
     @property
@@ -304,7 +307,7 @@ class ForestModel:
 
     def __init__(self, seed: int = 0):
         self.seed = seed
-        self.model = None
+        self.model: Any = None  # a RandomForestRegressor once fitted (sklearn is imported in fit)
 
     def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
         from sklearn.ensemble import RandomForestRegressor

@@ -22,12 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -266,9 +266,10 @@ def row_key(model: str, device: str, dtype: str, point: GridPoint) -> str:
 class _Session:
     """Model, cache and token ids for one profile run."""
     cfg: ModelConfig
-    model: object
-    cache: object
-    device: object
+    # torch objects (torch is imported lazily): the TorchModel, its KV cache and the torch.device
+    model: Any
+    cache: Any
+    device: Any
     rng: np.random.Generator
 
 
@@ -287,7 +288,11 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
     # Token ids are drawn outside the timed region: an engine already holds them as Python ints.
     ids = [sess.rng.integers(0, sess.cfg.vocab_size, size=n).tolist() for n, _ in point.batch]
     cached = [c for _, c in point.batch]
-    prep, fwd, samp, wall, cpu = [], [], [], [], []
+    prep: list[float] = []
+    fwd: list[float] = []
+    samp: list[float] = []
+    wall: list[float] = []
+    cpu: list[float] = []
     max_repeats = max(num_repeats, max_repeats or num_repeats)
     rep = 0
     while rep < num_warmup + num_repeats or (sum(wall) < min_time_s and len(wall) < max_repeats):
@@ -306,7 +311,10 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
         if nxt.shape[0] != n_seq:  # a wrong-shaped step must never be reported as a timing
             raise GpubenchError(f"step returned {nxt.shape[0]} tokens for {n_seq} sequences")
         if rep > num_warmup:
-            prep.append(t1 - t0), fwd.append(t2 - t1), samp.append(t3 - t2), wall.append(t3 - t0)
+            prep.append(t1 - t0)
+            fwd.append(t2 - t1)
+            samp.append(t3 - t2)
+            wall.append(t3 - t0)
             cpu.append(c3 - c0)
     # Warm-up steps are not recorded, so no repetition is discarded from the summary.
     s = summarize(wall, discard_first=False)

@@ -333,6 +333,7 @@ class StepModel:
         lx, ly = self._duty_lx_list, self._duty_ly_list
         if lx is None:
             return 1.0
+        assert ly is not None  # set together with lx
         x = math.log2(max(m, 1.0))
         if x <= lx[0]:
             return math.exp(ly[0])
@@ -576,6 +577,7 @@ class StepModel:
         roofline's (what the op would take at peak rate or bandwidth, for reading the breakdown)."""
         g = self.graph
         calls = g.num_calls
+        assert self.cpu_table is not None  # predict calls this only when there are tables
         times = self.cpu_table.op_times([tuple(b) for b in batch])
         flops = (feats @ g.flops.T)[0]
         b_read = g.per_call(feats, "bytes_read")[0]

@@ -166,7 +166,8 @@ class TorchCausalLM:
             self.params[name] = t.to(device=self.device, dtype=self.dtype)
         inv_freq = rope_inv_freq(cfg)
         self._inv_freq = inv_freq
-        self._cos = self._sin = None
+        self._cos: torch.Tensor | None = None
+        self._sin: torch.Tensor | None = None
         self._rope_len = 0
 
     # ----------------------------------------------------------------- weights
@@ -189,6 +190,7 @@ class TorchCausalLM:
             self._cos = emb.cos().to(device=self.device, dtype=self.dtype)
             self._sin = emb.sin().to(device=self.device, dtype=self.dtype)
             self._rope_len = n
+        assert self._cos is not None and self._sin is not None  # positions start at 0, so max_pos >= 1 built them
         return self._cos, self._sin
 
     def reserve(self, max_pos: int) -> None:
@@ -207,7 +209,9 @@ class TorchCausalLM:
         is_dec = [len(t) == 1 and c > 0 for t, c in zip(token_ids, num_cached)]
         order = tuple([i for i in range(n_seq) if is_dec[i]] + [i for i in range(n_seq) if not is_dec[i]])
         num_decode = sum(is_dec)
-        flat, pos, rows, last, prefill = [], [], [], [], []
+        flat: list[int] = []
+        pos: list[int] = []
+        rows, last, prefill = [], [], []
         for k, i in enumerate(order):
             toks, c, row = token_ids[i], num_cached[i], i
             start = len(flat)

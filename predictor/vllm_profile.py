@@ -31,9 +31,9 @@ import numpy as np
 
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
-from vllmref.settings import EngineSettings
 from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
 from predictor.profile import SCHEMA_VERSION, GridPoint, cpu_model_name, point_features, read_rows, write_parquet
+from vllmref.settings import EngineSettings
 
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU
 
@@ -229,7 +229,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
 
         records += env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
                                   on_line=on_line, out_path=partial)
-    facts = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
+    facts: dict = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
         "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,

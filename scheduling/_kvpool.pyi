@@ -2,7 +2,9 @@
 Compiled paged-KV block pool for the replay engine (see scheduling/kv_cache.py).
 """
 from __future__ import annotations
+
 import typing
+
 __all__: list[str] = ['BlockPool', 'HashLRU']
 class BlockPool:
     def __init__(self, num_blocks: typing.SupportsInt | typing.SupportsIndex) -> None:

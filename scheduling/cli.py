@@ -121,7 +121,8 @@ def register(sub) -> None:
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")
-    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
+    p.add_argument("--seed", type=argtypes.seed, default=0,
+                   help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_deprecated_flag(p, "--quiet", "--no-progress", dest="no_progress")

@@ -24,11 +24,11 @@ from typing import Callable, ClassVar, Sequence
 
 from gpubench.errors import ConfigError
 from scheduling.kv_cache import BlockPool
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS  # noqa: F401 (re-exported)
 from scheduling.policies.base import KVPolicy
 from scheduling.request import BLOCK_SIZE, JobState, Request, Status
 from scheduling.step_cost import StepCost
 from scheduling.traces import Job
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -836,6 +836,8 @@ class Engine:
         r.blocks = []
         js = r.job_state
         scheduled = r.num_recomputed_tokens + r.num_admission_tokens
+        # a finished turn was scheduled and generated its first token
+        assert r.first_token_s is not None and r.first_scheduled_s is not None
         self.result.turns.append((
             js.job.job_id, r.turn, r.arrival_s, r.first_scheduled_s, r.first_token_s, now_s,
             r.first_token_s - r.arrival_s, r.first_scheduled_s - r.arrival_s, r.prompt_tokens, r.hit_tokens,

@@ -24,7 +24,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
 
@@ -35,6 +35,9 @@ from scheduling.policies import make_policy
 from scheduling.request import BLOCK_SIZE
 from scheduling.step_cost import StepCost, make_step_cost
 from scheduling.traces import Job
+
+if TYPE_CHECKING:
+    from scheduling.live import LiveReplayConfig
 
 GIB = 1 << 30
 DTYPE_BYTES = 2  # bf16 weights and KV cache
@@ -86,7 +89,7 @@ class ReplayConfig:
 
 @dataclass
 class ReplayResult:
-    config: ReplayConfig
+    config: ReplayConfig | LiveReplayConfig  # a live replay (scheduling.live) keeps its own config
     summary: dict
     steps: pd.DataFrame
     turns: pd.DataFrame

@@ -6,7 +6,7 @@ from scheduling.sweep_defaults import DEFAULT_MODEL
 
 
 def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int = 400, seed: int = 0,
-                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2 * (1 << 30)) -> dict[str, float]:
+                        gpu_memory_utilization: float = 0.9, reserve_bytes: float = 2 * (1 << 30)) -> dict[str, float | str]:
     """Back-of-envelope arrival rates (jobs/s) at which a SKU saturates on the synthetic agents.
 
     * ``kv_jps``: Little's law on KV memory. A job holds its context (prompt + output so far)
@@ -27,7 +27,7 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
     from scheduling.request import BLOCK_SIZE
     from scheduling.traces import synthetic_jobs
 
-    cfg = load_model_config(model)
+    load_model_config(model)  # an unknown model fails here, before the step model is built
     step = StepModel.for_names(sku=sku, model=model)
     t_decode_s = float(step.predict([(1, 3000)] * 32).total_s)
     t_prefill_per_token_s = float(step.predict([(2048, 3000)]).total_s) / 2048

@@ -36,9 +36,13 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 
 from gpubench.errors import ConfigError
-
 from scheduling.sweep_defaults import (  # light constants, shared with the CLI's --help
-    DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
+    DEFAULT_JPS,
+    DEFAULT_MODEL,
+    DEFAULT_NUM_JOBS,
+    DEFAULT_POLICIES,
+    DEFAULT_SEEDS,
+    DEFAULT_SKUS,
 )
 from scheduling.sweep_table import CSV_NAME, SPEC_NAME, SweepTable, check_spec, done_keys, load_table
 
@@ -223,7 +227,7 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"key": cell.key, "policy": cell.policy, "sku": cell.sku, "jps": cell.jps, "seed": cell.seed}
     try:
-        result = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))
+        result: Any = run_replay(cell_jobs(spec, cell.jps, cell.seed), replay_config(spec, cell))  # the next line also takes a dict
         summary = result.summary if hasattr(result, "summary") else result["summary"]
         row.update(summary_metrics(summary))
         row["error"] = ""
@@ -348,7 +352,7 @@ def _append_rows(rows, table: SweepTable, on_row, *, total: int, already_done: i
             table.append(row)
             if on_row:
                 on_row(row)
-            if bar is not None:
+            if bar is not None and task is not None:  # set together
                 bar.update(task, advance=1, description=row["key"] + (" (error)" if row.get("error") else ""))
     finally:
         if bar is not None:

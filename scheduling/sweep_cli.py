@@ -8,9 +8,7 @@ from pathlib import Path
 
 from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter, add_deprecated_flag
-from scheduling.sweep_defaults import (
-    DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS,
-)
+from scheduling.sweep_defaults import DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS
 
 
 def _csv_list(kind):

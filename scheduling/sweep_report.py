@@ -173,9 +173,9 @@ def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         ("preemptions.png", [(col(frame, "preemptions"), "-", "")], "preemptions", "Preemptions vs load", False),
     ]
     for name, series, ylabel, title, logy in specs:
-        series = [s for s in series if s[0] is not None]
-        if series:
-            path = _plot_metric(frame, out / name, series, ylabel, title, logy)
+        present = [(c, style, label) for c, style, label in series if c is not None]
+        if present:
+            path = _plot_metric(frame, out / name, present, ylabel, title, logy)
             if path:
                 made.append(path)
     (out / "tables.md").write_text(markdown_tables(frame))

@@ -51,7 +51,8 @@ from scheduling.traces import DEFAULT_TOOL_MODELS, Job, ToolTimeModel, Turn, val
 
 __all__ = [
     "load_swesmith", "trajectory_to_job", "tool_class", "estimate_tokens", "get_token_counter",
-    "sample_trajectories", "write_sample", "generate_trajectories", "write_trajectories", "MESSAGE_OVERHEAD_TOKENS", "TOOL_CLASSES", "SAMPLE_PATH",
+    "sample_trajectories", "write_sample", "generate_trajectories", "write_trajectories", "MESSAGE_OVERHEAD_TOKENS", "TOOL_CLASSES",
+    "SAMPLE_PATH",
 ]
 
 CHARS_PER_TOKEN = 4.0

@@ -105,9 +105,9 @@ def build_trace(steps: pd.DataFrame, turns: pd.DataFrame, jobs: pd.DataFrame, *,
 
     order = jobs.sort_values(["arrival_s", "job_id"], kind="stable")["job_id"].tolist()
     tid_of = {job_id: i + 1 for i, job_id in enumerate(order)}
-    for job_id, tid in tid_of.items():
-        events.append(_meta("thread_name", JOBS_PID, tid, f"job {job_id}"))
-        events.append(_meta("thread_sort_index", JOBS_PID, tid, tid, key="sort_index"))
+    for job_id, track in tid_of.items():
+        events.append(_meta("thread_name", JOBS_PID, track, f"job {job_id}"))
+        events.append(_meta("thread_sort_index", JOBS_PID, track, track, key="sort_index"))
     by_job = turns.sort_values(["job_id", "turn"], kind="stable").groupby("job_id", sort=False)
     for job_id, job_turns in by_job:
         tid = tid_of.get(job_id)
@@ -116,7 +116,7 @@ def build_trace(steps: pd.DataFrame, turns: pd.DataFrame, jobs: pd.DataFrame, *,
             events.append(_meta("thread_name", JOBS_PID, tid, f"job {job_id}"))
         rows = list(job_turns.itertuples(index=False))
         for i, t in enumerate(rows):
-            args = {"job_id": str(job_id), "turn": int(t.turn), "prompt_tokens": int(t.prompt_tokens),
+            turn_args = {"job_id": str(job_id), "turn": int(t.turn), "prompt_tokens": int(t.prompt_tokens),
                     "hit_tokens": int(t.hit_tokens), "output_tokens": int(t.output_tokens),
                     "preemptions": int(t.num_preemptions)}
             phases = [("queued", t.arrival_s, t.first_scheduled_s), ("prefill", t.first_scheduled_s, t.first_token_s),
@@ -130,7 +130,7 @@ def build_trace(steps: pd.DataFrame, turns: pd.DataFrame, jobs: pd.DataFrame, *,
                 if dur <= 0:
                     continue
                 events.append({"ph": "X", "name": name, "cat": "turn", "pid": JOBS_PID, "tid": tid,
-                               "ts": ts, "dur": dur, "args": args})
+                               "ts": ts, "dur": dur, "args": turn_args})
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"label": label, **(metadata or {})}}
 
 

@@ -3,9 +3,8 @@ HTML file); several runs are drawn side by side (one summary table, their curves
 from __future__ import annotations
 
 import argparse
-
-import sys
 import signal
+import sys
 import time
 from pathlib import Path
 

@@ -93,7 +93,6 @@ def sim_steps(jobs: Sequence[Job], settings: DiffSettings, **engine_overrides) -
 
 def _spec(jobs: Sequence[Job], settings: DiffSettings) -> dict:
     from vllmref import env
-
     from vllmref.settings import max_model_len
 
     model_dir, _, _ = env.resolve_model(settings.model)

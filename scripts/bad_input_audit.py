@@ -76,8 +76,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = ap.parse_args()
 
+    import numpy  # noqa: E401,F401
+
     import gpubench.cli  # noqa: F401  - loaded once, before the forks
-    import numpy, pandas, pyarrow.parquet  # noqa: E401,F401
 
     counts: Counter = Counter()
     bad = []

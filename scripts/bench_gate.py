@@ -40,7 +40,8 @@ def load_run(path: str) -> tuple[dict, dict[str, dict]]:
 
 def machine(info: dict) -> str:
     cpu = info.get("cpu") or {}
-    return f"{cpu.get('brand_raw', '?')} x{cpu.get('count', '?')}, {info.get('python_implementation', '?')} {info.get('python_version', '?')}"
+    return (f"{cpu.get('brand_raw', '?')} x{cpu.get('count', '?')}, "
+            f"{info.get('python_implementation', '?')} {info.get('python_version', '?')}")
 
 
 def parse_checks(specs: list[str]):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 MAX_HANDLERS = 2048   # the smallest weights stay below the pool size rather than allocating ~10^4 handlers
 EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7}
@@ -154,8 +155,8 @@ class _AttentionState:
 
     def __init__(self, reference: _State):
         self.reference = reference
-        self.shape = None
-        self.kv_cache = None
+        self.shape: tuple | None = None
+        self.kv_cache: Any = None  # a torch tensor (torch is imported in the worker's functions)
         self.cursor = 0
         self.checked: dict = {}
 

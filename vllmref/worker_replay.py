@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from typing import Any
 
 
 def token_ids(key: str, length: int, *, seed: int, vocab_size: int) -> list[int]:
@@ -29,7 +30,7 @@ def vllm_counters(engine) -> dict:
     """vLLM's own counters (summed over label sets): what its /metrics endpoint would report."""
     wanted = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
               "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success")
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}  # counter name -> float, and "error" -> str when reading failed
     try:
         for metric in engine.get_metrics():
             name = metric.name

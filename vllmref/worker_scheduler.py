@@ -14,7 +14,8 @@ its job, so block hashes match where the simulator's chained hashes match.
 
 Records: one ``{"kind": "step"}`` per step with ``scheduled`` = ``[[job_id, turn, num_new_tokens,
 num_computed_before], ...]`` in scheduling order, ``preempted`` = ``[[job_id, turn], ...]``,
-``free_blocks`` after scheduling, ``free_queue`` (the block ids of the free queue, LRU first), and ``admitted_hits`` = ``[[job_id, turn, cached tokens], ...]``
+``free_blocks`` after scheduling, ``free_queue`` (the block ids of the free queue, LRU first), and
+``admitted_hits`` = ``[[job_id, turn, cached tokens], ...]``
 for requests scheduled for the first time since they were (re)queued.
 """
 from __future__ import annotations

@@ -43,8 +43,8 @@ def get_backend(device: str = "auto") -> tuple[Backend, str]:
     if kind == "cpu":
         from gpubench.backends.cpu import CpuBackend
 
-        b = CpuBackend()
-        return b, f"device: cpu ({b.device_name()})"
+        cpu = CpuBackend()
+        return cpu, f"device: cpu ({cpu.device_name()})"
     if kind == "cuda":
         b = _cuda_backend(index or 0)
         return b, f"device: cuda:{index} ({b.device_name()})"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-
 # STREAM's work table: arrays moved per element (BabelStream's "weight"); bytes per repetition are
 # these x n x the element size, the write-allocate read of the destination not counted (stream.c).
 STREAM_KERNEL_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
@@ -37,7 +36,7 @@ def geometric(lo: float, hi: float, factor: float, align: int = 1) -> list[int]:
     if lo <= 0 or hi < lo or factor <= 1:
         raise ValueError(f"bad sweep lo={lo} hi={hi} factor={factor}")
     n = int(math.floor(math.log(hi / lo) / math.log(factor) + 1e-9))
-    out = []
+    out: list[int] = []
     for i in range(n + 1):
         v = max(align, int(round(lo * factor**i / align)) * align)
         if not out or v > out[-1]:

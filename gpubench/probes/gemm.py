@@ -19,8 +19,8 @@ and columns, within K * eps(dtype) * (|A||B|) elementwise (the standard GEMM err
 from __future__ import annotations
 
 import math
-import zlib
 import time
+import zlib
 
 import numpy as np
 

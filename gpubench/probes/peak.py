@@ -3,7 +3,8 @@
 Each thread runs 12 (AVX-512: 16) independent FMA chains in vector registers; 2 FLOP per FMA per
 lane. The checksum of all chains is compared with the closed form of the recurrence, so nothing
 is elided. Each repetition is timed as the team window (first thread's start after a barrier to
-the last thread's end), so fork/join and wake-up latency are excluded. Repetitions are short (~0.5 ms at the spec rate) and many (10x num_reps): on a shared
+the last thread's end), so fork/join and wake-up latency are excluded. Repetitions are short
+(~0.5 ms at the spec rate) and many (10x num_reps): on a shared
 machine a repetition is only as fast as its slowest thread, and the best (min-time) repetition is
 the one in which no thread was descheduled; it is the headline (the median is kept too).
 

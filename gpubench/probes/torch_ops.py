@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from typing import Any
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
 from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
@@ -309,7 +310,8 @@ def _measure_linear(spec: MeasurementSpec) -> dict:
     bound = k * _eps(dt) * (x[rows].double().abs() @ w[cols].double().abs().T) + 1e-30
     ok = bool((err <= bound).all())
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    out = {"times_s": times, "ref_times_s": ref_times, "valid": ok, "flops": linear_flops(m, n, k), "bytes": linear_bytes(m, n, k, itemsize),
+    out = {"times_s": times, "ref_times_s": ref_times, "valid": ok, "flops": linear_flops(m, n, k),
+           "bytes": linear_bytes(m, n, k, itemsize),
            "weight_bytes": n * k * itemsize, "max_abs_err": float(err.max())}
     if not ok:
         out["invalid_reason"] = f"max |y - y_ref| = {float(err.max()):.3e} exceeds the K*eps*|x||W| bound"
@@ -428,14 +430,15 @@ def _measure_segment(spec: MeasurementSpec) -> dict:
         if context:
             F.linear(flush_x, _POOL.take(dt, context, p["pool_elements"]).view(-1, flush_k))
 
-    state = {}
+    state: dict[str, Any] = {}
     itemsize = torch.empty(0, dtype=dtype).element_size()
     heads = w // HEAD_DIM
     if seg == "rmsnorm":
         x, g = rand(t, w), rand(w)
         run = lambda: state.__setitem__("y", _rmsnorm(x, g))  # noqa: E731
         nbytes = (2 * t * w + w) * itemsize
-        check = lambda: torch.allclose(state["y"].double(), (g.double() * x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()), rtol=1e-2, atol=1e-2)  # noqa: E731
+        check = lambda: torch.allclose(  # noqa: E731
+            state["y"].double(), (g.double() * x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()), rtol=1e-2, atol=1e-2)
     elif seg == "residual_add":
         x, y = rand(t, w), rand(t, w)
         run = lambda: state.__setitem__("y", x + y)  # noqa: E731

@@ -106,6 +106,7 @@ class HFClient(ModelClient):
                 raise KVCommError("the prompt has no tokens")
             entry, reuse = self._best_entry(ids) if self.prefix_cache else (None, 0)
             if reuse > 0:
+                assert entry is not None  # reuse > 0 only with an entry
                 cache, logits = continue_from(self._model, entry.slice(0, reuse), ids[reuse:])
             else:
                 cache, logits = prefill(self._model, ids)

@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 from gpubench.errors import KVCommError
@@ -34,7 +35,7 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def _one_line(text: object, limit: int = 300) -> str:
     return " ".join(str(text).split())[:limit]
 
 
@@ -203,9 +204,9 @@ class OpenAIHTTPClient(ModelClient):
         check_request(max_tokens, temperature)
         chat = not isinstance(prompt, str)
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        body = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
                 "stream_options": {"include_usage": True}}
-        body["messages" if chat else "prompt"] = [dict(m) for m in prompt] if chat else prompt
+        body["messages" if chat else "prompt"] = prompt if isinstance(prompt, str) else [dict(m) for m in prompt]
         conn = self._connect()
         try:
             t0 = time.perf_counter()
@@ -268,7 +269,7 @@ class OpenAIHTTPClient(ModelClient):
 
     def tokenize(self, prompt: Prompt) -> list[int] | None:
         check_prompt(prompt)
-        body = {"model": self.model}
+        body: dict[str, Any] = {"model": self.model}
         if isinstance(prompt, str):
             body["prompt"] = prompt
         else:

@@ -124,6 +124,7 @@ class ContinuumPolicy(KVPolicy):
         self.num_pins += 1
         from scheduling.engine import PinExpiryEvent
 
+        assert self.engine is not None  # attached before the engine runs
         self.engine.push(PinExpiryEvent, pin.deadline_s, js)
         return False
 
@@ -143,6 +144,7 @@ class ContinuumPolicy(KVPolicy):
     def _release(self, js: JobState) -> None:
         blocks = self._pins.pop(js.index).blocks
         self._num_pinned_blocks -= len(blocks)
+        assert self.engine is not None  # attached before the engine runs
         self.engine.pool.free_blocks(blocks, True)
 
     def relieve_pressure(self, now_s: float, num_other_running: int) -> bool:
@@ -189,6 +191,7 @@ class ContinuumPolicy(KVPolicy):
 
     def reload_s(self, context_tokens: int) -> float:
         """What losing the job's KV costs when its next turn arrives: recomputing the context."""
+        assert self.engine is not None  # attached before the engine runs
         return self.engine.estimate_prefill_s(context_tokens)
 
     # --- reporting ----------------------------------------------------------------------------

@@ -25,11 +25,15 @@ of its copy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from gpubench.errors import ConfigError
 from scheduling.kv_cache import HashLRU
 from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
 from scheduling.request import Request
+
+if TYPE_CHECKING:
+    from scheduling.engine import Engine
 
 GIB = 1 << 30
 STORE_MODES = ("eager", "lazy")
@@ -156,6 +160,9 @@ class HostPoolMixin:
 
     host: HostBlockPool
     num_delayed_frees: int = 0
+    # From the KVPolicy it is mixed into: the attached engine and the policy's parameters.
+    engine: Engine | None
+    p: Any
 
     def free_when_stored(self, req: Request, now_s: float, stored_s: float) -> bool:
         """True: free the blocks now (the copy is done). Else free them at ``stored_s``."""
@@ -164,6 +171,7 @@ class HostPoolMixin:
         from scheduling.engine import BlocksReleaseEvent
 
         self.num_delayed_frees += 1
+        assert self.engine is not None  # attached before the engine runs
         self.engine.push(BlocksReleaseEvent, stored_s, list(req.blocks))
         return False
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from gpubench.errors import ResultsFormatError
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS
-from scheduling.outputs import TURN_CONTRACT_COLUMNS as TURN_COLUMNS
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_CONTRACT_COLUMNS as TURN_COLUMNS
 
 # Columns a plot may do without (older or partial logs): filled with 0.
 OPTIONAL_STEP_COLUMNS = ("kv_pinned_blocks", "kv_cached_blocks", "pool_used_blocks", "pool_total_blocks",
@@ -153,9 +152,12 @@ def token_budget(summary: dict[str, Any]) -> int | None:
     """The run's token budget per step (max_num_batched_tokens): as configured, as the live engine
     reported it, or, for a simulated run left at the default, what ``vllm serve`` picks for its SKU;
     None when the run does not say (the page then draws no budget line)."""
-    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
-    metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
-    engine = metrics.get("engine") if isinstance(metrics.get("engine"), dict) else {}
+    config = summary.get("config")
+    config = config if isinstance(config, dict) else {}
+    metrics = summary.get("metrics")
+    metrics = metrics if isinstance(metrics, dict) else {}
+    engine = metrics.get("engine")
+    engine = engine if isinstance(engine, dict) else {}
     for source in (config, engine):
         value = source.get("max_num_batched_tokens")
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -182,7 +184,7 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     return [str(Path(d).resolve()) for d in run_dirs]
 
 
-def load_runs(run_dirs: list[str | Path], *, max_step_points: int = DEFAULT_MAX_STEP_POINTS,
+def load_runs(run_dirs: Sequence[str | Path], *, max_step_points: int = DEFAULT_MAX_STEP_POINTS,
               max_jobs: int = DEFAULT_MAX_JOBS) -> dict[str, Any]:
     """One run: :func:`load_run`'s dict. Several: ``{"runs": [load_run(d), ...]}`` with each run's
     ``label``, which the page draws side by side (one summary table, curves overlaid)."""

@@ -180,7 +180,8 @@ OTHER_CASES = [
     ["profile", "--model", "tiny-llama", "--out", "{o}.csv"], ["profile", "--model", "tiny-llama"],
     ["profile", "--model", "tiny-llama", "--device", "tpu", "--out", "{o}.parquet"],
     ["profile", "--model", "tiny-llama", "--out", "{d}/afile/x.parquet"],
-    ["kvcomm", "eval", "--tasks", ",", "--out", "{o}"], ["kvcomm", "eval", "--protocols", ",", "--out", "{o}"], ["kvcomm", "eval", "--ratio", "0.1,x", "--out", "{o}"],
+    ["kvcomm", "eval", "--tasks", ",", "--out", "{o}"], ["kvcomm", "eval", "--protocols", ",", "--out", "{o}"],
+    ["kvcomm", "eval", "--ratio", "0.1,x", "--out", "{o}"],
     ["kvcomm", "eval", "--boundary-k", "-1", "--out", "{o}"], ["kvcomm", "eval", "--out", "{d}/afile"],
     ["completion", "fish"], ["completion"], ["skus", "--nope"], ["nope"], ["--nope"], ["run", "--sku"],
     ["vllm", "generate", ""], ["vllm", "nope"],
@@ -333,7 +334,8 @@ def all_cases(d: Path) -> list[tuple[str, list[str]]]:
     out = []
     for base, opt, kind in OPTIONS:
         for v in BAD_VALUES[kind]:
-            out.append((f"option {opt} {v!r} ({base[0]})", [*base, f"{opt}={v}" if v.startswith("-") or not v else opt, *([] if v.startswith("-") or not v else [v])]))
+            out.append((f"option {opt} {v!r} ({base[0]})",
+                        [*base, f"{opt}={v}" if v.startswith("-") or not v else opt, *([] if v.startswith("-") or not v else [v])]))
     for argv in SET_CASES + OTHER_CASES:
         out.append(("argv " + " ".join(argv), list(argv)))
     for kind, breaks in file_breaks().items():

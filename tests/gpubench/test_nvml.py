@@ -8,8 +8,7 @@ import pathlib
 import pytest
 
 from gpubench.telemetry import Sampler, aggregate
-from gpubench.telemetry_nvml import (THROTTLE_REASONS, NvmlTelemetry, clock_droop, decode_throttle,
-                                     low_clock_flags)
+from gpubench.telemetry_nvml import THROTTLE_REASONS, NvmlTelemetry, clock_droop, decode_throttle, low_clock_flags
 
 _spec = importlib.util.spec_from_file_location("test_cuda_fakes", pathlib.Path(__file__).with_name("test_cuda_fakes.py"))
 fakes = importlib.util.module_from_spec(_spec)

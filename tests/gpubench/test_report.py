@@ -12,7 +12,6 @@ from vllmref import env as vllm_env
 
 from .conftest import run_cli
 
-
 # vllm_ops runs in the vLLM environment (`gpubench vllm setup`, which CI runs before the tests);
 # without it the probe is skipped with that command as its reason.
 VLLM_READY = vllm_env.is_ready()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from kvcomm.protocols import message_drift, receiver_layout_ids, sender_layout
 from kvcomm.tasks import NUM_FACTS, RECEIVER_SYSTEM, generate
 

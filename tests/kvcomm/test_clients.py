@@ -303,7 +303,8 @@ def test_a_server_that_does_not_stream_sse_is_one_line():
 # ---- serve-exchange end to end (against the small server) ----------------------------------------------
 def test_serve_exchange_cli_measures_warm_and_cold(prefix_server, tmp_path):
     out = tmp_path / "run"
-    proc = gpubench("kvcomm", "serve-exchange", "--client", "http", "--url", prefix_server.url, "--block-size", str(BLOCK), "--task", "drift",
+    proc = gpubench("kvcomm", "serve-exchange", "--client", "http", "--url", prefix_server.url, "--block-size", str(BLOCK),
+                    "--task", "drift",
                     "--repeats", "2", "--warmup", "0", "--max-tokens-a", "3", "--max-tokens-b", "2", "--out", str(out),
                     timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -13,8 +13,7 @@ import pytest
 
 from gpubench.errors import KVCommError
 from kvcomm.cli import parse_protocols
-from kvcomm.evaluate import (EvalConfig, bootstrap_ci, load_rows, relative_ci, run_eval, summarize,
-                             write_reports)
+from kvcomm.evaluate import EvalConfig, bootstrap_ci, load_rows, relative_ci, run_eval, summarize, write_reports
 from kvcomm.protocols import ProtocolSpec
 
 REPO = Path(__file__).resolve().parents[2]

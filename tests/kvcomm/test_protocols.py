@@ -6,9 +6,17 @@ import torch
 
 from gpubench.errors import KVCommError
 from kvcomm.cache import prefill
-from kvcomm.models import rope_info
-from kvcomm.protocols import (Layout, ProtocolSpec, Segment, encode_sender, encode_sender_ids, receive,
-                              receiver_layout, receiver_prefix, sender_layout)
+from kvcomm.protocols import (
+    Layout,
+    ProtocolSpec,
+    Segment,
+    encode_sender,
+    encode_sender_ids,
+    receive,
+    receiver_layout,
+    receiver_prefix,
+    sender_layout,
+)
 from kvcomm.tasks import generate
 
 from .conftest import random_ids

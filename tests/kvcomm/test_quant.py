@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from gpubench.errors import KVCommError
-from kvcomm.cache import KVCache, continue_from, prefill
-from kvcomm.quant import (DEFAULT_GROUP_SIZE, PARAM_DTYPE, dequantize, quant_report, quantize,
-                          quantize_groups, dequantize_groups)
+from kvcomm.cache import continue_from, prefill
+from kvcomm.quant import DEFAULT_GROUP_SIZE, PARAM_DTYPE, dequantize, dequantize_groups, quant_report, quantize, quantize_groups
 
 from .conftest import random_ids
 

@@ -13,7 +13,7 @@ from transformers import GPTNeoXConfig, LlamaConfig
 from gpubench.errors import KVCommError
 from kvcomm.cache import KVCache, prefill
 from kvcomm.models import TINY_CONFIGS, load_model, rope_info
-from kvcomm.rope import check_relative, rerotate, reposition
+from kvcomm.rope import check_relative, reposition, rerotate
 
 from .conftest import random_ids
 

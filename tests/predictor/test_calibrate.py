@@ -9,8 +9,7 @@ import pytest
 from gpubench.errors import ConfigError, ResultsFormatError
 from gpubench.results import RunWriter
 from gpubench.stats import summarize
-from predictor import Calibration, HardwareSpec, StepModel
-from predictor import efficiency as eff
+from predictor import Calibration, HardwareSpec, StepModel, efficiency as eff
 from predictor.calibrate import defaults, fit_eta_mem, fit_run
 
 # Known answers the synthetic GPU run is generated from

@@ -9,8 +9,18 @@ import pytest
 
 from gpubench.errors import ResultsFormatError
 from predictor import load_model_config
-from predictor.evaluate import (EvalConfig, StepForm, all_folds, evaluate_rows, fit_host_residual,
-                                interleaved_folds, load_rows, metrics, run_evaluation, step_model_base)
+from predictor.evaluate import (
+    EvalConfig,
+    StepForm,
+    all_folds,
+    evaluate_rows,
+    fit_host_residual,
+    interleaved_folds,
+    load_rows,
+    metrics,
+    run_evaluation,
+    step_model_base,
+)
 from predictor.profile import GRIDS, build_grid, point_features
 
 S_FLOOR_S, S_SLOPE_S = 3e-3, 4e-4

@@ -74,8 +74,8 @@ def test_gpu_run_identity_is_its_device():
 
 
 def test_hugging_face_ids_of_shipped_configs_resolve_and_unknown_ids_say_why():
-    from predictor import load_model_config
     from gpubench.errors import GpubenchError
+    from predictor import load_model_config
 
     assert load_model_config("meta-llama/Llama-3.1-8B").name == load_model_config("llama-3.1-8b").name
     assert load_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_layers == load_model_config("smollm2-135m").num_layers

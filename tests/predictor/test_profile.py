@@ -8,8 +8,7 @@ import pytest
 
 from gpubench.errors import ConfigError, ResultsFormatError
 from predictor import load_model_config
-from predictor.profile import (GRIDS, GridPoint, ProfileConfig, build_grid, op_kind, read_rows, run_profile,
-                               sidecar_path, step_flops)
+from predictor.profile import GRIDS, GridPoint, ProfileConfig, build_grid, op_kind, read_rows, run_profile, sidecar_path, step_flops
 
 TINY = load_model_config("tiny-llama")
 

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from gpubench.errors import ConfigError
-from predictor import HardwareSpec, StepModel
-from predictor import efficiency as eff
+from predictor import HardwareSpec, StepModel, efficiency as eff
 
 SKUS = ("h100-sxm", "a100-80", "l40s", "h200", "cpu")
 MODELS = ("llama-3.1-8b", "smollm2-135m", "qwen2.5-7b")

@@ -9,8 +9,7 @@ from scheduling.engine import Engine, EngineConfig, Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
 from scheduling.traces import long_context_params, synthetic_jobs, with_poisson_arrivals
-from tests.conftest import job, turn_dicts
-from tests.conftest import run_engine as run
+from tests.conftest import job, run_engine as run, turn_dicts
 
 
 def small_workload(n=12, seed=3, jps=4.0):

@@ -16,6 +16,7 @@ if os.environ.get("GPUBENCH_PURE_PYTHON") == "1":
     pytest.skip("GPUBENCH_PURE_PYTHON=1: the compiled pool is not under test", allow_module_level=True)
 # Not importorskip: a broken or missing build must fail here, not skip (tests/scheduling/test_kvpool_build.py).
 from scheduling import _kvpool  # noqa: E402
+
 IMPLS = {"compiled": _kvpool.BlockPool, "python": PyBlockPool}
 
 

@@ -1,7 +1,7 @@
 """Step costs: the quantized memo key, the pure-decode quantum, the per-process shared memo."""
 import random
 
-from scheduling.step_cost import (ConstantStepCost, PredictorStepCost, StepCost, TableStepCost, quantize)
+from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost, quantize
 
 
 def test_quantize_rounds_up_at_most_one_32nd_and_is_a_monotone_projection():

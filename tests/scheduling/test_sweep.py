@@ -12,9 +12,7 @@ import pandas as pd
 import pytest
 
 from gpubench.errors import ConfigError, GpubenchError, UnknownSKUError
-from scheduling.sweep import (
-    CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics,
-)
+from scheduling.sweep import CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics
 from scheduling.sweep_table import SweepTable
 
 REPO = Path(__file__).resolve().parents[2]

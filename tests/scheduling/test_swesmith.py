@@ -9,8 +9,15 @@ import pytest
 
 from gpubench.errors import TraceFormatError
 from scheduling.swesmith import (
-    MESSAGE_OVERHEAD_TOKENS, SAMPLE_PATH, estimate_tokens, get_token_counter, load_swesmith,
-    sample_trajectories, tool_class, trajectory_to_job, write_sample,
+    MESSAGE_OVERHEAD_TOKENS,
+    SAMPLE_PATH,
+    estimate_tokens,
+    get_token_counter,
+    load_swesmith,
+    sample_trajectories,
+    tool_class,
+    trajectory_to_job,
+    write_sample,
 )
 from scheduling.traces import load_trace
 
@@ -22,7 +29,7 @@ def test_shipped_sample_is_current(tmp_path):
 
 
 def test_sample_covers_layouts_and_loads():
-    rows = [json.loads(l) for l in SAMPLE_PATH.read_text().splitlines()]
+    rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines()]
     layouts = {r["model"] for r in rows}
     assert layouts == {"sample-tool", "sample-ticks", "sample-xml"}
     kinds = {type(json.loads(r["messages"])[0]["content"]).__name__ for r in rows}
@@ -58,13 +65,16 @@ def test_token_counts_are_per_message_estimates():
 
 
 @pytest.mark.parametrize("assistant, tool", [
-    ({"content": "x", "tool_calls": [{"function": {"name": "bash", "arguments": json.dumps({"command": "cd /testbed && grep -rn foo ."})}}]}, "grep"),
-    ({"content": "x", "tool_calls": [{"function": {"name": "str_replace_editor", "arguments": json.dumps({"command": "view", "path": "/a"})}}]}, "view"),
+    ({"content": "x", "tool_calls": [{"function": {"name": "bash",
+                                                   "arguments": json.dumps({"command": "cd /testbed && grep -rn foo ."})}}]}, "grep"),
+    ({"content": "x", "tool_calls": [{"function": {"name": "str_replace_editor",
+                                                   "arguments": json.dumps({"command": "view", "path": "/a"})}}]}, "view"),
     ({"content": "x", "tool_calls": [{"function": {"name": "submit", "arguments": "{}"}}]}, "submit"),
     ({"content": "x\n```bash\npython -m pytest -x tests\n```"}, "pytest"),
     ({"content": "x\n```\n/usr/bin/python3 run.py\n```"}, "python3"),
     ({"content": "<function=bash>\n<parameter=command>find . -name '*.py'</parameter>\n</function>"}, "find"),
-    ({"content": "<function=str_replace_editor>\n<parameter=command>str_replace</parameter>\n<parameter=path>/a</parameter>\n</function>"}, "str_replace"),
+    ({"content": "<function=str_replace_editor>\n<parameter=command>str_replace</parameter>\n"
+                 "<parameter=path>/a</parameter>\n</function>"}, "str_replace"),
     ({"content": "<function=submit>\n</function>"}, "submit"),
 ])
 def test_tool_name_is_first_word_of_command(assistant, tool):

@@ -8,8 +8,17 @@ import pytest
 
 from gpubench.errors import GpubenchError, TraceFormatError
 from scheduling.traces import (
-    Job, SyntheticParams, ToolTimeModel, Turn, job_from_dict, load_trace, save_trace, synthetic_jobs,
-    trace_stats, validate_job, with_poisson_arrivals,
+    Job,
+    SyntheticParams,
+    ToolTimeModel,
+    Turn,
+    job_from_dict,
+    load_trace,
+    save_trace,
+    synthetic_jobs,
+    trace_stats,
+    validate_job,
+    with_poisson_arrivals,
 )
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,8 +181,8 @@ def _ink_fraction(driver, canvas_id: str) -> float:
         return n / (c.width * c.height);""", canvas_id)
 
 
-CHARTS = ("chart-batch", "chart-step-tokens", "chart-step-decode", "chart-queue", "chart-kv", "chart-pool", "chart-break", "chart-preempt", "chart-hit",
-          "chart-ttft", "chart-jobs")
+CHARTS = ("chart-batch", "chart-step-tokens", "chart-step-decode", "chart-queue", "chart-kv", "chart-pool", "chart-break", "chart-preempt",
+          "chart-hit", "chart-ttft", "chart-jobs")
 
 
 def _check_page(driver, run_dir: Path, shot: Path) -> None:
@@ -280,9 +280,9 @@ def test_viewer_refuses_foreign_hosts_and_closes_idle_sockets(tmp_path, monkeypa
     import http.client
     import socket
 
-    from scheduling.viewer import server as server_mod
     from scheduling.replay import ReplayConfig, run_replay, write_outputs
     from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+    from scheduling.viewer import server as server_mod
 
     jobs = with_poisson_arrivals(synthetic_jobs(3, 0, SyntheticParams(turns_mean=3, turns_max=4)), jps=1.0, seed=0)
     out = tmp_path / "run"

@@ -85,8 +85,8 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     assert fused.predict_time([(1, 64)] * 4) != separate.predict_time([(1, 64)] * 4)
     # vLLM's engine cost: the tiny model's measured step minus the tables' price of its ops,
     # charged as the host term of every vLLM-layout step and never to the torch engine's
-    from predictor.cpu_step import CpuTableStep
     from predictor.config import load_model_config
+    from predictor.cpu_step import CpuTableStep
 
     eng = every[every.family == "engine_step"].sort_values("batch")
     tiny = CpuTableStep(tables, load_model_config("tiny-llama"), "fused", engine_cost=False)
@@ -124,9 +124,9 @@ def test_attention_rows_time_vllms_paged_kernel_and_count_what_it_computes(tiny_
 
 def test_fused_layout_prices_attention_with_vllms_kernel(tiny_run, tmp_path):
     from predictor.calibrate import Calibration, fit_run
+    from predictor.config import load_model_config
     from predictor.cpu_step import CpuTableStep
     from predictor.cpu_tables import config_coef
-    from predictor.config import load_model_config
 
     run_dir, every = tiny_run
     cal = fit_run(run_dir, argv=["test"], allow_contended=True)

@@ -24,8 +24,19 @@ from __future__ import annotations
 from gpubench.backends.cuda.backend import CudaBackend
 from gpubench.backends.cuda.extension import NUM_WARMUP, Extension, load_extension
 from gpubench.backends.cuda.gemm import (
-    DROOP_M, GEMM_DTYPES, GEMM_EPS, GEMM_M, GEMM_SHAPES, GRAPH_CALLS, GRAPH_TIMING_BELOW_S, QUICK_GEMM_M, GemmProbe,
-    check_gemm, gemm_library, gemm_tolerance, torch_gemm,
+    DROOP_M,
+    GEMM_DTYPES,
+    GEMM_EPS,
+    GEMM_M,
+    GEMM_SHAPES,
+    GRAPH_CALLS,
+    GRAPH_TIMING_BELOW_S,
+    QUICK_GEMM_M,
+    GemmProbe,
+    check_gemm,
+    gemm_library,
+    gemm_tolerance,
+    torch_gemm,
 )
 from gpubench.backends.cuda.probes import L2Probe, LaunchProbe, PeakProbe, StreamProbe, fp8_mma_native
 from gpubench.backends.cuda.report import EXPECTED, check_table, expected_note, format_table

@@ -23,6 +23,7 @@ class CudaBackend(Backend):
     """
 
     name = "cuda"
+    index: int  # always a device number here (the base class allows None for the CPU)
 
     def __init__(self, index: int = 0, *, ext=None, nvml=None):
         self.index = index

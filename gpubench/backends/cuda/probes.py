@@ -42,7 +42,8 @@ def _geometric(lo: int, hi: int, factor: float, align: int) -> list[int]:
     different sizes for some bounds, so sharing one would change one backend's plan."""
     if lo <= 0 or hi < lo or factor <= 1:
         raise errors.ConfigError(f"bad size sweep: lo={lo} hi={hi} factor={factor}")
-    out, v = [], float(lo)
+    out: list[int] = []
+    v = float(lo)
     while v < hi * (1 - 1e-9):
         a = max(align, int(round(v / align)) * align)
         if not out or a > out[-1]:

@@ -50,7 +50,7 @@ def check_table(run) -> list[tuple[str, str, str, str]]:
     def pct(x, ref):
         return f"{100 * x / ref:5.1f} %" if (x is not None and ref) else ""
 
-    lines = []
+    lines: list[tuple[str, str, str, str | None]] = []
     if "stream" in run:
         st = valid_rows(run["stream"])
         if len(st):

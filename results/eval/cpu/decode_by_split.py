@@ -3,7 +3,9 @@
 Usage: python results/eval/cpu/decode_by_split.py results/eval/cpu/metrics.csv (the table in docs/evaluation.md).
 """
 import sys
+
 import pandas as pd
+
 df = pd.read_csv(sys.argv[1])
 d = df[(df.phase == "decode") & (df.rows == "all")]
 out = {}
