@@ -6,8 +6,13 @@ import math
 from gpubench import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
-from gpubench.backends.cuda.gemm_cupy import CUPY_DTYPES, cupy_gemm, import_cupy, tf32_enabled
-from gpubench.backends.cuda.gemm_cupy import LIBRARY as CUPY_LIBRARY
+from gpubench.backends.cuda.gemm_cupy import (
+    CUPY_DTYPES,
+    CUPY_LIBRARY,
+    cupy_gemm,
+    import_cupy,
+    tf32_enabled,
+)
 from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
 from gpubench.probes.common import opt
 
@@ -114,9 +119,9 @@ class GemmProbe(CudaProbe):
 
     def measure(self, spec: MeasurementSpec) -> dict:
         p = spec.params
-        timing_args = dict(num_reps=p["num_reps"], budget_s=p["budget_s"],
-                           l2_bytes=int(self.backend.properties.get("l2_bytes", 0)),
-                           clock_khz=float(self.backend.properties.get("clock_khz", 1.5e6)))
+        timing_args = {"num_reps": p["num_reps"], "budget_s": p["budget_s"],
+                       "l2_bytes": int(self.backend.properties.get("l2_bytes", 0)),
+                       "clock_khz": float(self.backend.properties.get("clock_khz", 1.5e6))}
         if self.library()[0] == CUPY_LIBRARY:
             cupy, _ = import_cupy()
             res = cupy_gemm(cupy, self.backend.index, p["dtype"], p["m"], p["n"], p["k"], **timing_args)

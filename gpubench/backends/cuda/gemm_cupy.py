@@ -15,7 +15,7 @@ import sys
 from gpubench import errors
 from gpubench.backends.cuda.extension import NUM_WARMUP
 
-LIBRARY = "cupy-cublas"
+CUPY_LIBRARY = "cupy-cublas"
 # CuPy has no bfloat16 array dtype, so the bf16 rows (and the clock-droop rows, which are bf16)
 # cannot be taken through it.
 CUPY_DTYPES = ("fp16", "tf32")
@@ -57,7 +57,11 @@ def tf32_enabled() -> bool:
 def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
               l2_bytes: int, clock_khz: float) -> dict:
     """Time ``cupy.matmul(A, B, out=C)`` on device ``index``; the same result dict as ``torch_gemm``."""
-    from gpubench.backends.cuda.gemm import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, weight_copies
+    from gpubench.backends.cuda.gemm import (
+        GRAPH_CALLS,
+        GRAPH_TIMING_BELOW_S,
+        weight_copies,
+    )
 
     cp = cupy
     cdt = {"fp16": cp.float16, "tf32": cp.float32}[dtype]
@@ -99,7 +103,7 @@ def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps:
                 times = _timed_matmuls(cp, a, bs, c, reps + NUM_WARMUP, stream, clock_khz)[NUM_WARMUP:]
             check = check_gemm_cupy(cp, a, bs[last_b], c, dtype)
     return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
-            "library": LIBRARY, "library_version": f"cupy {cp.__version__}", "timing": timing, **check}
+            "library": CUPY_LIBRARY, "library_version": f"cupy {cp.__version__}", "timing": timing, **check}
 
 
 def check_gemm_cupy(cp, a, b, c, dtype: str, max_rows: int = 64) -> dict:
