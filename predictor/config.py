@@ -6,11 +6,13 @@ mixture-of-experts families Mixtral (``num_local_experts``, ``num_experts_per_to
 ``intermediate_size``) and Qwen3-MoE (``num_experts``, ``num_experts_per_tok``,
 ``moe_intermediate_size``; every layer sparse, no shared expert). Shipped
 configs live in ``predictor/configs/<name>.json`` and are written from the models' public
-dimensions; ``--model`` also takes a path to any ``config.json``.
+dimensions; ``--model`` also takes a path to any ``config.json``, or a Hugging Face id (``org/name``)
+already in the local Hugging Face cache (read from disk; nothing is ever downloaded).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -134,15 +136,47 @@ def config_path(name: str) -> Path | None:
     return Path(str(p)) if p.is_file() else None
 
 
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache, found the way huggingface_hub finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def cached_hf_config(model_id: str) -> Path | None:
+    """``config.json`` of ``org/name`` in the local Hugging Face cache (the newest snapshot by
+    mtime when several were downloaded), or None. Reads the disk only."""
+    cache = hf_hub_cache()
+    folder = "models--" + model_id.replace("/", "--")
+    repo = cache / folder
+    if not repo.is_dir() and cache.is_dir():
+        # Hub ids are case-insensitive, the cache's folder names keep the case the id was fetched with.
+        repo = next((p for p in cache.iterdir() if p.name.lower() == folder.lower()), repo)
+    snapshots = [p for p in (repo / "snapshots").glob("*") if (p / "config.json").is_file()]
+    if not snapshots:
+        return None
+    return max(snapshots, key=lambda p: p.stat().st_mtime) / "config.json"
+
+
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """A shipped config by name/alias, or any HF ``config.json`` (or a directory holding one)."""
+    """A shipped config by name/alias or Hugging Face id, any HF ``config.json`` (or a directory
+    holding one), or an ``org/name`` id found in the local Hugging Face cache."""
     s = str(name_or_path)
+    name = None
     if s.strip().lower() in HF_IDS and not Path(s).exists():
         s = HF_IDS[s.strip().lower()]
     elif s.count("/") == 1 and not s.startswith((".", "/")) and not Path(s).exists() and not s.endswith(".json"):
-        raise UnknownModelError(f"unknown model '{s}': not a shipped config's Hugging Face id (known: "
-                                f"{', '.join(sorted(HF_IDS))}) and not a path; no weights or configs are downloaded, "
-                                "so pass the model's config.json")
+        cached = cached_hf_config(s.strip())
+        if cached is None:
+            raise ConfigError(
+                f"model '{s}': not a shipped config's Hugging Face id and not in the local Hugging Face cache "
+                "(looked for "
+                f"{hf_hub_cache() / ('models--' + s.strip().replace('/', '--'))}/snapshots/*/config.json; "
+                "set HF_HUB_CACHE or HF_HOME for another cache); nothing is downloaded, so pass a shipped config "
+                f"({', '.join(available_models())}) or a path to the model's config.json")
+        s, name = str(cached), s.strip().split("/")[1]
     path = config_path(s) if not (s.endswith(".json") or "/" in s or Path(s).exists()) else Path(s)
     if path is None:
         raise UnknownModelError(f"unknown model '{s}'{suggest(s, available_models() + list(ALIASES))}; "
@@ -157,7 +191,8 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         raise ConfigError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not a model config (not UTF-8 text: {e.reason} at byte {e.start})") from None
-    name = path.stem if path.name != "config.json" else path.parent.name
+    if name is None:
+        name = path.stem if path.name != "config.json" else path.parent.name
     return from_dict(raw, name=name, where=str(path))
 
 

@@ -196,12 +196,12 @@ def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
     assert "peak fp8 mma.sync: skipped: fp8 mma is not in this build" in capsys.readouterr().err
 
 
-def test_gemm_is_skipped_with_its_reason_without_cuda_torch():
+def test_gemm_plan_without_any_library_keeps_every_shape_and_the_droop_rows():
     from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm_library
 
     lib, reason = gemm_library()
     if lib is not None:
-        pytest.skip("torch has CUDA here")
+        pytest.skip("torch has CUDA, or CuPy sees a device, here")
     b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
     ok, why = GemmProbe(b).supported(b)
     assert not ok and why.startswith("no CUDA torch") and "cuBLAS" in why
@@ -209,6 +209,125 @@ def test_gemm_is_skipped_with_its_reason_without_cuda_torch():
     droop = [s for s in specs if s.params["dtype"] == "bf16" and s.params["m"] == 16384]
     assert len(droop) == 5 and all(s.params["budget_s"] >= 1.0 for s in droop)
     assert len({s.key for s in specs}) == len(specs)
+
+
+# ------------------------------------------------------------------ which GEMM library a run takes
+
+def _gemm_rows(probe, backend, specs):
+    """Rows as the runner writes them (derived TFLOP/s included) for the given specs."""
+    runner = pytest.importorskip("gpubench.runner")
+    return [row for spec in specs for row in runner.build_rows(probe, backend.name, spec, probe.measure(spec), {})]
+
+
+def test_gemm_takes_torch_when_torch_has_cuda(monkeypatch):
+    from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm, gemm_library
+
+    monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(cuda_available=True, version="2.13.0+cu128"))
+    # A CuPy that would also work: torch must still win, and CuPy must not be used for any row.
+    cupy = fakes.fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    assert gemm_library() == ("torch-cublas", "")
+    calls = []
+
+    def recorded_torch_gemm(index, dtype, m, n, k, **timing):
+        calls.append((dtype, m, n, k, timing["l2_bytes"]))
+        return {"times_s": [1e-3] * 10, "valid": True, "check": "ok", "max_abs_err": 0.0, "tol": 1.0,
+                "num_weight_copies": 2, "bytes": 2 * (m * k + k * n + m * n), "library": gemm.TORCH_LIBRARY,
+                "library_version": "torch 2.13.0+cu128", "timing": "event pair per call"}
+
+    monkeypatch.setattr(gemm, "torch_gemm", recorded_torch_gemm)
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    probe = GemmProbe(b)
+    assert probe.supported(b) == (True, "") and probe.notes(_cfg(b)) == []
+    specs = probe.plan(_cfg(b, **{"gemm.shape_scale": 1 / 64, "gemm.max_m": 16, "gemm.budget_s": 0.0}))
+    assert {s.params["dtype"] for s in specs} == {"bf16", "fp16", "tf32"}
+    rows = _gemm_rows(probe, b, specs[:2])
+    assert [r["library"] for r in rows] == ["torch-cublas"] * 2 and rows[0]["library_version"] == "torch 2.13.0+cu128"
+    assert len(calls) == 2 and calls[0][-1] == fakes.FakeCudaExt.L2_BYTES
+    assert "matmul" not in cupy.log
+
+
+def test_gemm_takes_cupy_when_torch_has_no_cuda_and_counts_and_checks_the_same(monkeypatch):
+    from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm_library
+
+    monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(cuda_available=False))
+    cupy = fakes.fake_cupy(tflops=400.0)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setenv("CUPY_TF32", "1")
+    assert gemm_library() == ("cupy-cublas", "")
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    probe = GemmProbe(b)
+    assert probe.supported(b) == (True, "")
+    # 1 ms budget: 200 calls of ~5 us, i.e. 7 graph replays of 32 calls (the first 2 are warm-up).
+    cfg = _cfg(b, **{"gemm.shape_scale": 1 / 64, "gemm.max_m": 16, "gemm.budget_s": 0.001})
+    specs = probe.plan(cfg)
+    # CuPy has no bfloat16: those rows (and the droop rows) are left out, and the manifest says so.
+    assert {s.params["dtype"] for s in specs} == {"fp16", "tf32"}
+    assert any("bf16 left out" in n and "bfloat16" in n for n in probe.notes(cfg))
+    specs = [s for s in specs if s.params["shape"] in ("gate_up", "square")]
+    rows = _gemm_rows(probe, b, specs)
+    assert rows and len(rows) == len(specs)
+    for row, spec in zip(rows, specs):
+        p = spec.params
+        elem = 2 if p["dtype"] == "fp16" else 4
+        assert row["library"] == "cupy-cublas" and row["library_version"] == "cupy 13.6.0"
+        assert row["flops"] == 2 * p["m"] * p["n"] * p["k"]
+        assert row["bytes"] == (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"]) * elem
+        assert row["valid"], row["check"]
+        assert row["max_abs_err"] <= row["tol"] and "rows of C vs a float64 product" in row["check"]
+        # B rotates among copies covering 2x L2 (at most 8), as on the torch path.
+        assert row["num_weight_copies"] == min(8, -(-2 * fakes.FakeCudaExt.L2_BYTES // (p["k"] * p["n"] * elem)))
+        # 5 us per call: under the 50 us threshold, so timed inside one captured graph of 32 calls.
+        assert row["timing"] == "one CUDA-graph replay of 32 calls"
+        assert len(row["times_s"]) == 5 and row["times_s"][0] == pytest.approx(5e-6 + row["flops"] / 400e12)
+        assert row["tflops_best"] == pytest.approx(row["flops"] / row["t_min_s"] / 1e12)
+    assert any(entry.startswith("graph launch 32") for entry in cupy.log)
+
+
+def test_cupy_gemm_over_50_us_is_timed_call_by_call_behind_the_spin(monkeypatch):
+    from gpubench.backends.cuda import cupy_gemm
+
+    cupy = fakes.fake_cupy(call_s=100e-6)
+    r = cupy_gemm(cupy, 0, "fp16", 16, 64, 128, num_reps=10, budget_s=0.002, l2_bytes=2**20, clock_khz=1.5e6)
+    assert r["timing"] == "event pair per call" and r["valid"]
+    assert len(r["times_s"]) == 20  # the budget (2 ms / ~0.1 ms) beats the 10 repetitions
+    assert all(t == pytest.approx(100e-6 + 2 * 16 * 64 * 128 / 400e12) for t in r["times_s"])
+    assert any(entry.startswith("spin ") for entry in cupy.log)
+
+
+def test_cupy_gemm_with_a_wrong_product_is_invalid():
+    from gpubench.backends.cuda import cupy_gemm
+
+    r = cupy_gemm(fakes.fake_cupy(wrong_product=True), 0, "fp16", 16, 64, 128, num_reps=10, budget_s=0.0,
+                  l2_bytes=0, clock_khz=1.5e6)
+    assert not r["valid"] and "> tol" in r["check"] and r["num_weight_copies"] == 1
+
+
+def test_cupy_path_leaves_out_tf32_when_cupy_was_imported_without_it(monkeypatch):
+    from gpubench.backends.cuda import CudaBackend, GemmProbe
+
+    monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(cuda_available=False))
+    monkeypatch.setitem(sys.modules, "cupy", fakes.fake_cupy())
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    probe = GemmProbe(b)
+    assert {s.params["dtype"] for s in probe.plan(_cfg(b))} == {"fp16"}
+    assert any("tf32 left out" in n and "CUPY_TF32" in n for n in probe.notes(_cfg(b)))
+
+
+@pytest.mark.parametrize("cupy_state,reason", [
+    ("missing", "no usable CuPy (not importable"), ("no device", "cupy 13.6.0 sees no CUDA device")])
+def test_gemm_without_cuda_torch_or_usable_cupy_is_skipped_with_one_reason(monkeypatch, cupy_state, reason):
+    from gpubench.backends.cuda import CudaBackend, GemmProbe
+
+    monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(cuda_available=False))
+    # None in sys.modules makes `import cupy` raise ImportError, as when it is not installed.
+    monkeypatch.setitem(sys.modules, "cupy", None if cupy_state == "missing" else fakes.fake_cupy(available=False))
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    ok, why = GemmProbe(b).supported(b)
+    assert not ok and "\n" not in why
+    assert why.startswith("no CUDA torch (torch 2.13.0+cpu is a CPU-only build)") and reason in why
+    assert why.endswith("cuBLAS is not linked in gpubench._cuda")
 
 
 # ------------------------------------------------------------------ rows + manifest of a CUDA run

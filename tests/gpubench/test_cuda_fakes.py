@@ -158,3 +158,109 @@ def fake_pynvml(*, clocks_mhz=(1980, 1755, 1410), power_mw=(650000, 690000, 7000
         m.nvmlDeviceGetCurrentClocksEventReasons = lambda h: tick(throttle)
     m.state = state
     return m
+
+
+def fake_cupy(*, version="13.6.0", available=True, call_s=5e-6, tflops=400.0, wrong_product=False):
+    """A module object with only the CuPy calls ``gemm_cupy`` makes, on numpy arrays.
+
+    Each matmul computes the product in float64 rounded to the output dtype (what cuBLAS with fp32
+    accumulation gives, well inside the tolerance) and advances a virtual device clock by
+    ``call_s + 2 M N K / tflops``; events read that clock. ``wrong_product`` adds 1 to every entry
+    of C, which the float64 check must catch. ``m.log`` records matmuls, spins and graph launches.
+    """
+    import numpy as np
+
+    m = types.ModuleType("cupy")
+    m.__version__ = version
+    m.log = []
+    clock = {"s": 0.0}
+    capture: dict = {"graph": None}
+
+    def run_matmul(a, b, out):
+        out[...] = (a.astype(np.float64) @ b.astype(np.float64) + (1.0 if wrong_product else 0.0)).astype(out.dtype)
+        clock["s"] += call_s + 2.0 * a.shape[0] * b.shape[1] * a.shape[1] / (tflops * 1e12)
+
+    def matmul(a, b, out):
+        if capture["graph"] is not None:  # captured calls run when the graph is launched
+            capture["graph"].calls.append((a, b, out))
+            return
+        m.log.append("matmul")
+        run_matmul(a, b, out)
+
+    class Graph:
+        def __init__(self):
+            self.calls = []
+
+        def launch(self, stream):
+            m.log.append(f"graph launch {len(self.calls)}")
+            for call in self.calls:
+                run_matmul(*call)
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def begin_capture(self):
+            capture["graph"] = Graph()
+
+        def end_capture(self):
+            graph, capture["graph"] = capture["graph"], None
+            return graph
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        def record(self, stream=None):
+            self.t = clock["s"]
+
+        def synchronize(self):
+            pass
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class RandomState:
+        def __init__(self, seed):
+            self.rng = np.random.RandomState(seed)
+
+        def random_sample(self, size, dtype):
+            return self.rng.random_sample(size).astype(dtype)
+
+    def raw_kernel(source, name):
+        def launch(grid, block, args, stream=None):
+            m.log.append(f"spin {int(args[0])}")
+        return launch
+
+    m.cuda = types.SimpleNamespace(
+        is_available=lambda: available, Device=Device, Stream=Stream, Event=Event,
+        get_elapsed_time=lambda start, end: (end.t - start.t) * 1e3,
+        runtime=types.SimpleNamespace(memGetInfo=lambda: (79 * 2**30, 80 * 2**30)))
+    m.random = types.SimpleNamespace(RandomState=RandomState)
+    m.RawKernel = raw_kernel
+    m.matmul = matmul
+    for name in ("float16", "float32", "float64", "int64", "dtype", "empty", "unique", "linspace", "abs"):
+        setattr(m, name, getattr(np, name))
+    return m
+
+
+def fake_torch(*, cuda_available: bool, version="2.13.0+cpu"):
+    """A module object with the torch attributes ``gemm_library`` reads (no tensors)."""
+    m = types.ModuleType("torch")
+    m.__version__ = version
+    m.cuda = types.SimpleNamespace(is_available=lambda: cuda_available)
+    m.version = types.SimpleNamespace(cuda="12.8" if cuda_available else None)
+    return m

@@ -14,7 +14,7 @@ else:  # pragma: no cover - the project's own fallback (gpubench.skus reads TOML
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gpubench", "predictor", "scheduling", "kvcomm", "vllmref")
 # Distribution name -> the module the code imports.
-IMPORT_NAME = {"scikit-learn": "sklearn", "nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
+IMPORT_NAME = {"scikit-learn": "sklearn", "nvidia-ml-py": "pynvml", "pyyaml": "yaml", "cupy-cuda12x": "cupy"}
 # Used through another library rather than imported; each entry names a string the code must
 # still contain for the use to be real (so the test fails when that use goes away).
 USED_THROUGH = {

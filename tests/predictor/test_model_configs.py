@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -98,3 +99,50 @@ def test_qwen3_moe_fields_and_errors(tmp_path):
     del mixtral["num_local_experts"]
     with pytest.raises(ConfigError, match="missing field 'num_local_experts'"):
         from_dict(mixtral)
+
+
+# Qwen3-4B's public config.json (dims only): head_dim 128 differs from hidden / heads = 80.
+QWEN3_4B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560,
+            "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
+            "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06}
+
+
+def _cache_snapshot(hub, repo_folder, revision, config, mtime):
+    snap = hub / repo_folder / "snapshots" / revision
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(config))
+    os.utime(snap, (mtime, mtime))
+    return snap
+
+
+def test_hf_id_not_shipped_is_read_from_the_local_hf_cache_newest_snapshot(tmp_path, monkeypatch):
+    hub = tmp_path / "hub"
+    _cache_snapshot(hub, "models--Qwen--Qwen3-4B", "0ld", dict(QWEN3_4B, num_hidden_layers=2), mtime=1_000_000)
+    _cache_snapshot(hub, "models--Qwen--Qwen3-4B", "n3w", QWEN3_4B, mtime=2_000_000)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))  # HF_HUB_CACHE wins
+    c = load_model_config("Qwen/Qwen3-4B")
+    assert (c.name, c.model_type, c.num_layers, c.hidden_size, c.head_dim) == ("Qwen3-4B", "qwen3", 36, 2560, 128)
+    assert c.qk_norm and not c.attention_bias and c.tie_word_embeddings
+    assert load_model_config("qwen/qwen3-4b").num_layers == 36  # the hub's ids ignore case
+    # A shipped config's id still resolves to the shipped config, whatever the cache holds.
+    _cache_snapshot(hub, "models--Qwen--Qwen3-8B", "abc", dict(QWEN3_4B, num_hidden_layers=3), mtime=2_000_000)
+    assert load_model_config("Qwen/Qwen3-8B").name == "qwen3-8b"
+
+
+def test_hf_cache_falls_back_to_hf_home_hub(tmp_path, monkeypatch):
+    _cache_snapshot(tmp_path / "hfhome" / "hub", "models--Qwen--Qwen3-4B", "abc", QWEN3_4B, mtime=1_000_000)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
+    assert load_model_config("Qwen/Qwen3-4B").num_layers == 36
+
+
+def test_hf_id_missing_from_the_cache_is_one_config_error_naming_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError) as err:
+        load_model_config("acme/Widget-7B")
+    msg = str(err.value)
+    assert "\n" not in msg and "not in the local Hugging Face cache" in msg
+    assert str(tmp_path / "hub" / "models--acme--Widget-7B") + "/snapshots/*/config.json" in msg
+    assert "qwen3-8b" in msg and "config.json" in msg and "nothing is downloaded" in msg

@@ -1,4 +1,4 @@
-"""Library GEMM (cuBLAS through torch) over Llama-3.1-8B shapes, and how its calls are timed."""
+"""Library GEMM (cuBLAS through torch, else through CuPy) over Llama-3.1-8B shapes, and how its calls are timed."""
 from __future__ import annotations
 
 import math
@@ -6,6 +6,13 @@ import math
 from gpubench import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
+from gpubench.backends.cuda.gemm_cupy import (
+    CUPY_DTYPES,
+    CUPY_LIBRARY,
+    cupy_gemm,
+    import_cupy,
+    tf32_enabled,
+)
 from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
 from gpubench.probes.common import opt
 
@@ -19,22 +26,30 @@ GEMM_DTYPES = ("bf16", "fp16", "tf32")
 # Unit roundoff of the inputs (tf32 keeps 10 mantissa bits) for the validation tolerance.
 GEMM_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "tf32": 2.0**-11}
 DROOP_M = 16384
+TORCH_LIBRARY = "torch-cublas"
 
 
 def gemm_library() -> tuple[str | None, str]:
-    """(library, "") when GEMM can run on the GPU, else (None, reason). Checked at run time."""
+    """The library path GEMM takes on this machine: ("torch-cublas", "") when torch sees a CUDA
+    device, else ("cupy-cublas", "") when CuPy does, else (None, why neither can). Checked at run time."""
     try:
         import torch
     except ImportError:
-        return None, "no CUDA torch (torch is not installed); cuBLAS is not linked in gpubench._cuda"
-    if not torch.cuda.is_available():
+        torch_reason = "torch is not installed"
+    else:
+        if torch.cuda.is_available():
+            return TORCH_LIBRARY, ""
         build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but sees no device"
-        return None, f"no CUDA torch (torch {torch.__version__} is {build}); cuBLAS is not linked in gpubench._cuda"
-    return "torch", ""
+        torch_reason = f"torch {torch.__version__} is {build}"
+    # A torch-free (or CPU-torch) install on a GPU machine still gets library GEMM through CuPy.
+    cupy, cupy_reason = import_cupy()
+    if cupy is not None:
+        return CUPY_LIBRARY, ""
+    return None, f"no CUDA torch ({torch_reason}) and no usable CuPy ({cupy_reason}); cuBLAS is not linked in gpubench._cuda"
 
 
 class GemmProbe(CudaProbe):
-    """Library GEMM (cuBLAS through ``torch.matmul``) over Llama-3.1-8B decode/prefill shapes.
+    """Library GEMM (cuBLAS through ``torch.matmul``, else ``cupy.matmul``) over Llama-3.1-8B shapes.
 
     ``C[M, N] = A[M, K] @ B[K, N]`` in bf16 and fp16 (fp32 accumulate) and tf32, M from 1 to 16384.
     FLOPs = 2 M N K; bytes = A, B and C once. The weight B is rotated among copies covering 2x L2 so
@@ -42,16 +57,41 @@ class GemmProbe(CudaProbe):
     enqueue gaps do not enter event intervals; their count comes from a time budget (0.2 s, 2 s for
     the bf16 M = 16384 rows that clock droop is read from). Validation: up to 64 rows of C against a
     float64 product on the device, |err| <= 8 eps sqrt(K) for inputs in [-1, 1].
+
+    The library path (``gemm_library``) is chosen once per probe object, i.e. once per run, so
+    every row of a run comes from the same library; each row records it in ``library``. CuPy has
+    no bfloat16, so on its path the bf16 rows (the droop rows among them) are left out with a note.
     """
 
     name = "gemm"
-    description = "cuBLAS GEMM via torch over Llama-3.1-8B shapes, bf16/fp16/tf32, float64-checked"
+    description = "cuBLAS GEMM via torch (else CuPy) over Llama-3.1-8B shapes, bf16/fp16/tf32, float64-checked"
     timer = "cuda_events"
     time_budget_s = 600.0
 
+    _selected: tuple[str | None, str] | None = None
+
+    def library(self) -> tuple[str | None, str]:
+        """``gemm_library()``, asked once: plan and measure must not switch library mid-run."""
+        if self._selected is None:
+            self._selected = gemm_library()
+        return self._selected
+
     def supported(self, backend: Backend) -> tuple[bool, str]:
-        lib, reason = gemm_library()
+        lib, reason = self.library()
         return (lib is not None), reason
+
+    def dtypes(self) -> tuple[str, ...]:
+        if self.library()[0] != CUPY_LIBRARY:
+            return GEMM_DTYPES
+        return tuple(d for d in GEMM_DTYPES if d in CUPY_DTYPES and (d != "tf32" or tf32_enabled()))
+
+    def notes(self, cfg: ProbeConfig) -> list[str]:
+        if self.library()[0] != CUPY_LIBRARY:
+            return []
+        notes = ["bf16 left out: CuPy has no bfloat16 dtype (so no clock-droop rows)"]
+        if not tf32_enabled():
+            notes.append("tf32 left out: CuPy was imported before gpubench with CUPY_TF32 unset")
+        return notes
 
     def plan(self, cfg: ProbeConfig) -> list[MeasurementSpec]:
         ms = QUICK_GEMM_M if cfg.quick else GEMM_M
@@ -61,7 +101,7 @@ class GemmProbe(CudaProbe):
         budget_s = opt(cfg, "gemm", "budget_s", 0.2)
         droop_budget_s = opt(cfg, "gemm", "droop_budget_s", 1.0 if cfg.quick else 2.0)
         specs = []
-        for dtype in GEMM_DTYPES:
+        for dtype in self.dtypes():
             # --quick: every M in bf16 (the droop rows too); two M values in fp16 and tf32.
             dms = ms if (dtype == "bf16" or not cfg.quick) else (16, 2048)
             for shape, (n0, k0) in GEMM_SHAPES.items():
@@ -79,12 +119,18 @@ class GemmProbe(CudaProbe):
 
     def measure(self, spec: MeasurementSpec) -> dict:
         p = spec.params
-        res = torch_gemm(self.backend.index, p["dtype"], p["m"], p["n"], p["k"], num_reps=p["num_reps"],
-                         budget_s=p["budget_s"], l2_bytes=int(self.backend.properties.get("l2_bytes", 0)),
-                         clock_khz=float(self.backend.properties.get("clock_khz", 1.5e6)))
+        timing_args = {"num_reps": p["num_reps"], "budget_s": p["budget_s"],
+                       "l2_bytes": int(self.backend.properties.get("l2_bytes", 0)),
+                       "clock_khz": float(self.backend.properties.get("clock_khz", 1.5e6))}
+        if self.library()[0] == CUPY_LIBRARY:
+            cupy, _ = import_cupy()
+            res = cupy_gemm(cupy, self.backend.index, p["dtype"], p["m"], p["n"], p["k"], **timing_args)
+        else:
+            res = torch_gemm(self.backend.index, p["dtype"], p["m"], p["n"], p["k"], **timing_args)
         source = "square" if p["shape"] == "square" else f"llama-3.1-8b:{p['shape']}"
         return probe_row(spec.key, res, "cuda_events", dtype=p["dtype"], m=p["m"], n=p["n"], k=p["k"], shape=p["shape"],
                     flops=2.0 * p["m"] * p["n"] * p["k"], bytes=res["bytes"], library=res["library"],
+                    library_version=res["library_version"],
                     shape_source=source, max_abs_err=res["max_abs_err"], tol=res["tol"],
                     num_weight_copies=res["num_weight_copies"], droop_row=p["dtype"] == "bf16" and p["m"] == DROOP_M,
                     timing=res.get("timing"),
@@ -96,6 +142,11 @@ def gemm_tolerance(dtype: str, k: int) -> float:
     return 8.0 * GEMM_EPS[dtype] * math.sqrt(k)
 
 
+def weight_copies(b_bytes: int, l2_bytes: int) -> int:
+    """Copies of B (at most 8) that together cover 2x L2, so consecutive calls read B from memory."""
+    return max(1, min(8, math.ceil(2 * l2_bytes / b_bytes))) if l2_bytes else 1
+
+
 def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
                l2_bytes: int, clock_khz: float) -> dict:
     """Time ``torch.matmul(A, B, out=C)`` on cuda:index; returns times_s, valid, check, errors."""
@@ -105,7 +156,7 @@ def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int,
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[dtype]
     elem = torch.tensor([], dtype=tdt).element_size()
     b_bytes = k * n * elem
-    copies = max(1, min(8, math.ceil(2 * l2_bytes / b_bytes))) if l2_bytes else 1
+    copies = weight_copies(b_bytes, l2_bytes)
     need = (m * k + copies * k * n + m * n) * elem
     free, _ = torch.cuda.mem_get_info(dev)
     if need > 0.9 * free:
@@ -147,7 +198,7 @@ def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int,
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
-            "library": f"torch {torch.__version__} (cuBLAS)", "timing": timing, **check}
+            "library": TORCH_LIBRARY, "library_version": f"torch {torch.__version__}", "timing": timing, **check}
 
 
 def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:
@@ -161,10 +212,15 @@ def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:
     rows = torch.linspace(0, m - 1, steps=min(m, max_rows), device=a.device).long().unique()
     ref = a[rows].double() @ b.double()
     err = float((c[rows].double() - ref).abs().max().item())
+    return gemm_check_result(err, dtype, k, len(rows))
+
+
+def gemm_check_result(err: float, dtype: str, k: int, num_rows: int) -> dict:
+    """The validation fields of a GEMM row from the largest error over ``num_rows`` checked rows."""
     tol = gemm_tolerance(dtype, k)
     ok = math.isfinite(err) and err <= tol
     return {"valid": ok, "max_abs_err": err, "tol": tol,
-            "check": f"{len(rows)} rows of C vs a float64 product: max |err| {err:.3g} {'<=' if ok else '>'} tol {tol:.3g}"}
+            "check": f"{num_rows} rows of C vs a float64 product: max |err| {err:.3g} {'<=' if ok else '>'} tol {tol:.3g}"}
 
 
 GRAPH_TIMING_BELOW_S = 50e-6  # calls shorter than this are timed inside a CUDA graph
