@@ -6,13 +6,7 @@ import math
 from gpubench import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
-from gpubench.backends.cuda.gemm_cupy import (
-    CUPY_DTYPES,
-    CUPY_LIBRARY,
-    cupy_gemm,
-    import_cupy,
-    tf32_enabled,
-)
+from gpubench.backends.cuda.gemm_cupy import CUPY_DTYPES, CUPY_LIBRARY, cupy_gemm, import_cupy, tf32_enabled
 from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
 from gpubench.probes.common import opt
 

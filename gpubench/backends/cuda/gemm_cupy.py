@@ -57,11 +57,7 @@ def tf32_enabled() -> bool:
 def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
               l2_bytes: int, clock_khz: float) -> dict:
     """Time ``cupy.matmul(A, B, out=C)`` on device ``index``; the same result dict as ``torch_gemm``."""
-    from gpubench.backends.cuda.gemm import (
-        GRAPH_CALLS,
-        GRAPH_TIMING_BELOW_S,
-        weight_copies,
-    )
+    from gpubench.backends.cuda.gemm import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, weight_copies
 
     cp = cupy
     cdt = {"fp16": cp.float16, "tf32": cp.float32}[dtype]
