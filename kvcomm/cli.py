@@ -84,6 +84,8 @@ def register(sub) -> None:
     x.add_argument("--port", type=int, default=None, help="vllm: port on 127.0.0.1 (default: a free one)")
     x.add_argument("--out", required=True, type=Path, help="output directory, e.g. results/kvcomm/serve-exchange/")
     x.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    x.add_argument("--json", action="store_true",
+                   help="print summary.json's object on stdout instead of the headline; progress stays on stderr")
     x.set_defaults(func=cmd_serve_exchange)
 
 
@@ -220,6 +222,11 @@ def cmd_serve_exchange(args) -> int:
     with _make_client(args) as client, locked(args.out):  # a backend that is not there leaves no --out behind
         summary = run_exchange(client, cfg, load_before=load_before, progress=progress)
         write_outputs(args.out, summary, command)
+    if args.json:
+        import json
+
+        print(json.dumps({"command": command, **summary}, indent=1))  # what summary.json holds
+        return 0
     print(headline(summary))
     if summary["load"]["flagged"]:
         print("FLAGGED, not for quoting: " + "; ".join(summary["load"]["flags"]))

@@ -332,6 +332,16 @@ def test_serve_exchange_cli_measures_warm_and_cold(prefix_server, tmp_path):
     assert not list(out.glob(".*.tmp"))
 
 
+def test_serve_exchange_json_is_the_summary_on_stdout(prefix_server, tmp_path):
+    out = tmp_path / "run"
+    proc = gpubench("kvcomm", "serve-exchange", "--client", "http", "--url", prefix_server.url, "--block-size", str(BLOCK),
+                    "--repeats", "1", "--warmup", "0", "--max-tokens-a", "2", "--max-tokens-b", "2", "--out", str(out),
+                    "--json", timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == json.loads((out / "summary.json").read_text())
+    assert "repeat 1/1" in proc.stderr  # progress stays on stderr
+
+
 def test_serve_exchange_salt_mode_misses_without_a_reset(prefix_server, tmp_path):
     from kvcomm.exchange import ExchangeConfig, run_exchange
 
