@@ -24,7 +24,7 @@ from typing import Callable, ClassVar, Sequence
 
 from gpubench.errors import ConfigError
 from scheduling.kv_cache import BlockPool
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS  # noqa: F401 (re-exported)
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, JobRecord, StepRecord, TurnRecord  # noqa: F401 (re-exported)
 from scheduling.policies.base import KVPolicy
 from scheduling.request import BLOCK_SIZE, JobState, Request, Status
 from scheduling.step_cost import StepCost
@@ -166,6 +166,16 @@ class EngineResult:
     wall_s: float = 0.0
     num_gpu_blocks: int = 0
     policy_stats: dict = field(default_factory=dict)
+
+    def step_records(self) -> list[StepRecord]:
+        """The step log with named fields (the engine itself keeps plain tuples: they are cheaper)."""
+        return [StepRecord._make(r) for r in self.steps]
+
+    def turn_records(self) -> list[TurnRecord]:
+        return [TurnRecord._make(r) for r in self.turns]
+
+    def job_records(self) -> list[JobRecord]:
+        return [JobRecord._make(r) for r in self.jobs]
 
 
 class Engine:

@@ -46,6 +46,4 @@ def run_engine(jobs, num_blocks, policy="fcfs", params=None, cost=0.01, **cfg):
 
 def turn_dicts(res):
     """The result's turn records as dicts keyed by TURN_COLUMNS."""
-    from scheduling.engine import TURN_COLUMNS
-
-    return [dict(zip(TURN_COLUMNS, t)) for t in res.turns]
+    return [t._asdict() for t in res.turn_records()]

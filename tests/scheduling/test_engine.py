@@ -30,7 +30,7 @@ TWO = [job("a", [(64, 100, 0)]), job("b", [(64, 100, 0)])]
 def test_no_preemption_when_blocks_suffice():
     _, res = run(TWO, 22)
     assert res.num_preemptions == 0
-    assert all(row[15] != "no_blocks" and row[16] == 0 for row in res.steps)
+    assert all(row.break_reason != "no_blocks" and row.num_preemptions == 0 for row in res.step_records())
 
 
 def test_preemption_exactly_when_blocks_run_out():
@@ -39,9 +39,9 @@ def test_preemption_exactly_when_blocks_run_out():
     _, res12 = run(TWO, 12)
     # 12 blocks: both hold 5 after step 2 and 6 after step 18 (used 12); at step 34 "a" needs a 7th
     # -> none is free, the last running request ("b") is preempted and "a" takes one of its blocks.
-    first = next(row for row in res12.steps if row[16])
+    first = next(row for row in res12.step_records() if row.num_preemptions)
     assert first[0] == 34 and first[16] == 1 and first[15] == "preempted"
-    assert all(row[16] == 0 for row in res12.steps[:33])
+    assert all(row.num_preemptions == 0 for row in res12.step_records()[:33])
     b = [t for t in turn_dicts(res12) if t["job_id"] == "b"][0]
     assert b["num_preemptions"] >= 1 and b["recomputed_tokens"] > 0
 
@@ -62,9 +62,9 @@ def test_conservation(policy, num_blocks):
             assert t["recomputed_tokens"] == 0
             assert t["scheduled_tokens"] == t["prompt_tokens"] + t["output_tokens"] - 1 - t["hit_tokens"] - t["pool_hit_tokens"]
     # the step log accounts for exactly the tokens the turns scheduled
-    assert sum(r[3] + r[4] for r in res.steps) == sum(t["scheduled_tokens"] for t in turns)
-    assert sum(r[16] for r in res.steps) <= res.num_preemptions
-    assert all(r[9] <= r[12] for r in res.steps)  # used <= total
+    assert sum(r.num_prefill_tokens + r.num_decode_tokens for r in res.step_records()) == sum(t["scheduled_tokens"] for t in turns)
+    assert sum(r.num_preemptions for r in res.step_records()) <= res.num_preemptions
+    assert all(r.kv_used_blocks <= r.kv_total_blocks for r in res.step_records())  # used <= total
     if num_blocks == 5000:
         assert res.num_preemptions == 0
 
@@ -124,16 +124,16 @@ def test_deterministic_for_a_seed():
 # --- chunked prefill, budget, max_num_seqs, tool gaps ---------------------------------------------
 def test_chunked_prefill_respects_the_token_budget():
     _, res = run([job("a", [(1000, 2, 0)])], 200, max_num_batched_tokens=256)
-    prefill = [r[3] for r in res.steps if r[3]]
+    prefill = [r.num_prefill_tokens for r in res.step_records() if r.num_prefill_tokens]
     assert prefill == [256, 256, 256, 232]
-    assert res.steps[0][15] == "token_budget"
+    assert res.step_records()[0].break_reason == "token_budget"
 
 
 def test_max_num_seqs_caps_the_batch():
     jobs = [job(f"j{i}", [(32, 5, 0)]) for i in range(5)]
     _, res = run(jobs, 200, max_num_seqs=2)
-    assert max(r[7] for r in res.steps) == 2
-    assert res.steps[0][15] == "max_seqs"
+    assert max(r.num_running for r in res.step_records()) == 2
+    assert res.step_records()[0].break_reason == "max_seqs"
 
 
 def test_next_turn_arrives_after_the_tool_gap_and_hits_its_history():
@@ -156,7 +156,7 @@ def test_shared_system_prompt_hits_across_jobs_of_a_group():
 def test_step_time_from_the_step_cost():
     table = TableStepCost({1: 0.005, 64: 0.01, 8192: 0.2})
     _, res = run([job("a", [(100, 3, 0)])], 50, cost=table)
-    assert [r[2] for r in res.steps] == [0.2, 0.005, 0.005]
+    assert [r.dur_s for r in res.step_records()] == [0.2, 0.005, 0.005]
 
 
 def test_request_larger_than_the_pool_is_a_config_error():
@@ -204,7 +204,7 @@ def test_tight_pool_with_async_loads_never_waits_on_itself():
     e, res = run(jobs, 160, "cpu-offload", max_num_batched_tokens=512)
     turns = turn_dicts(res)
     assert len(res.jobs) == len(jobs) and res.num_preemptions > 0
-    assert any(r[15] == "waiting_on_load" for r in res.steps)
+    assert any(r.break_reason == "waiting_on_load" for r in res.step_records())
     assert sum(t["pool_hit_tokens"] for t in turns) > 0
     for t in turns:
         assert t["hit_tokens"] + t["pool_hit_tokens"] + t["computed_tokens"] == t["prompt_tokens"]

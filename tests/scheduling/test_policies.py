@@ -226,7 +226,7 @@ def test_store_costs_make_a_slow_link_or_an_undersized_pool_worse_than_no_offloa
 
     def mean_jct(policy, params=None):
         res = run(jobs, 200, policy, params)[2]
-        return sum(j[4] for j in res.jobs) / len(res.jobs), res
+        return sum(j.jct_s for j in res.job_records()) / len(res.jobs), res
 
     fcfs_jct, _ = mean_jct("fcfs")
     slow_jct, slow = mean_jct("cpu-offload", {"store": "lazy", "link_gbs": 0.2})
