@@ -1,7 +1,8 @@
-"""Reading JSON Lines files: run rows, traces, SWE-smith trajectories and profile sidecars alike.
+"""Reading JSON and JSON Lines files: run rows, traces, SWE-smith trajectories, profile sidecars,
+run manifests, calibrations and model configs alike.
 
-One reader, so that every JSONL file a user hands gpubench fails the same way: a line that does
-not parse is one error naming the file and the line, raised as the caller's error class (a run's
+One reader per format, so that every file a user hands gpubench fails the same way: what does not
+parse is one error naming the file (and the line), raised as the caller's error class (a run's
 rows raise ``ResultsFormatError``, a trace ``TraceFormatError``), never a traceback.
 """
 from __future__ import annotations
@@ -41,3 +42,15 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigEr
                 yield lineno, value
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_json(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigError, what: str = "a JSON file") -> Any:
+    """The value of a whole JSON file. Raises ``error`` with ``PATH:LINE: malformed JSON (...)`` when
+    it does not parse and ``PATH: not WHAT (not UTF-8 text: ...)`` for bytes that are not UTF-8."""
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not {what} (not UTF-8 text: {e.reason} at byte {e.start})") from None

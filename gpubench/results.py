@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpubench import __version__
 from gpubench.errors import ResultsFormatError
-from gpubench.jsonio import iter_jsonl
+from gpubench.jsonio import iter_jsonl, read_json
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -149,12 +149,7 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
         raise ResultsFormatError(f"{run_dir}: not a run directory")
     if not path.exists():
         raise ResultsFormatError(f"{path}: missing (not a gpubench run directory)")
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ResultsFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ResultsFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    m = read_json(path, error=ResultsFormatError, what="a run manifest")
     if not isinstance(m, dict):
         raise ResultsFormatError(f"{path}: a manifest is a JSON object, got {type(m).__name__}")
     for k in ("schema_version", "probes", "sku"):

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpubench.errors import ConfigError, suggest
+from gpubench.jsonio import read_json
 from predictor import efficiency as eff
 from predictor.hardware import HardwareSpec
 
@@ -237,12 +238,7 @@ class Calibration:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p}: no such calibration file (make one with `gpubench fit RUN_DIR -o {p}`)")
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not a calibration (not UTF-8 text: {e.reason} at byte {e.start})") from None
+        d = read_json(p, error=ConfigError, what="a calibration")
         if not isinstance(d, dict):
             raise ConfigError(f"{p}: a calibration is a JSON object, got {type(d).__name__}")
         return cls.from_dict(d, where=str(p))

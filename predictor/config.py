@@ -11,13 +11,13 @@ already in the local Hugging Face cache (read from disk; nothing is ever downloa
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from gpubench.errors import ConfigError, UnknownModelError, suggest
+from gpubench.jsonio import read_json
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # RMSNorm over each head of q and k before rope
@@ -185,12 +185,7 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         path = path / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a model config (not UTF-8 text: {e.reason} at byte {e.start})") from None
+    raw = read_json(path, error=ConfigError, what="a model config")
     if name is None:
         name = path.stem if path.name != "config.json" else path.parent.name
     return from_dict(raw, name=name, where=str(path))
