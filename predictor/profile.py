@@ -396,21 +396,25 @@ def _ops_indices(num_points: int, k: int) -> set[int]:
     return {int(round(i)) for i in np.linspace(0, num_points - 1, k)}
 
 
-def reference_gemv_s(dtype: str, device_type: str) -> float:
-    """On the CPU, the median (first repetition discarded) of the cold reference GEMV every probe
-    row times beside itself, timed right before a grid point's steps: the machine phase the row
-    was taken in. NaN on other devices."""
-    if device_type != "cpu":
+def reference_gemv_s(dtype: str, pool_elements: int | None) -> float:
+    """The median (first repetition discarded) of the cold reference GEMV every probe row times
+    beside itself, drawn from a pool of ``pool_elements``, timed right before a grid point's steps:
+    the machine phase the row was taken in. NaN without a pool (not on the CPU)."""
+    if pool_elements is None:
         return float("nan")
-    from gpubench.hostinfo import host_cpu
-    from gpubench.probes.common import mem_available_bytes
     from gpubench.probes.torch_ops import reference_times
 
-    pool_elements = max(2 * host_cpu().llc_bytes // 4, 1 << 20)
-    avail = mem_available_bytes()
-    if avail:
-        pool_elements = min(pool_elements, avail // 16 // 4)
     return float(np.median(reference_times(dtype, pool_elements)[1:]))
+
+
+def reference_pool_elements(device_type: str) -> int | None:
+    """The reference GEMV's pool on the CPU (the probes' cold pool, in 4-byte elements); None elsewhere."""
+    if device_type != "cpu":
+        return None
+    from gpubench.hostinfo import host_cpu
+    from gpubench.probes.common import cold_pool_bytes
+
+    return cold_pool_bytes(host_cpu().llc_bytes) // 4
 
 
 def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
@@ -450,12 +454,13 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
             "num_threads": torch.get_num_threads(), "torch_version": torch.__version__,
             "timer": "perf_counter", "command": " ".join(pc.command),
         }
+        ref_pool = reference_pool_elements(dev.type)
         for j, (i, p) in enumerate(todo):
             if progress:
                 progress(j, len(todo), p.key)
             load_before = os.getloadavg()[0]
             row = {"key": row_key(cfg.name, dev_label, dtype, p), **static, "phase": p.phase,
-                   **point_features(cfg, p, dtype_bytes), "ref_gemv_s": reference_gemv_s(dtype, dev.type)}
+                   **point_features(cfg, p, dtype_bytes), "ref_gemv_s": reference_gemv_s(dtype, ref_pool)}
             row |= time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
                              min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
             row |= (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if i in ops_idx

@@ -185,14 +185,11 @@ def reference_spec() -> dict:
     """The reference GEMV the probe rows time beside themselves (torch_ops' shape, repetitions and
     cold pool of 2x the last-level cache), for the worker to time before each scenario."""
     from gpubench.hostinfo import host_cpu
-    from gpubench.probes.common import mem_available_bytes
+    from gpubench.probes.common import cold_pool_bytes
     from gpubench.probes.torch_ops import REFERENCE_REPS, REFERENCE_SHAPE
 
-    pool_bytes = max(2 * host_cpu().llc_bytes, 4 << 20)
-    avail = mem_available_bytes()
-    if avail:
-        pool_bytes = min(pool_bytes, avail // 16)
-    return {"ref_n": REFERENCE_SHAPE[0], "ref_k": REFERENCE_SHAPE[1], "ref_reps": REFERENCE_REPS, "pool_bytes": int(pool_bytes)}
+    return {"ref_n": REFERENCE_SHAPE[0], "ref_k": REFERENCE_SHAPE[1], "ref_reps": REFERENCE_REPS,
+            "pool_bytes": cold_pool_bytes(host_cpu().llc_bytes)}
 
 
 def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,

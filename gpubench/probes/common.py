@@ -26,6 +26,14 @@ def mem_available_bytes() -> int | None:
     return None
 
 
+def cold_pool_bytes(llc: int) -> int:
+    """Bytes of the rotating pool cold-cache probes stream from: 2x the last-level cache (so no
+    repetition finds its data in cache), at least 4 MiB, at most 1/16 of the free memory."""
+    pool = max(2 * int(llc), 4 << 20)
+    avail = mem_available_bytes()
+    return min(pool, avail // 16) if avail else pool
+
+
 def llc_bytes(device: dict) -> int:
     """The last-level cache size recorded in the manifest's device properties (read from sysfs)."""
     return int(device.get("properties", {}).get("llc_bytes") or 32 * 1024 * 1024)

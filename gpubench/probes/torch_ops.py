@@ -39,7 +39,7 @@ import zlib
 from typing import Any
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt, torch_unavailable_reason
+from gpubench.probes.common import cold_pool_bytes, dtypes_option, llc_bytes, opt, torch_unavailable_reason
 
 # M grid: every M to 16 (MKL's kernel choice changes between neighbours there), then ~1.25x steps.
 LINEAR_M = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 320,
@@ -151,10 +151,7 @@ class TorchOpsProbe(Probe):
         scale = opt(cfg, "torch_ops", "size_scale", 1.0)  # tests shrink every size
         max_m = opt(cfg, "torch_ops", "max_m", 1 << 30)
         max_rows = opt(cfg, "torch_ops", "max_rows", 1 << 30)  # segment T cap (tests)
-        pool = max(int(2 * llc_bytes(cfg.device) / 4), 1 << 20)
-        avail = mem_available_bytes()
-        if avail:
-            pool = min(pool, avail // 16 // 4)  # elements of 4 bytes: at most 1/16 of free memory
+        pool = cold_pool_bytes(llc_bytes(cfg.device)) // 4  # elements of 4 bytes
         pool = int(pool * min(1.0, scale * 4)) if scale < 1 else pool
         common = {"num_threads": threads, "pool_elements": pool}
 

@@ -46,7 +46,7 @@ import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
 from gpubench.probes import torch_ops as grid
-from gpubench.probes.common import dtypes_option, llc_bytes, mem_available_bytes, opt
+from gpubench.probes.common import cold_pool_bytes, dtypes_option, llc_bytes, opt
 
 DTYPES = ("fp32", "bf16")
 ATTENTION_BLOCK_SIZE = 128           # vLLM's CPU default, what the reference engine runs
@@ -128,10 +128,7 @@ class VllmOpsProbe(Probe):
         threads = opt(cfg, "vllm_ops", "num_threads", 1)
         scale = opt(cfg, "vllm_ops", "size_scale", 1.0)  # tests shrink every size
         max_m = opt(cfg, "vllm_ops", "max_m", 1 << 30)
-        pool_bytes = max(2 * llc_bytes(cfg.device), 4 << 20)
-        avail = mem_available_bytes()
-        if avail:
-            pool_bytes = min(pool_bytes, avail // 16)  # source weights + their packed copies
+        pool_bytes = cold_pool_bytes(llc_bytes(cfg.device))  # source weights + their packed copies fit
         if scale < 1:
             pool_bytes = int(pool_bytes * min(1.0, scale * 4))
         specs = []
