@@ -188,14 +188,15 @@ class PredictorStepCost(StepCost):
             t = self._memo[key] = self._predict(*key)
         return t, q
 
-    def _predict(self, pt: int, ps: int, pctx: int, nd: int, dctx: int) -> float:
+    def _predict(self, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+                 num_decode_seqs: int, decode_context_tokens: int) -> float:
         batch: list[tuple[int, int]] = []
-        if ps:
-            base, extra = divmod(pt, ps)
-            for i in range(ps):
-                batch.append((base + (1 if i < extra else 0), pctx // ps))
-        if nd:
-            batch.extend([(1, dctx // nd)] * nd)
+        if num_prefill_seqs:
+            base, extra = divmod(num_prefill_tokens, num_prefill_seqs)
+            for i in range(num_prefill_seqs):
+                batch.append((base + (1 if i < extra else 0), prefill_context_tokens // num_prefill_seqs))
+        if num_decode_seqs:
+            batch.extend([(1, decode_context_tokens // num_decode_seqs)] * num_decode_seqs)
         self.num_predictor_calls += 1
         return float(self._model.predict_time(batch, async_scheduling=self.async_scheduling))
 
