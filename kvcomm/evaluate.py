@@ -290,7 +290,9 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
             frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
             # NOTE(H): agreement with text's own answer is the fidelity of the import, right or wrong
             agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if paired else np.nan
-            goal = "-" if proto == "text" else goal_verdict(rel_lo, rel_hi, frac) if paired else "no text rows"
+            num_text_right = int((text.loc[common, "em"] > 0.5).sum()) if paired else 0
+            goal = ("-" if proto == "text" else "no text rows" if not paired
+                    else goal_verdict(rel_lo, rel_hi, frac, num_text_right=num_text_right))
             out.append({
                 "task": task, "protocol": proto, "n": len(prow), "n_paired": len(common),
                 "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,

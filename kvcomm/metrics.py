@@ -12,8 +12,9 @@ Every protocol answers the very same examples as ``text``, so the comparisons he
   stays the same, which exact match needs hundreds of examples to see.
 - ``median_ci``: the median of per-example KLs with a bootstrap interval (KL is heavy-tailed: a few
   broken examples would dominate a mean).
-- ``goal_verdict``: "yes" only when the interval's lower bound clears the goal, "no" when the whole
-  interval is below it, and "n too small to decide" in between, instead of reading a point estimate.
+- ``goal_verdict``: "yes" only when the interval's lower bound clears the goal and text was right
+  often enough that an exact bound could (``min_text_right_to_pass``), "no" when the whole interval
+  is below it, and "n too small to decide" in between, instead of reading a point estimate.
 """
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ NUM_BOOTSTRAP = 2000
 GOAL_RELATIVE_ACCURACY = 0.95
 GOAL_RECOMPUTE_FRACTION = 0.30
 UNDECIDED = "n too small to decide"
+
+
+def min_text_right_to_pass(goal: float = GOAL_RELATIVE_ACCURACY, confidence: float = 0.95) -> int:
+    """The fewest examples ``text`` must get right before any protocol can be said to keep ``goal`` of it.
+
+    A protocol right on all k of text's right examples has the exact (Clopper-Pearson) one-sided
+    lower bound (1 - confidence)^(1/k) on the share it keeps; below the k where that bound reaches
+    ``goal`` no outcome could show the goal met (59 for 0.95 at 95 %). The percentile bootstrap does
+    not know this: with a handful of examples that all agree every resample gives the same ratio and
+    the interval collapses to a point.
+    """
+    return math.ceil(math.log(1.0 - confidence) / math.log(goal))
 
 
 def discordant_counts(protocol_correct, text_correct) -> tuple[int, int]:
@@ -112,21 +125,22 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - math.log(np.exp(shifted).sum())
 
 
-def goal_verdict(rel_lo: float, rel_hi: float, recompute_fraction: float, *,
+def goal_verdict(rel_lo: float, rel_hi: float, recompute_fraction: float, *, num_text_right: int,
                  goal: float = GOAL_RELATIVE_ACCURACY, max_recompute: float = GOAL_RECOMPUTE_FRACTION) -> str:
     """"yes", "no" or ``UNDECIDED`` for one protocol's relative-accuracy interval [rel_lo, rel_hi].
 
-    yes: the interval's lower bound is >= goal (and at most ``max_recompute`` of the imported tokens
-    recomputed); no: recomputes too much, or the whole interval lies below the goal; otherwise (the
-    interval straddles the goal, or there is no interval because text answered nothing right) the
-    data cannot decide.
+    yes: the interval's lower bound is >= goal, at most ``max_recompute`` of the imported tokens
+    recomputed, and text right on at least ``min_text_right_to_pass(goal)`` of the paired examples;
+    no: recomputes too much, or the whole interval lies below the goal; otherwise (the interval
+    straddles the goal, too few examples to pass, or no interval because text answered nothing
+    right) the data cannot decide.
     """
     if recompute_fraction > max_recompute:
         return "no"
     if not (math.isfinite(rel_lo) and math.isfinite(rel_hi)):
         return UNDECIDED
     if rel_lo >= goal:
-        return "yes"
+        return "yes" if num_text_right >= min_text_right_to_pass(goal) else UNDECIDED
     if rel_hi < goal:
         return "no"
     return UNDECIDED

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kvcomm.evaluate import markdown_table, summarize
-from kvcomm.metrics import UNDECIDED, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact, median_ci, relative_ci
+from kvcomm.metrics import (UNDECIDED, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact, median_ci,
+                            min_text_right_to_pass, relative_ci)
 
 
 def test_mcnemar_exact_matches_binomial_tails_by_hand():
@@ -72,21 +73,35 @@ def test_ratio_ci_excludes_a_ratio_it_should_and_the_goal_follows():
     proto, text = _paired_outcomes(rng, 2000, 0.7, 0.80)
     rel, lo, hi = relative_ci(proto, text)
     assert lo <= 0.80 <= hi and hi < 0.95  # true ratio inside, the goal (and 1.0) excluded
-    assert goal_verdict(lo, hi, 0.1) == "no"
+    assert goal_verdict(lo, hi, 0.1, num_text_right=100) == "no"
     same, same_text = _paired_outcomes(rng, 2000, 0.7, 1.0)
-    assert goal_verdict(*relative_ci(same, same_text)[1:], 0.1) == "yes"
+    assert goal_verdict(*relative_ci(same, same_text)[1:], 0.1, num_text_right=int(same_text.sum())) == "yes"
     small, small_text = _paired_outcomes(np.random.default_rng(3), 20, 0.7, 0.9)
     lo, hi = relative_ci(small, small_text)[1:]
-    assert lo < 0.95 <= hi and goal_verdict(lo, hi, 0.1) == UNDECIDED
+    assert lo < 0.95 <= hi and goal_verdict(lo, hi, 0.1, num_text_right=100) == UNDECIDED
 
 
 def test_goal_verdict_cases():
-    assert goal_verdict(0.96, 1.02, 0.2) == "yes"
-    assert goal_verdict(0.95, 1.0, 0.3) == "yes"  # bounds inclusive, as the issue states them
-    assert goal_verdict(0.80, 0.94, 0.0) == "no"
-    assert goal_verdict(0.90, 1.05, 0.0) == UNDECIDED
-    assert goal_verdict(0.99, 1.00, 0.31) == "no"  # too much recomputed, whatever the accuracy
-    assert goal_verdict(float("nan"), float("nan"), 0.0) == UNDECIDED  # text never right: no ratio
+    enough = min_text_right_to_pass()
+    assert goal_verdict(0.96, 1.02, 0.2, num_text_right=enough) == "yes"
+    assert goal_verdict(0.95, 1.0, 0.3, num_text_right=enough) == "yes"  # bounds inclusive, as the issue states them
+    assert goal_verdict(0.80, 0.94, 0.0, num_text_right=enough) == "no"
+    assert goal_verdict(0.90, 1.05, 0.0, num_text_right=enough) == UNDECIDED
+    assert goal_verdict(0.99, 1.00, 0.31, num_text_right=enough) == "no"  # too much recomputed, whatever the accuracy
+    assert goal_verdict(float("nan"), float("nan"), 0.0, num_text_right=0) == UNDECIDED  # text never right: no ratio
+
+
+def test_a_handful_of_agreeing_examples_cannot_pass():
+    # text and the protocol both right on the same 3 of 3: every bootstrap resample has ratio 1,
+    # so the interval is the point [1, 1]; that is not evidence of keeping 95 % of text
+    lo, hi = relative_ci([1, 1, 1], [1, 1, 1])[1:]
+    assert lo == hi == 1.0
+    assert goal_verdict(lo, hi, 0.0, num_text_right=3) == UNDECIDED
+    # the floor is where perfect retention's exact one-sided 95 % bound first reaches 0.95
+    k = min_text_right_to_pass()
+    assert k == 59 and 0.05 ** (1 / k) >= 0.95 > 0.05 ** (1 / (k - 1))
+    assert goal_verdict(lo, hi, 0.0, num_text_right=k - 1) == UNDECIDED
+    assert goal_verdict(lo, hi, 0.0, num_text_right=k) == "yes"
 
 
 def test_median_ci():
@@ -112,7 +127,9 @@ def test_summary_reports_mcnemar_kl_and_undecided_goal():
     assert s.loc["kv-a", "mcnemar_p"] == 1.0 and s.loc["kv-b", "mcnemar_p"] == 1.0
     assert s.loc["kv-a", "kl_median"] == pytest.approx(np.median(0.1 + np.arange(10) / 10))
     assert s.loc["kv-a", "goal"] == UNDECIDED and not s.loc["kv-a", "meets_goal"]  # 0.9 with n = 10
-    assert s.loc["kv-b", "goal"] == "yes" and s.loc["text", "goal"] == "-"
+    # kv-b matches text on all 10, yet 10 agreeing examples cannot show 95 % kept; 59 can
+    assert s.loc["kv-b", "goal"] == UNDECIDED and s.loc["text", "goal"] == "-"
+    assert summarize(_rows(59, 0)).set_index("protocol").loc["kv-b", "goal"] == "yes"
     assert UNDECIDED in markdown_table(summarize(_rows(10, 1)))
     big = summarize(_rows(200, 40)).set_index("protocol")  # 0.8 of text at n = 200: decided
     assert big.loc["kv-a", "goal"] == "no" and big.loc["kv-a", "mcnemar_p"] == pytest.approx(2 * 0.5 ** 40)
