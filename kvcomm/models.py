@@ -50,10 +50,13 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 KNOWN_NAMES = SMOLLM2_NAMES + tuple(TINY_CONFIGS)
 
-# Rope types for which "rotate by Δ" is exact: the angle is linear in position with a fixed inv_freq
-# and cos/sin are not rescaled. See docs/kvcomm.md.
-RELATIVE_ROPE_TYPES = ("default", "linear", "llama3")
-REFUSED_ROPE_TYPES = ("yarn", "longrope", "dynamic")
+# Rope types for which "rotate by Δ" is exact: the angle is linear in position with a fixed inv_freq.
+# yarn also scales cos/sin by a constant attention factor, which commutes with a pure rotation:
+# R(Δθ)·(s·R(mθ)k) = s·R((m+Δ)θ)k. See docs/kvcomm.md.
+RELATIVE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# inv_freq switches once the sequence passes a length (dynamic NTK: max_position_embeddings; longrope:
+# original_max_position_embeddings, from its short to its long factors): exact only below that point.
+SWITCHING_ROPE_TYPES = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,12 @@ class RopeInfo:
         inv_freq: fp32 tensor [rotary_dim // 2], the model's own (already scaled) inverse frequencies.
         rotary_dim: number of leading head dims that are rotated (== head_dim unless partial rotary).
         rope_type: ``"default"``, ``"linear"``, ``"llama3"``, ``"yarn"``, ...
-        attention_scaling: factor the model multiplies cos/sin by (1.0 for relative-safe types).
+        attention_scaling: factor the model multiplies cos/sin by (yarn, longrope: != 1; a constant,
+            so re-rotation by a pure rotation keeps it).
         head_dim: full per-head dimension.
+        switch_position: for ``dynamic`` / ``longrope``, the sequence length past which the model
+            changes ``inv_freq`` (positions must stay below it; ``inv_freq`` is the regime below);
+            None where ``inv_freq`` never changes.
     """
 
     inv_freq: torch.Tensor
@@ -73,6 +80,7 @@ class RopeInfo:
     rope_type: str
     attention_scaling: float
     head_dim: int
+    switch_position: int | None = None
 
 
 def smollm2_path() -> Path:
@@ -258,6 +266,15 @@ def rope_info(model) -> RopeInfo:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inv_freq = rotary.inv_freq
     assert isinstance(inv_freq, torch.Tensor)  # what _rotary_module looked for
+    switch_position = None
+    if rope_type in SWITCHING_ROPE_TYPES:
+        # the model updates inv_freq in place on a long forward; the short-sequence set is kept aside
+        inv_freq = getattr(rotary, "original_inv_freq", inv_freq)
+        if rope_type == "dynamic":
+            switch_position = int(getattr(rotary, "original_max_seq_len", config.max_position_embeddings))
+        else:
+            switch_position = int(params.get("original_max_position_embeddings")
+                                  or getattr(config, "original_max_position_embeddings"))
     inv_freq = inv_freq.detach().to(torch.float32).clone()
     return RopeInfo(
         inv_freq=inv_freq,
@@ -265,4 +282,5 @@ def rope_info(model) -> RopeInfo:
         rope_type=rope_type,
         attention_scaling=float(getattr(rotary, "attention_scaling", 1.0)),
         head_dim=int(head_dim),
+        switch_position=switch_position,
     )

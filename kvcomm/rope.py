@@ -9,11 +9,14 @@ rotated; GQA changes nothing (we operate on the KV heads as stored). With partia
 (``rotary_dim < head_dim``) only the leading ``rotary_dim`` dims rotate, the rest pass through.
 
 The angle Δ·θ is formed in float64 (Δ can be thousands, θ small) and the rotation itself runs in
-fp32 whatever the cache dtype, then casts back. This is exact only where the model's angle is linear
-in position with a position-independent ``inv_freq`` and unscaled cos/sin: ``default``, ``linear``
-and ``llama3`` (which rescale ``inv_freq`` once). ``yarn`` and ``longrope`` scale cos/sin by an
-attention factor, and ``dynamic``/``longrope`` change ``inv_freq`` with the sequence length: those
-are refused with ``KVCommError``.
+fp32 whatever the cache dtype, then casts back. This is exact where the model's angle is linear in
+position with a position-independent ``inv_freq``: ``default``, ``linear``, ``llama3`` and ``yarn``
+(which rescale ``inv_freq`` once). yarn and longrope also multiply cos/sin by a constant attention
+factor s; the rotation tables here are unscaled, and a rotation commutes with s, so the stored key
+s·R(mθ)k moves to s·R((m+Δ)θ)k exactly. ``dynamic`` and ``longrope`` change ``inv_freq`` once the
+sequence passes a length (``RopeInfo.switch_position``): re-rotation is exact while every source
+and target position stays below it, and refused with ``KVCommError`` past it (or when the
+positions cannot be checked, on a bare keys tensor).
 """
 from __future__ import annotations
 
@@ -21,18 +24,28 @@ import torch
 
 from gpubench.errors import KVCommError
 from kvcomm.cache import KVCache
-from kvcomm.models import REFUSED_ROPE_TYPES, RELATIVE_ROPE_TYPES, RopeInfo, rope_info
+from kvcomm.models import RELATIVE_ROPE_TYPES, SWITCHING_ROPE_TYPES, RopeInfo, rope_info
 
 
-def check_relative(rope_type: str, attention_scaling: float = 1.0) -> None:
-    """Raise ``KVCommError`` unless re-rotating by Δ is exact for this rope type."""
-    if rope_type in REFUSED_ROPE_TYPES or rope_type not in RELATIVE_ROPE_TYPES:
-        raise KVCommError(
-            f"rope type '{rope_type}' is not relative-position invariant (cos/sin scaled or inv_freq "
-            f"changes with length); re-rotation supports {', '.join(RELATIVE_ROPE_TYPES)}"
-        )
-    if abs(attention_scaling - 1.0) > 1e-12:
-        raise KVCommError(f"rope attention scaling {attention_scaling} != 1: re-rotation would double-scale keys")
+def check_relative(rope_type: str, max_position: int | None = None, switch_position: int | None = None) -> None:
+    """Raise ``KVCommError`` unless re-rotating by Δ is exact for this rope type and these positions.
+
+    ``max_position``: the largest source or target position involved (None: not known);
+    ``switch_position``: the sequence length past which a ``dynamic``/``longrope`` model changes
+    ``inv_freq`` (positions 0 .. switch_position - 1 use the regime re-rotation is given).
+    """
+    if rope_type in RELATIVE_ROPE_TYPES:
+        return
+    supported = ", ".join(RELATIVE_ROPE_TYPES + tuple(f"{t} (below its switch point)" for t in SWITCHING_ROPE_TYPES))
+    if rope_type not in SWITCHING_ROPE_TYPES:
+        raise KVCommError(f"rope type '{rope_type}' is not known to be relative-position invariant; "
+                          f"re-rotation supports {supported}")
+    if switch_position is None or max_position is None:
+        raise KVCommError(f"rope type '{rope_type}' changes inv_freq with the sequence length: re-rotation needs "
+                          f"the cache's positions and the model's switch point to check them (pass a KVCache and RopeInfo)")
+    if max_position >= switch_position:
+        raise KVCommError(f"rope type '{rope_type}' switches inv_freq past sequence length {switch_position}: "
+                          f"position {max_position} is past it, so re-rotating there is not exact")
 
 
 def _delta_tensor(delta, num_tokens: int) -> torch.Tensor:
@@ -69,8 +82,7 @@ def rotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return out.to(keys.dtype)
 
 
-def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default",
-             attention_scaling: float = 1.0):
+def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default", switch_position: int | None = None):
     """Move cached keys by ``delta`` positions (a scalar or one Δ per token).
 
     Args:
@@ -79,7 +91,7 @@ def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default",
         delta: int, or a [tokens] tensor of per-token shifts (may be negative).
         inv_freq: the model's own inverse frequencies, a ``RopeInfo`` (its rope type is checked), or
             the model itself. Its length sets the rotary dim (partial rotary rotates the leading dims).
-        rope_type, attention_scaling: checked when ``inv_freq`` is a bare tensor.
+        rope_type, switch_position: checked when ``inv_freq`` is a bare tensor.
 
     Returns:
         The same kind of object as ``cache_or_keys``, with keys in their original dtype.
@@ -90,14 +102,17 @@ def rerotate(cache_or_keys, delta, inv_freq, *, rope_type: str = "default",
     if isinstance(inv_freq, torch.nn.Module):
         inv_freq = rope_info(inv_freq)
     if isinstance(inv_freq, RopeInfo):
-        rope_type, attention_scaling, inv_freq = inv_freq.rope_type, inv_freq.attention_scaling, inv_freq.inv_freq
-    check_relative(rope_type, attention_scaling)
+        rope_type, switch_position, inv_freq = inv_freq.rope_type, inv_freq.switch_position, inv_freq.inv_freq
     is_cache = isinstance(cache_or_keys, KVCache)
     first_keys = cache_or_keys.keys[0] if is_cache else cache_or_keys
     num_tokens, head_dim = first_keys.shape[-2], first_keys.shape[-1]
     if 2 * inv_freq.numel() > head_dim:
         raise KVCommError(f"rotary dim {2 * inv_freq.numel()} exceeds head_dim {head_dim}")
     d = _delta_tensor(delta, num_tokens)
+    max_position = None
+    if is_cache and num_tokens:
+        max_position = int(max(cache_or_keys.positions.max(), (cache_or_keys.positions + d).max()))
+    check_relative(rope_type, max_position, switch_position)
     cos, sin = rotation_tables(d.cpu(), inv_freq.cpu())  # tiny tables: build on CPU, then move
     cos, sin = cos.to(first_keys.device), sin.to(first_keys.device)
     if not is_cache:

@@ -163,10 +163,26 @@ def test_bad_arguments(tiny_llama):
     with pytest.raises(KVCommError, match="token ids"):
         blend_prefill(tiny_llama, [no_ids], query)
     base = {k: v for k, v in TINY_CONFIGS["tiny-llama"].items() if k not in ("model_type", "rope_theta")}
+    mrope, _ = load_model(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, **base))
+    mrope.model.rotary_emb.rope_type = "mrope"  # a rope type re-rotation does not know
+    with pytest.raises(KVCommError, match="mrope"):
+        blend_prefill(mrope, [prefill(mrope, [5, 6, 7])[0], prefill(mrope, [8, 9])[0]], [10])
+
+
+def test_yarn_blend_at_ratio_one_is_a_full_prefill():
+    # yarn's attention factor scales the model's cos/sin; re-rotated chunks and the hand-run layers
+    # must both carry it for r = 1 to reproduce the model's own prefill
+    base = {k: v for k, v in TINY_CONFIGS["tiny-llama"].items() if k not in ("model_type", "rope_theta")}
     yarn, _ = load_model(LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
                                                       "original_max_position_embeddings": 1024}, **base))
-    with pytest.raises(KVCommError, match="yarn"):
-        blend_prefill(yarn, [prefill(yarn, [5, 6, 7])[0], prefill(yarn, [8, 9])[0]], [10])
+    assert rope_info(yarn).attention_scaling > 1.0
+    chunks, query, caches = _chunks(yarn, seed=5)
+    full, full_logits = prefill(yarn, torch.cat(chunks + [query]))
+    out = blend_prefill(yarn, caches, query, ratio=1.0)
+    torch.testing.assert_close(out.logits, full_logits[:, -5:], atol=1e-4, rtol=1e-4)
+    assert _max_diff(out.cache.keys, full.keys) < 1e-4
+    reuse, _ = reuse_prefill(yarn, caches, query)
+    assert _max_diff(reuse.keys[:1], full.keys[:1]) < 1e-4  # layer 0 has no cross-chunk context: exact
 
 
 @pytest.mark.model

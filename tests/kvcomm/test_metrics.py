@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from kvcomm.evaluate import markdown_table, summarize
-from kvcomm.metrics import (UNDECIDED, discordant_counts, first_token_kl, goal_verdict, mcnemar_exact, median_ci,
-                            min_text_right_to_pass, relative_ci)
+from kvcomm.metrics import (
+    UNDECIDED,
+    discordant_counts,
+    first_token_kl,
+    goal_verdict,
+    mcnemar_exact,
+    median_ci,
+    min_text_right_to_pass,
+    relative_ci,
+)
 
 
 def test_mcnemar_exact_matches_binomial_tails_by_hand():

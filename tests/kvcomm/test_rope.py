@@ -1,5 +1,6 @@
 """RoPE re-rotation: exact relative-position property on tiny models (full, partial rotary, llama3
-scaling, GQA) and on SmolLM2; per-token Δ; refusal of yarn / dynamic / longrope.
+scaling, yarn, GQA) and on SmolLM2; per-token Δ; dynamic / longrope exact below their switch point and
+refused past it.
 
 Tolerance: the model forms its own angle m·θ in fp32, so its keys at position m carry an error of
 about m·θ·2^-24·|k|; we allow 1e-5 + 8·eps32·s·max|K| (s = the shift).
@@ -104,22 +105,63 @@ def test_layer0_keys_at_arbitrary_positions(tiny_qwen2):
     assert torch.equal(moved.positions, positions)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024},
-    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
-])
-def test_refuses_non_relative_rope(rope):
-    model, _ = load_model(LlamaConfig(rope_parameters=rope, **_LLAMA_BASE))
+def _chunk_error(model, shift: int, num_tokens: int = 24) -> float:
+    """Largest |K| difference between a chunk encoded at [shift, shift + n) and the chunk encoded at
+    [0, n) re-rotated by ``shift``, over every layer."""
+    ids = random_ids(num_tokens, model.config.vocab_size, seed=0)
+    at_shift, _ = prefill(model, ids, positions=torch.arange(shift, shift + num_tokens))
+    moved = rerotate(prefill(model, ids)[0], shift, rope_info(model))
+    return max(float((a - b).abs().max()) for a, b in zip(at_shift.keys, moved.keys))
+
+
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+@pytest.mark.parametrize("shift", [37, 900])
+def test_yarn_rerotates_as_exactly_as_the_default_rope(shift):
+    # yarn rescales inv_freq once and multiplies cos/sin by a constant: a rotation commutes with it
+    yarn, _ = load_model(LlamaConfig(rope_parameters=_YARN, **_LLAMA_BASE))
+    default, _ = load_model(LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **_LLAMA_BASE))
+    info = rope_info(yarn)
+    assert info.rope_type == "yarn" and info.attention_scaling > 1.0 and info.switch_position is None
+    _check_chunk_property(yarn, shift)
+    # the measured error is fp32 rounding, the size the default rope's is (a wrong scale would be ~|K|)
+    yarn_err, default_err = _chunk_error(yarn, shift), _chunk_error(default, shift)
+    assert yarn_err <= 4 * default_err + 1e-6, (yarn_err, default_err)
+
+
+def _longrope_params(head_dim: int) -> dict:
+    half = head_dim // 2
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 1024,
+            "short_factor": [1.0 + 0.05 * i for i in range(half)], "long_factor": [2.0 + 0.3 * i for i in range(half)]}
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_switching_ropes_rerotate_exactly_below_their_switch_point_and_refuse_past_it(rope_type):
+    head_dim = _LLAMA_BASE["hidden_size"] // _LLAMA_BASE["num_attention_heads"]
+    params = (_longrope_params(head_dim) if rope_type == "longrope"
+              else {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0})
+    model, _ = load_model(LlamaConfig(rope_parameters=params, **_LLAMA_BASE))
+    info = rope_info(model)
+    switch = 1024 if rope_type == "longrope" else _LLAMA_BASE["max_position_embeddings"]
+    assert info.rope_type == rope_type and info.switch_position == switch
+    num_tokens = 24
+    _check_chunk_property(model, switch - num_tokens, num_tokens)  # the last token lands on switch - 1
     cache, _ = prefill(model, [5, 6, 7])
-    with pytest.raises(KVCommError, match=rope["rope_type"]):
-        rerotate(cache, 4, model)
+    with pytest.raises(KVCommError, match=f"{rope_type}' switches inv_freq past sequence length {switch}"):
+        rerotate(cache, switch - 2, info)  # the last token would land on switch
+    with pytest.raises(KVCommError, match="needs the cache's positions"):
+        rerotate(cache.keys[0], 4, info.inv_freq, rope_type=rope_type)  # a bare tensor: positions unknown
+    # past the switch the model's own keys really use other frequencies: re-rotating there would be wrong
+    ids = random_ids(num_tokens, model.config.vocab_size, seed=0)
+    past, _ = prefill(model, ids, positions=torch.arange(switch + 10, switch + 10 + num_tokens))
+    forced = rerotate(prefill(model, ids)[0].keys[0], switch + 10, info.inv_freq)  # default type: unchecked
+    assert float((past.keys[0] - forced).abs().max()) > 1e-3
 
 
-def test_refuses_longrope_and_bad_shapes():
-    with pytest.raises(KVCommError, match="longrope"):
-        check_relative("longrope")
-    with pytest.raises(KVCommError, match="scaling"):
-        check_relative("default", attention_scaling=1.2)
+def test_refuses_unknown_rope_and_bad_shapes():
+    with pytest.raises(KVCommError, match="not known to be relative"):
+        check_relative("mrope")
     with pytest.raises(KVCommError, match="one Δ per token"):
         rerotate(torch.zeros(1, 1, 4, 8), torch.tensor([1, 2]), torch.ones(4))
     with pytest.raises(KVCommError, match="exceeds head_dim"):
