@@ -95,6 +95,9 @@ class Row:
     kl_text: float = float("nan")  # KL(text || this protocol) of B's first answer token, nats
     drift_tokens: list = field(default_factory=list)  # per sender: message start in its chat minus in B's
     extra: dict = field(default_factory=dict)
+    # what handing the messages over moves, summed over senders: their KV in fp32, bf16 and 8-bit
+    # (kvcomm.quant, scales and zero points included), and their text as UTF-8 (what `text` sends)
+    transfer_bytes: dict = field(default_factory=dict)
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -196,6 +199,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
+    transfer = transfer_bytes(senders, [m.text for m in ex.messages])
     drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
     prefix = receiver_prefix(model, layout)
     # text first: every other row's KL is measured against this example's text distribution
@@ -218,7 +222,21 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                   em=exact_match(prediction, ex.answer), f1=token_f1(prediction, ex.answer),
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
-                  kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra)
+                  kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra,
+                  transfer_bytes=transfer)
+
+
+def transfer_bytes(senders, texts: list[str]) -> dict:
+    """Bytes the senders' messages take on the wire: KV in fp32, bf16 and int8 (kvcomm.quant's
+    storage, scales and zero points included), and the message text as UTF-8."""
+    import torch
+
+    from kvcomm.quant import quantize
+
+    return {"fp32": sum(s.cache.to(torch.float32).nbytes for s in senders),
+            "bf16": sum(s.cache.to(torch.bfloat16).nbytes for s in senders),
+            "int8": sum(quantize(s.cache).nbytes for s in senders),
+            "text_utf8": sum(len(t.encode("utf-8")) for t in texts)}
 
 
 class _progress:
@@ -309,6 +327,7 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
                 "num_imported_mean": float(prow["num_imported"].mean()),
                 "drift_mean": _mean_drift(prow),
                 "seam_aligned_share": float(prow["seam_aligned"].mean()) if "seam_aligned" in prow else np.nan,
+                **_transfer_medians(prow),
                 "goal": goal, "meets_goal": goal == "yes",
             })
     return pd.DataFrame(out)
@@ -322,6 +341,26 @@ def _mean_drift(prow: pd.DataFrame) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+TRANSFER_KINDS = ("fp32", "bf16", "int8", "text_utf8")
+
+
+def _transfer_medians(prow: pd.DataFrame) -> dict:
+    """Median bytes per example of each transfer kind, as ``transfer_<kind>_bytes`` (NaN for rows
+    measured before transfer_bytes was recorded)."""
+    cells = [c for c in prow["transfer_bytes"] if isinstance(c, dict) and c] if "transfer_bytes" in prow else []
+    return {f"transfer_{kind}_bytes": float(np.median([c[kind] for c in cells])) if cells else float("nan")
+            for kind in TRANSFER_KINDS}
+
+
+def _transfer_cell(r) -> str:
+    """What this protocol moves per example: the text's bytes for ``text``, else its KV in three dtypes."""
+    if not np.isfinite(r.transfer_fp32_bytes):
+        return "not recorded"
+    if r.protocol == "text":
+        return f"{r.transfer_text_utf8_bytes / 1024:.2f} (text)"
+    return f"{r.transfer_fp32_bytes / 1024:.0f} / {r.transfer_bf16_bytes / 1024:.0f} / {r.transfer_int8_bytes / 1024:.0f}"
+
+
 def _kl_cell(r) -> str:
     if not np.isfinite(r.kl_median):
         return "not recorded"
@@ -333,7 +372,8 @@ def markdown_table(summary: pd.DataFrame) -> str:
     head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
             "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
             "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
-            "goal |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "moved per example, KiB (KV fp32 / bf16 / int8) | goal |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary.itertuples():
         lines.append(
@@ -342,7 +382,7 @@ def markdown_table(summary: pd.DataFrame) -> str:
             f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
             f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
             f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
-            f"{r.seam_aligned_share:.2f} | {r.goal} |")
+            f"{r.seam_aligned_share:.2f} | {_transfer_cell(r)} | {r.goal} |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpubench.errors import KVCommError
 from kvcomm.cli import parse_protocols
-from kvcomm.evaluate import EvalConfig, bootstrap_ci, load_rows, relative_ci, run_eval, summarize, write_reports
+from kvcomm.evaluate import EvalConfig, bootstrap_ci, load_rows, markdown_table, relative_ci, run_eval, summarize, write_reports
 from kvcomm.protocols import ProtocolSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,3 +193,28 @@ def test_cli_json_on_a_complete_committed_run(tmp_path):
     text = [r for r in doc["summary"] if r["protocol"] == "text"][0]
     assert text["rel_em"] == pytest.approx(1.0) and text["n"] == 17
     assert all(Path(f).is_file() for f in doc["files"])
+
+
+def test_rows_record_the_bytes_each_transfer_moves(tiny_chat_model, tmp_path):
+    """transfer_bytes: the messages' KV counted from the model's shape (layers x K and V x KV heads x
+    head dim x tokens), in fp32, bf16 and 8-bit with its scales, and the text's UTF-8 bytes."""
+    from kvcomm.tasks import generate
+
+    model, tok = tiny_chat_model
+    specs = (ProtocolSpec("text"), ProtocolSpec("kv-rerotated"))
+    rows = run_eval(EvalConfig(model="tiny", tasks=("twoagent",), protocols=specs, n=2, out_dir=tmp_path),
+                    model, tok, progress=False)
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    per_token_elements = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim
+    for r in rows.itertuples():
+        moved = r.transfer_bytes
+        elements = per_token_elements * r.num_imported
+        assert moved["fp32"] == 4 * elements and moved["bf16"] == 2 * elements
+        assert elements < moved["int8"] < moved["bf16"]  # one byte per element plus the groups' scales
+        texts = [m.text for m in generate("twoagent", 2)[r.index].messages]
+        assert moved["text_utf8"] == sum(len(t.encode()) for t in texts)
+    s = summarize(rows).set_index("protocol")
+    assert s.loc["kv-rerotated", "transfer_fp32_bytes"] == np.median([t["fp32"] for t in rows.transfer_bytes])
+    table = markdown_table(summarize(rows))
+    assert "(text)" in table and "moved per example, KiB" in table
