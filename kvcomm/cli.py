@@ -88,6 +88,31 @@ def register(sub) -> None:
                    help="print summary.json's object on stdout instead of the headline; progress stays on stderr")
     x.set_defaults(func=cmd_serve_exchange)
 
+    from kvcomm.ttft import LOAD_FLAG as TTFT_LOAD_FLAG
+
+    t = kv_sub.add_parser(
+        "ttft", help="agent B's time to first token against the number of tokens it imports, per protocol",
+        description="A sender writes an L-token message in its own chat; agent B takes it in, with its own "
+                    "prefix cached, under each protocol, for every L in --lengths. Rounds are interleaved (every "
+                    "protocol once per round, rotated order, after an untimed warm-up) and the speedup is the "
+                    "median over rounds of TTFT(text) / TTFT(protocol) in the same round. Writes rows.jsonl, "
+                    "summary.json/.md, ttft.png and COMMAND into a new --out; a run is flagged when the 1-minute "
+                    f"load average exceeds {TTFT_LOAD_FLAG}.",
+        formatter_class=DefaultsHelpFormatter)
+    t.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
+    t.add_argument("--lengths", default="64,128,256,512,1024", help="imported tokens, comma-separated")
+    t.add_argument("--protocols", default="text,kv-rerotated,kv-rerotated+boundary,kv-blend",
+                   help="comma-separated protocols (text is required: the speedup's reference)")
+    t.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
+    t.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
+                   help="tokens recomputed at the start of the imported message, comma-separated")
+    t.add_argument("--repeats", type=argtypes.positive_int, default=7, help="timed rounds per length")
+    t.add_argument("--seed", type=int, default=0, help="message seed")
+    t.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
+    t.add_argument("--out", required=True, type=Path, help="a new output directory, e.g. results/kvcomm/ttft/")
+    t.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    t.set_defaults(func=cmd_ttft)
+
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -261,3 +286,40 @@ def _exchange_command_from_args(args) -> str:
         parts += ["--block-size", str(args.block_size)]
     parts += ["--out", str(args.out)]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_ttft(args) -> int:
+    """Check the arguments, time the sweep, write the outputs into a new --out."""
+    import os
+
+    from gpubench.outdir import locked
+    from kvcomm.models import load_model
+    from kvcomm.ttft import ROWS_FILE, TtftConfig, markdown_table, run_sweep, write_outputs
+
+    try:
+        lengths = tuple(int(v) for v in _csv(args.lengths))
+    except ValueError:
+        raise KVCommError(f"--lengths must be comma-separated token counts (got {args.lengths!r})") from None
+    cfg = TtftConfig(model=args.model, lengths=lengths, protocols=parse_protocols(args.protocols, args.ratio,
+                     args.boundary_k), repeats=args.repeats, seed=args.seed, num_threads=args.threads)
+    cfg.check()
+    _check_model(args.model)
+    if (args.out / ROWS_FILE).exists():
+        raise KVCommError(f"{args.out} already holds a ttft run ({ROWS_FILE}); timings are not resumed: "
+                          f"choose a new --out or remove that one")
+    with locked(args.out, "kvcomm ttft directory"):
+        load_before = os.getloadavg()[0]
+        model, tokenizer = load_model(args.model)
+        if tokenizer is None:
+            raise KVCommError(f"model '{args.model}' has no tokenizer: the messages are text")
+        say = None if args.no_progress else (lambda text: print(f"kvcomm ttft: {text}", file=sys.stderr, flush=True))
+        rows = run_sweep(cfg, model, tokenizer, progress=say)
+        command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["kvcomm"] else \
+            " ".join(shlex.quote(p) for p in ["gpubench", "kvcomm", "ttft", "--model", args.model, "--lengths",
+                                              args.lengths, "--protocols", args.protocols, "--ratio", args.ratio,
+                                              "--boundary-k", args.boundary_k, "--repeats", str(args.repeats),
+                                              "--out", str(args.out)])
+        summary = write_outputs(args.out, cfg, rows, command, load_before)
+    print(markdown_table(summary), end="")
+    print(f"wrote {args.out}/rows.jsonl, summary.json, summary.md, ttft.png, COMMAND")
+    return 0

@@ -1,0 +1,207 @@
+"""`gpubench kvcomm ttft`: agent B's time to first token against the length of what it imports.
+
+For each imported length L, a sender writes an L-token message (an access log) in its own chat, and
+B's prompt holds B's system prompt, that message and a short question. B's prefix (system prompt
+and header) is cached, as a serving engine would keep it; what is timed is ``protocols.receive``:
+taking in the message and the question, under each protocol:
+
+- ``text``: B prefills the message's tokens and the question;
+- ``kv-rerotated``: B appends the sender's KV re-rotated to its positions, prefills the question;
+- ``kv-rerotated+boundary k``: the same, recomputing the first k message tokens;
+- ``kv-blend r``: CacheBlend, recomputing the share r of imported tokens that deviate most.
+
+Repetitions are interleaved (every protocol once per round, in a rotated order, after an untimed
+warm-up round), and the speedup is the median over rounds of TTFT(text) / TTFT(protocol) taken in
+the same round, so that a shared machine's drift cancels in the ratio. The 1-minute load average
+is sampled every round and the process's CPU share (CPU seconds / wall seconds) measured over the
+timed rounds; a run above ``LOAD_FLAG`` is flagged in every output.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpubench.errors import KVCommError
+
+LOAD_FLAG = 1.5  # 1-min load above this on the 2-core machine: another job competes for the cores
+ROWS_FILE = "rows.jsonl"
+QUESTION = "Which code was set last in the log above? Reply with the code only."
+
+
+@dataclass(frozen=True)
+class TtftConfig:
+    """One sweep: imported lengths, protocols (``ProtocolSpec``s, text first), timed rounds."""
+
+    model: str
+    lengths: tuple[int, ...]
+    protocols: tuple
+    repeats: int = 7
+    seed: int = 0
+    num_threads: int = 1
+
+    def check(self) -> None:
+        if not self.lengths or any(n < 1 for n in self.lengths):
+            raise KVCommError(f"--lengths must be positive token counts (got {list(self.lengths)})")
+        if self.repeats < 1:
+            raise KVCommError(f"--repeats must be >= 1 (got {self.repeats})")
+        if "text" not in [p.name for p in self.protocols]:
+            raise KVCommError("--protocols must include 'text': the speedup is TTFT(text) / TTFT(protocol)")
+
+
+def _message(tokenizer, num_tokens: int, rng: random.Random):
+    """A sender's message (an access log) and its ids, exactly ``num_tokens`` tokens."""
+    from kvcomm.agent_tasks import access_log
+    from kvcomm.tasks import SENDER_SYSTEM, AgentMessage
+
+    log = access_log(rng, [("main door", "4821")], num_routine=8)
+    ids: list[int] = []
+    while len(ids) < num_tokens:  # a log long enough, then cut to the exact token count
+        log += "\n" + access_log(rng, [("main door", str(rng.randint(1000, 9999)))], num_routine=8)
+        ids = tokenizer(log, add_special_tokens=False)["input_ids"]
+    ids = list(ids[:num_tokens])
+    message = AgentMessage(agent="A", system_prompt=SENDER_SYSTEM.format(agent="A"),
+                           instruction="Copy today's access log for the other agents.", text=tokenizer.decode(ids))
+    return message, ids
+
+
+def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]:
+    """Every (length, round, protocol) timing as a row; ``progress(text)`` after each length."""
+    import torch
+
+    from kvcomm.models import rope_info
+    from kvcomm.protocols import encode_sender_ids, receive, receiver_layout_ids, receiver_prefix, sender_layout
+    from kvcomm.tasks import Example
+
+    torch.set_num_threads(cfg.num_threads)
+    rope = rope_info(model)
+    rng = random.Random(cfg.seed)
+    rows: list[dict] = []
+    for length in cfg.lengths:
+        message, msg_ids = _message(tokenizer, length, rng)
+        prefix_ids, _, suffix_ids = sender_layout(tokenizer, message)
+        sender = encode_sender_ids(model, "A", prefix_ids, msg_ids, suffix_ids)
+        example = Example(task="ttft", index=length, messages=(message,), question=QUESTION, answer="")
+        layout = receiver_layout_ids(tokenizer, example, [msg_ids])
+        prefix = receiver_prefix(model, layout)
+        specs = list(cfg.protocols)
+        for spec in specs:  # warm-up round, untimed
+            receive(model, spec, layout, [sender], prefix, rope)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for rnd in range(cfg.repeats):
+            order = specs[rnd % len(specs):] + specs[:rnd % len(specs)]
+            load = os.getloadavg()[0]
+            for spec in order:
+                rec = receive(model, spec, layout, [sender], prefix, rope)
+                rows.append({"num_imported": rec.num_imported, "round": rnd, "protocol": spec.label,
+                             "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
+                             "num_prompt_tokens": len(layout.ids), "loadavg_1m": load})
+        share = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
+        for row in rows:
+            if row["num_imported"] == layout.num_imported:
+                row["cpu_share"] = share
+        if progress is not None:
+            progress(f"{layout.num_imported} imported tokens: {cfg.repeats} rounds, CPU share {share:.2f}")
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (imported length, protocol): TTFT median and quartiles, paired speedup vs text, recompute share."""
+    out = []
+    for length in sorted({r["num_imported"] for r in rows}):
+        at = [r for r in rows if r["num_imported"] == length]
+        text = {r["round"]: r["ttft_s"] for r in at if r["protocol"] == "text"}
+        for label in dict.fromkeys(r["protocol"] for r in at):
+            mine = [r for r in at if r["protocol"] == label]
+            ttft = [r["ttft_s"] for r in mine]
+            ratios = [text[r["round"]] / r["ttft_s"] for r in mine if r["round"] in text and r["ttft_s"] > 0]
+            q = statistics.quantiles(ttft, n=4) if len(ttft) > 1 else [ttft[0]] * 3
+            rq = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            out.append({"num_imported": length, "protocol": label, "rounds": len(mine),
+                        "ttft_median_s": statistics.median(ttft), "ttft_p25_s": q[0], "ttft_p75_s": q[2],
+                        "speedup_median": statistics.median(ratios), "speedup_p25": rq[0], "speedup_p75": rq[2],
+                        "recompute_fraction": sum(r["num_recomputed"] for r in mine) / max(1, length * len(mine)),
+                        "loadavg_1m_max": max(r["loadavg_1m"] for r in mine),
+                        "cpu_share": mine[0].get("cpu_share")})
+    return out
+
+
+def load_flags(rows: list[dict], load_before: float) -> list[str]:
+    flags = []
+    if load_before > LOAD_FLAG:
+        flags.append(f"load average {load_before:.2f} before the run (> {LOAD_FLAG})")
+    during = max(r["loadavg_1m"] for r in rows)
+    if during > LOAD_FLAG:
+        flags.append(f"load average up to {during:.2f} during the run (> {LOAD_FLAG})")
+    return flags
+
+
+def markdown_table(summary: list[dict]) -> str:
+    head = ("| imported tokens | protocol | rounds | B's TTFT median ms [IQR] | speedup vs text, median [IQR] | "
+            "recomputed / imported |\n|---|---|---|---|---|---|\n")
+    lines = [f"| {s['num_imported']} | {s['protocol']} | {s['rounds']} | {1e3 * s['ttft_median_s']:.1f} "
+             f"[{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}] | {s['speedup_median']:.2f}x "
+             f"[{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}] | {s['recompute_fraction']:.3f} |" for s in summary]
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    """TTFT and speedup against imported length, one line per protocol."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label in dict.fromkeys(s["protocol"] for s in summary):
+        mine = [s for s in summary if s["protocol"] == label]
+        x = [s["num_imported"] for s in mine]
+        left.errorbar(x, [1e3 * s["ttft_median_s"] for s in mine], marker="o", label=label, capsize=3,
+                      yerr=[[1e3 * (s["ttft_median_s"] - s["ttft_p25_s"]) for s in mine],
+                            [1e3 * (s["ttft_p75_s"] - s["ttft_median_s"]) for s in mine]])
+        right.plot(x, [s["speedup_median"] for s in mine], marker="o", label=label)
+    left.set(xscale="log", yscale="log", xlabel="imported tokens", ylabel="B's TTFT, ms (median, IQR)",
+             title="receiver time to first token")
+    right.axhline(1.5, color="gray", ls="--", lw=1, label="1.5x")
+    right.set(xscale="log", xlabel="imported tokens", ylabel="TTFT(text) / TTFT(protocol), median of rounds",
+              title="speedup over re-reading the text")
+    lengths = sorted({s["num_imported"] for s in summary})
+    for ax in (left, right):
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out_dir: Path, cfg: TtftConfig, rows: list[dict], command: str, load_before: float) -> list[dict]:
+    """rows.jsonl, summary.json/.md, ttft.png and COMMAND (command, then '#' notes), each atomically."""
+    from gpubench.hostinfo import host_cpu
+    from gpubench.outdir import write_text_atomic
+
+    summary = summarize(rows)
+    flags = load_flags(rows, load_before)
+    cpu = host_cpu()
+    meta = {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "cpu_model": cpu.model_name, "num_cpus": os.cpu_count(), "config": {**asdict(cfg), "protocols":
+            [p.label for p in cfg.protocols]}, "loadavg_1m_before": load_before, "flagged": bool(flags), "flags": flags}
+    out_dir = Path(out_dir)
+    write_text_atomic(out_dir / ROWS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(out_dir / "summary.json", json.dumps({"command": command, **meta, "summary": summary}, indent=1) + "\n")
+    write_text_atomic(out_dir / "summary.md", f"<!-- generated by: {command} -->\n" + markdown_table(summary))
+    plot(summary, out_dir / "ttft.png")
+    shares = [s["cpu_share"] for s in summary if s["cpu_share"] is not None]
+    notes = [f"measured {meta['created_utc']} on {meta['host']} ({meta['cpu_model']}, {meta['num_cpus']} CPUs), "
+             f"{cfg.model}, {cfg.num_threads} torch thread(s), {cfg.repeats} interleaved rounds per length",
+             f"load average 1 min: {load_before:.2f} before, up to {max(r['loadavg_1m'] for r in rows):.2f} during; "
+             f"CPU share {min(shares):.2f}-{max(shares):.2f}",
+             ("FLAGGED, not for quoting: " + "; ".join(flags)) if flags else "not flagged (load below the threshold)"]
+    write_text_atomic(out_dir / "COMMAND", command.strip() + "\n" + "".join(f"# {n}\n" for n in notes))
+    return summary

@@ -1,0 +1,60 @@
+"""`gpubench kvcomm ttft` end to end on a tiny random chat model: rows per (length, round, protocol),
+paired speedups recomputed from the rows, recompute shares, outputs, and refusals."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from gpubench.cli import main
+
+
+def test_sweep_end_to_end_and_a_second_run_into_the_same_directory_is_refused(tiny_chat_model_dir, tmp_path, capsys):
+    out = tmp_path / "ttft"
+    args = ["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "16,48", "--repeats", "3",
+            "--protocols", "text,kv-rerotated,kv-rerotated+boundary,kv-blend", "--boundary-k", "4", "--ratio", "0.25",
+            "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    for name in ("rows.jsonl", "summary.json", "summary.md", "ttft.png", "COMMAND"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    labels = ["text", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-blend r=0.25"]
+    assert len(rows) == 2 * 3 * len(labels)  # every protocol once per round, per length
+    assert sorted({r["num_imported"] for r in rows}) == [16, 48]  # the message is cut to the exact length
+    assert all(r["ttft_s"] > 0 and 0 < r["cpu_share"] <= 1.5 for r in rows)
+    by = {(r["num_imported"], r["round"], r["protocol"]): r for r in rows}
+    assert all(by[(n, k, "text")]["num_recomputed"] == n for n in (16, 48) for k in range(3))
+    assert all(by[(n, k, "kv-rerotated")]["num_recomputed"] == 0 for n in (16, 48) for k in range(3))
+    assert all(by[(n, k, "kv-rerotated+boundary k=4")]["num_recomputed"] == 4 for n in (16, 48) for k in range(3))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["protocols"] == labels and summary["cpu_model"]
+    for s in summary["summary"]:
+        n, label = s["num_imported"], s["protocol"]
+        # the speedup is the median of same-round ratios, not a ratio of medians
+        ratios = [by[(n, k, "text")]["ttft_s"] / by[(n, k, label)]["ttft_s"] for k in range(3)]
+        assert s["speedup_median"] == pytest.approx(statistics.median(ratios), rel=1e-12)
+        assert s["ttft_median_s"] == pytest.approx(statistics.median(by[(n, k, label)]["ttft_s"] for k in range(3)))
+    blend = [s for s in summary["summary"] if s["protocol"] == "kv-blend r=0.25"]
+    assert all(0 < s["recompute_fraction"] <= 0.5 for s in blend)
+    assert (out / "COMMAND").read_text().startswith("gpubench kvcomm ttft --model")
+    assert "| 48 | kv-rerotated |" in (out / "summary.md").read_text()
+    capsys.readouterr()
+    assert main(args) == 2  # timings are not resumed or appended to
+    assert "already holds a ttft run" in capsys.readouterr().err
+    assert len((out / "rows.jsonl").read_text().splitlines()) == len(rows)  # and nothing was lost
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--lengths", "0,64"], "positive token counts"),
+    (["--lengths", "64,lots"], "comma-separated token counts"),
+    (["--protocols", "kv-rerotated"], "must include 'text'"),
+    (["--ratio", "2"], "within [0, 1]"),
+    (["--model", "smollm2-135n"], "unknown model"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(bad, message, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["kvcomm", "ttft", "--out", str(out), *bad]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
