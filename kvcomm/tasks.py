@@ -26,6 +26,10 @@ these two tasks remove both crutches.
   puts the notes on the header's line ("Notes from agent A: The code ..."), so tokenizing B's prompt
   in one go would merge the space into the message's first token: the seam is not aligned. Question
   and answer as in ``keycode`` (chance 1/4).
+- ``drift3``: three senders (A, C, D), clerks of three wings, each read their own wing's access log
+  (8 lines with its 2 items' codes, some superseded) and write notes with their 2 current codes;
+  B gets three imported chunks, each from a different sequence and each drifted by hundreds of
+  tokens, and is asked one of the 6 codes (chance 1/6 picking among the listed codes).
 - ``multihop``: a random entity graph (``agent_tasks.entity_graph_question``); agent A reads one
   register (e.g. who works for which company), agent C another (which company is based in which city),
   each among distractor chains, and each sends its facts; B is asked a question that needs one fact
@@ -176,6 +180,25 @@ def drift(rng: random.Random, index: int) -> Example:
                    answer=code, answer_prefix=f"The code for the {item} is", notes_header=DRIFT_NOTES_HEADER)
 
 
+DRIFT3_SENDERS = ("A", "C", "D")
+DRIFT3_FACTS_PER_SENDER = 2
+
+
+def drift3(rng: random.Random, index: int) -> Example:
+    """Three clerks each read their own wing's access log and send its current codes; B is asked one."""
+    facts = _facts(rng, DRIFT3_FACTS_PER_SENDER * len(DRIFT3_SENDERS))
+    messages = []
+    for i, agent in enumerate(DRIFT3_SENDERS):
+        mine = facts[i * DRIFT3_FACTS_PER_SENDER:(i + 1) * DRIFT3_FACTS_PER_SENDER]
+        notes = f"Current codes from the log of wing {agent}. " + " ".join(f"The code for the {it} is {c}." for it, c in mine)
+        messages.append(AgentMessage(agent=agent, system_prompt=DRIFT_SYSTEM.format(agent=agent),
+                                     instruction=DRIFT_INSTRUCTION.format(log=access_log(rng, mine, num_routine=6)),
+                                     text=notes))
+    item, code = facts[rng.randrange(len(facts))]
+    return Example(task="drift3", index=index, messages=tuple(messages), question=f"What is the code for the {item}?",
+                   answer=code, answer_prefix=f"The code for the {item} is", notes_header=DRIFT_NOTES_HEADER)
+
+
 MULTIHOP_SYSTEM = ("You are agent {agent}, a research assistant. You read registers and pass the facts that "
                    "matter to the other agents.")
 MULTIHOP_INSTRUCTION = "Read this register and list its facts for the other agents.\n\n{document}"
@@ -195,7 +218,7 @@ def multihop(rng: random.Random, index: int) -> Example:
 
 
 TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent,
-                                                             "drift": drift, "multihop": multihop}
+                                                             "drift": drift, "drift3": drift3, "multihop": multihop}
 
 
 def check_task(name: str) -> str:

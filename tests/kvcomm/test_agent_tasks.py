@@ -100,3 +100,24 @@ def test_kvcomm_eval_end_to_end_on_the_new_tasks(tiny_chat_model_dir, smollm2_to
     assert "| drift | kv-rerotated | 2 |" in md and "| multihop | kv-blend r=0.15 | 2 |" in md
     assert main(args[:5] + ["drift,multihopp"] + args[6:]) == 2
     assert "unknown task 'multihopp'" in capsys.readouterr().err
+
+
+def test_drift3_has_three_drifted_senders_and_the_answer_in_exactly_one(smollm2_tokenizer):
+    from kvcomm.tasks import DRIFT3_FACTS_PER_SENDER, DRIFT3_SENDERS
+
+    holders = set()
+    for ex in generate("drift3", 30, seed=0):
+        assert [m.agent for m in ex.messages] == list(DRIFT3_SENDERS)
+        assert len({m.system_prompt for m in ex.messages}) == 3  # each sender its own chat
+        item = re.fullmatch(r"What is the code for the (.+)\?", ex.question).group(1)
+        holder = [i for i, m in enumerate(ex.messages) if f"The code for the {item} is {ex.answer}." in m.text]
+        assert len(holder) == 1
+        holders.add(holder[0])
+        codes = re.findall(r"is (\d{4})\.", " ".join(m.text for m in ex.messages))
+        assert len(codes) == 3 * DRIFT3_FACTS_PER_SENDER and len(set(codes)) == len(codes)
+        # each message was written after its own log: every sender's drift is in the hundreds
+        assert all(d >= 150 for d in message_drift(smollm2_tokenizer, ex))
+        msg = ex.messages[holder[0]]
+        log_codes = re.findall(rf"code for the {item} (?:set to|changed from \d{{4}} to) (\d{{4}})", msg.instruction)
+        assert log_codes and log_codes[-1] == ex.answer
+    assert holders == {0, 1, 2}  # the asked code comes from any of the three senders
