@@ -30,7 +30,7 @@ CITIES = ("Lyon", "Porto", "Oslo", "Krakow", "Tampere", "Ghent", "Leeds", "Berge
           "Utrecht", "Aarhus", "Bilbao", "Dresden", "Brno", "Galway", "Split", "Riga", "Basel")
 
 # Log vocabulary: who did what where; the routine lines carry no codes.
-_PLACES = ("main entrance", "loading dock 2", "loading dock 4", "server room", "east stairwell", "archive",
+PLACES = ("main entrance", "loading dock 2", "loading dock 4", "server room", "east stairwell", "archive",
            "parking level B", "mail room", "lab 3", "cafeteria")
 _ROUTINE = ("badge scan accepted", "badge scan rejected, retried", "door held open 40 s, alarm cleared",
             "visitor signed in, escorted", "delivery of {n} parcels logged", "patrol round completed",
@@ -52,7 +52,7 @@ def access_log(rng: random.Random, final_codes: list[tuple[str, str]], num_routi
     events: list[str] = []
     for _ in range(num_routine):
         action = rng.choice(_ROUTINE).format(n=rng.randint(2, 19), t=rng.randint(10000, 99999))
-        events.append(f"{rng.choice(_PLACES)} | {rng.choice(staff)} | {action}")
+        events.append(f"{rng.choice(PLACES)} | {rng.choice(staff)} | {action}")
     code_events: list[tuple[int, str]] = []  # (order key, line): an item's old code always comes first
     for item, code in final_codes:
         if rng.random() < 0.5:

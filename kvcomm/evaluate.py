@@ -47,7 +47,7 @@ from kvcomm.metrics import (  # noqa: F401
     relative_ci,
 )
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix
-from kvcomm.tasks import check_task, exact_match, extract_answer, generate, token_f1
+from kvcomm.tasks import check_task, extract_answer, generate, score
 
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "config.json"
@@ -85,7 +85,7 @@ class Row:
     generated: str
     prediction: str
     em: float
-    f1: float
+    f1: float  # token F1, or ROUGE-L F1 where scoring == "rouge_l"
     prefill_s: float
     num_imported: int
     num_recomputed: int
@@ -98,6 +98,7 @@ class Row:
     # what handing the messages over moves, summed over senders: their KV in fp32, bf16 and 8-bit
     # (kvcomm.quant, scales and zero points included), and their text as UTF-8 (what `text` sends)
     transfer_bytes: dict = field(default_factory=dict)
+    scoring: str = "exact"  # the task's: "exact" (goal on exact match) or "rouge_l" (goal on ROUGE-L)
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -215,11 +216,12 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                 continue  # recomputed only as the KL reference of a resumed example
         elif text_logits is None:
             text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
-        generated = answer(model, tokenizer, rec, cfg.max_new_tokens)
+        generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
         prediction = extract_answer(generated)
+        em, f1 = score(ex, prediction)
         yield Row(task=ex.task, index=ex.index, protocol=spec.label, name=spec.name, boundary_k=spec.boundary_k,
                   ratio=spec.ratio, answer=ex.answer, generated=generated, prediction=prediction,
-                  em=exact_match(prediction, ex.answer), f1=token_f1(prediction, ex.answer),
+                  em=em, f1=f1, scoring=ex.scoring,
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
                   kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra,
@@ -286,7 +288,8 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
     Columns beyond EM/F1: ``rel_em``/``rel_f1`` (Σ protocol / Σ text, paired bootstrap CI),
     ``text_only_right``/``protocol_only_right`` (the discordant pairs) and ``mcnemar_p`` (exact
     McNemar on EM), ``kl_median`` with its CI (rows without ``kl_text``, from older runs, give NaN),
-    and ``goal`` ("yes" / "no" / "n too small to decide"; "-" for text), ``meets_goal`` = goal == "yes".
+    and ``goal`` ("yes" / "no" / "n too small to decide"; "-" for text), ``meets_goal`` = goal == "yes",
+    ``goal_metric``: "em", or "rouge_l" for a free-text task (the goal then reads ``rel_f1``'s interval).
     """
     out = []
     order = protocol_order or list(dict.fromkeys(rows["protocol"]))
@@ -308,9 +311,13 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
             frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
             # NOTE(H): agreement with text's own answer is the fidelity of the import, right or wrong
             agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if paired else np.nan
-            num_text_right = int((text.loc[common, "em"] > 0.5).sum()) if paired else 0
+            # a free-text task's goal is on ROUGE-L kept (exact match of a sentence says little);
+            # its "right" examples are those where text's summary shares any word with the reference
+            metric = "f1" if "scoring" in prow and (prow["scoring"] == "rouge_l").any() else "em"
+            lo_hi = (rel_f1_lo, rel_f1_hi) if metric == "f1" else (rel_lo, rel_hi)
+            num_text_right = int((text.loc[common, metric] > (0.0 if metric == "f1" else 0.5)).sum()) if paired else 0
             goal = ("-" if proto == "text" else "no text rows" if not paired
-                    else goal_verdict(rel_lo, rel_hi, frac, num_text_right=num_text_right))
+                    else goal_verdict(*lo_hi, frac, num_text_right=num_text_right))
             out.append({
                 "task": task, "protocol": proto, "n": len(prow), "n_paired": len(common),
                 "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
@@ -328,7 +335,7 @@ def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd
                 "drift_mean": _mean_drift(prow),
                 "seam_aligned_share": float(prow["seam_aligned"].mean()) if "seam_aligned" in prow else np.nan,
                 **_transfer_medians(prow),
-                "goal": goal, "meets_goal": goal == "yes",
+                "goal": goal, "meets_goal": goal == "yes", "goal_metric": "rouge_l" if metric == "f1" else "em",
             })
     return pd.DataFrame(out)
 
@@ -361,6 +368,10 @@ def _transfer_cell(r) -> str:
     return f"{r.transfer_fp32_bytes / 1024:.0f} / {r.transfer_bf16_bytes / 1024:.0f} / {r.transfer_int8_bytes / 1024:.0f}"
 
 
+def _goal_note(r) -> str:
+    return " (on ROUGE-L)" if r.goal_metric == "rouge_l" and r.goal != "-" else ""
+
+
 def _kl_cell(r) -> str:
     if not np.isfinite(r.kl_median):
         return "not recorded"
@@ -369,7 +380,7 @@ def _kl_cell(r) -> str:
 
 def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table (the README pastes this file, never retypes it)."""
-    head = ("| task | protocol | n | EM [95% CI] | F1 | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
+    head = ("| task | protocol | n | EM [95% CI] | F1 (summary: ROUGE-L) | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
             "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
             "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
             "moved per example, KiB (KV fp32 / bf16 / int8) | goal |\n"
@@ -382,7 +393,7 @@ def markdown_table(summary: pd.DataFrame) -> str:
             f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
             f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
             f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
-            f"{r.seam_aligned_share:.2f} | {_transfer_cell(r)} | {r.goal} |")
+            f"{r.seam_aligned_share:.2f} | {_transfer_cell(r)} | {r.goal}{_goal_note(r)} |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -4,4 +4,4 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-blend")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
-TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop")
+TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")

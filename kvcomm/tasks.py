@@ -30,6 +30,11 @@ these two tasks remove both crutches.
   (8 lines with its 2 items' codes, some superseded) and write notes with their 2 current codes;
   B gets three imported chunks, each from a different sequence and each drifted by hundreds of
   tokens, and is asked one of the 6 codes (chance 1/6 picking among the listed codes).
+- ``summary``: agent A (a duty officer) reads a building log with an incident in it (who reported
+  what, where; who fixed it, how, and the state now) and writes a two-sentence summary; B is asked
+  what happened and who fixed it, in one sentence (up to ``SUMMARY_ANSWER_TOKENS`` tokens), and is
+  scored by ROUGE-L F1 against a one-sentence reference built from the same facts (text: mean 0.44
+  on 8 examples; asked to "summarize the notes", the 135M model described them instead).
 - ``multihop``: a random entity graph (``agent_tasks.entity_graph_question``); agent A reads one
   register (e.g. who works for which company), agent C another (which company is based in which city),
   each among distractor chains, and each sends its facts; B is asked a question that needs one fact
@@ -55,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpubench.errors import KVCommError, suggest
-from kvcomm.agent_tasks import access_log, document, entity_graph_question
+from kvcomm.agent_tasks import PLACES, access_log, document, entity_graph_question, person_name
 
 # Sender agents have their own system prompt (different from B's, on purpose: the imported message's
 # positions and context differ between A's sequence and B's, which is what the protocols must handle).
@@ -105,6 +110,10 @@ class Example:
     answer_prefix: str = ""
     # How B's prompt introduces each sender's notes; ``{agent}`` is the sender's name.
     notes_header: str = "Notes from agent {agent}:\n"
+    # "exact": a short answer, scored by exact match and token F1; "rouge_l": free text (a summary),
+    # scored by ROUGE-L F1 against ``answer`` (exact match is then reported but says little)
+    scoring: str = "exact"
+    answer_tokens: int = 0  # tokens B may decode for this example; 0: the run's --max-new-tokens
 
     @property
     def example_id(self) -> str:
@@ -217,8 +226,38 @@ def multihop(rng: random.Random, index: int) -> Example:
                    answer=hop.answer, answer_prefix=hop.answer_prefix)
 
 
+SUMMARY_SYSTEM = ("You are agent {agent}, the duty officer of the building. You read incident reports and send "
+                  "the other agents a short summary.")
+SUMMARY_INSTRUCTION = "Here is an incident report.\n\n{report}\n\nWrite a two-sentence summary for the other agents."
+SUMMARY_QUESTION = "What happened, and who fixed it? Answer in one sentence."
+SUMMARY_ANSWER_TOKENS = 40
+_PROBLEMS = ("a water leak", "a broken window", "a jammed door", "a power cut", "a smell of smoke", "a flooded floor",
+             "a faulty alarm", "a blocked fire exit")
+_FIXES = ("shut the main valve", "replaced the glass", "reset the lock", "restarted the generator", "called the fire "
+          "service", "pumped out the water", "rewired the sensor", "cleared the corridor")
+_STATUSES = ("open again", "closed until Monday", "under watch", "back to normal")
+
+
+def summary(rng: random.Random, index: int) -> Example:
+    """A reads an incident report among routine entries and sends a two-sentence summary; B is asked what
+    happened and who fixed it, in one sentence, scored by ROUGE-L against the one-sentence reference."""
+    reporter, fixer = person_name(rng), person_name(rng)
+    problem, fix = rng.choice(_PROBLEMS), rng.choice(_FIXES)
+    place, status = rng.choice(PLACES), rng.choice(_STATUSES)
+    log = access_log(rng, [], num_routine=8).splitlines()
+    log.insert(rng.randrange(2, len(log)), f"incident | {reporter} reported {problem} at the {place}")
+    log.append(f"incident | {fixer} {fix}; the {place} is {status}")
+    notes = f"{reporter} reported {problem} at the {place}. {fixer} {fix}, and the {place} is {status}."
+    sender = AgentMessage(agent="A", system_prompt=SUMMARY_SYSTEM.format(agent="A"),
+                          instruction=SUMMARY_INSTRUCTION.format(report="\n".join(log)), text=notes)
+    reference = f"{reporter} reported {problem} at the {place}, and {fixer} {fix}."
+    return Example(task="summary", index=index, messages=(sender,), question=SUMMARY_QUESTION, answer=reference,
+                   notes_header=DRIFT_NOTES_HEADER, scoring="rouge_l", answer_tokens=SUMMARY_ANSWER_TOKENS)
+
+
 TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent,
-                                                             "drift": drift, "drift3": drift3, "multihop": multihop}
+                                                             "drift": drift, "drift3": drift3, "multihop": multihop,
+                                                             "summary": summary}
 
 
 def check_task(name: str) -> str:
@@ -259,6 +298,31 @@ def extract_answer(generated: str) -> str:
 def exact_match(prediction: str, answer: str) -> float:
     """1.0 when the normalized prediction equals the normalized answer."""
     return float(normalize(prediction) == normalize(answer))
+
+
+def rouge_l(prediction: str, reference: str) -> float:
+    """ROUGE-L F1 (Lin, 2004; beta = 1) on normalized tokens: the longest common subsequence over the
+    lengths of prediction (precision) and reference (recall)."""
+    pred, ref = normalize(prediction).split(), normalize(reference).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    previous = [0] * (len(ref) + 1)
+    for p in pred:  # LCS by dynamic programming, one row at a time
+        current = [0]
+        for j, r in enumerate(ref):
+            current.append(previous[j] + 1 if p == r else max(previous[j + 1], current[j]))
+        previous = current
+    lcs = previous[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(pred), lcs / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score(example: Example, prediction: str) -> tuple[float, float]:
+    """(exact match, F1) of ``prediction``; F1 is ROUGE-L for a free-text (``rouge_l``) task."""
+    second = rouge_l if example.scoring == "rouge_l" else token_f1
+    return exact_match(prediction, example.answer), second(prediction, example.answer)
 
 
 def token_f1(prediction: str, answer: str) -> float:

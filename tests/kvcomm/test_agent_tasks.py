@@ -121,3 +121,23 @@ def test_drift3_has_three_drifted_senders_and_the_answer_in_exactly_one(smollm2_
         log_codes = re.findall(rf"code for the {item} (?:set to|changed from \d{{4}} to) (\d{{4}})", msg.instruction)
         assert log_codes and log_codes[-1] == ex.answer
     assert holders == {0, 1, 2}  # the asked code comes from any of the three senders
+
+
+def test_kvcomm_eval_scores_the_summary_task_by_rouge_l_with_its_own_decode_budget(tiny_chat_model, tmp_path):
+    from kvcomm.evaluate import EvalConfig, run_eval
+    from kvcomm.protocols import ProtocolSpec
+    from kvcomm.tasks import rouge_l
+
+    model, tok = tiny_chat_model
+    cfg = EvalConfig(model="tiny", tasks=("summary", "drift3"), protocols=(ProtocolSpec("text"), ProtocolSpec("kv-rerotated")),
+                     n=2, out_dir=tmp_path, max_new_tokens=2)
+    rows = run_eval(cfg, model, tok, progress=False)
+    summ = rows[rows["task"] == "summary"]
+    assert (summ["scoring"] == "rouge_l").all() and (rows[rows["task"] == "drift3"]["scoring"] == "exact").all()
+    for r in summ.itertuples():
+        assert r.f1 == rouge_l(r.prediction, r.answer)
+    # the summary's budget is its own (40 tokens), not the run's --max-new-tokens 2
+    longest = max(len(tok(g, add_special_tokens=False)["input_ids"]) for g in summ["generated"])
+    drift3_longest = max(len(tok(g, add_special_tokens=False)["input_ids"]) for g in rows[rows["task"] == "drift3"]["generated"])
+    assert drift3_longest <= 4 and longest > 10, (drift3_longest, longest)  # re-tokenized text: a token or two either way
+    assert all(len(d) == 3 for d in rows[rows["task"] == "drift3"]["drift_tokens"])

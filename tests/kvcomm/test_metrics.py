@@ -143,3 +143,22 @@ def test_summary_reports_mcnemar_kl_and_undecided_goal():
     assert big.loc["kv-a", "goal"] == "no" and big.loc["kv-a", "mcnemar_p"] == pytest.approx(2 * 0.5 ** 40)
     old = summarize(_rows(5, 0).drop(columns="kl_text"))  # rows of runs before kl_text existed
     assert old["kl_median"].isna().all() and "not recorded" in markdown_table(old)
+
+
+def _rouge_rows(n: int, protocol_f1: float) -> pd.DataFrame:
+    rows = []
+    for i in range(n):
+        for proto, f1 in (("text", 0.6), ("kv-a", protocol_f1)):
+            rows.append(dict(task="summary", index=i, protocol=proto, em=0.0, f1=f1, prefill_s=1.0, prediction=str(f1),
+                             num_imported=10, num_recomputed=0 if proto != "text" else 10, kl_text=0.0,
+                             scoring="rouge_l"))
+    return pd.DataFrame(rows)
+
+
+def test_a_free_text_task_is_judged_on_rouge_l_kept():
+    # exact match is 0 everywhere (a sentence is rarely word-for-word); the goal reads ROUGE-L instead
+    s = summarize(_rouge_rows(60, 0.6)).set_index("protocol")
+    assert s.loc["kv-a", "goal_metric"] == "rouge_l" and s.loc["kv-a", "goal"] == "yes"
+    assert summarize(_rouge_rows(60, 0.3)).set_index("protocol").loc["kv-a", "goal"] == "no"  # half of it kept
+    assert summarize(_rouge_rows(30, 0.6)).set_index("protocol").loc["kv-a", "goal"] == UNDECIDED  # too few
+    assert "yes (on ROUGE-L)" in markdown_table(summarize(_rouge_rows(60, 0.6)))

@@ -56,3 +56,28 @@ def test_unknown_task_and_bad_n():
         generate("keycod", 3)
     with pytest.raises(KVCommError, match="n >= 1"):
         generate("keycode", 0)
+
+
+def test_rouge_l_against_hand_computed_values():
+    from kvcomm.tasks import rouge_l
+
+    # LCS("the cat sat on mat", "cat on the mat") after dropping articles: [cat sat on mat] vs
+    # [cat on mat] -> LCS 3; P = 3/4, R = 3/3, F = 6/7
+    assert rouge_l("The cat sat on the mat", "cat on the mat") == pytest.approx(6 / 7)
+    assert rouge_l("w x y z", "w x y z") == 1.0 and rouge_l("x y", "v w") == 0.0
+    assert rouge_l("y x", "x y") == pytest.approx(0.5)  # a subsequence keeps order: LCS 1
+    assert rouge_l("", "") == 1.0 and rouge_l("", "x") == 0.0
+
+
+def test_summary_task_reference_and_notes_share_the_facts():
+    from kvcomm.tasks import SUMMARY_ANSWER_TOKENS, rouge_l, score
+
+    for ex in generate("summary", 30, seed=0):
+        (msg,) = ex.messages
+        assert ex.scoring == "rouge_l" and ex.answer_tokens == SUMMARY_ANSWER_TOKENS
+        assert "incident |" in msg.instruction and msg.text.split(".")[0] in msg.instruction
+        # copying A's notes scores well but not perfectly; an unrelated sentence scores low
+        assert 0.6 < rouge_l(msg.text, ex.answer) < 1.0
+        assert rouge_l("The weather was sunny all week.", ex.answer) < 0.15
+        em, f1 = score(ex, ex.answer)
+        assert (em, f1) == (1.0, 1.0)
