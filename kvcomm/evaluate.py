@@ -46,7 +46,7 @@ from kvcomm.metrics import (  # noqa: F401
     median_ci,
     relative_ci,
 )
-from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix
+from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
 RESULTS_FILE = "results.jsonl"
@@ -200,6 +200,8 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
+    if any(s.name == "kv-reencoded" and (ex.task, ex.index, s.label) not in done for s in cfg.protocols):
+        senders = reencode_in_receiver_frame(model, layout, senders)
     transfer = transfer_bytes(senders, [m.text for m in ex.messages])
     drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
     prefix = receiver_prefix(model, layout)
@@ -216,6 +218,8 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                 continue  # recomputed only as the KL reference of a resumed example
         elif text_logits is None:
             text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
+        if spec.name == "kv-reencoded":  # the senders' extra prefill, off B's critical path
+            rec.extra["sender_reencode_s"] = sum(s.reencode_s for s in senders)
         generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
         prediction = extract_answer(generated)
         em, f1 = score(ex, prediction)

@@ -1,7 +1,7 @@
 """Protocol and task names and the protocols' default knobs: constants only, so that the CLI can
 list them in `--help` without importing torch (kvcomm.protocols) or building tasks."""
 
-PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-blend")
+PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-reencoded", "kv-blend")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")

@@ -38,6 +38,13 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
 - ``kv-rerotated+boundary``: as kv-rerotated, but the first ``boundary_k`` tokens of each imported
   chunk are recomputed by B (the seam with B's prompt and the chunk's attention-sink tokens); with
   ``boundary_k`` >= the chunk length this is exactly ``text``.
+- ``kv-reencoded``: cross-context re-encoding on the sender's side. After writing its message, the
+  sender encodes the message once more in B's frame -- B's system prompt and the header its notes go
+  under, which agents of one framework share, but not the other senders' messages, which it cannot
+  know -- and ships that KV; B re-rotates it into place as for kv-rerotated. The message K/V then
+  attended to what B's own prefill would attend to, not to the sender's log. For the first sender
+  this is B's own prefill exactly; a later sender's chunk misses the earlier chunks. The sender pays
+  one more prefill of frame + message (``SenderState.reencode_s``), off B's critical path.
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -46,7 +53,7 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -87,11 +94,17 @@ class ProtocolSpec:
 
 @dataclass(frozen=True)
 class SenderState:
-    """A sender's exported message: its token ids and the KV of exactly that span."""
+    """A sender's exported message: its token ids and the KV of exactly that span.
+
+    ``reencoded``: the same span encoded again in B's frame (``reencode_in_receiver_frame``), what
+    ``kv-reencoded`` ships; ``reencode_s`` the sender's time for that extra prefill.
+    """
 
     agent: str
     message_ids: list[int]
     cache: KVCache
+    reencoded: KVCache | None = None
+    reencode_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,25 @@ def encode_sender_ids(model, agent: str, prefix: list[int], msg: list[int], suff
     """``encode_sender`` on token ids: prefill prefix + msg + suffix, export the msg span."""
     cache, _ = prefill(model, prefix + msg + suffix)
     return SenderState(agent=agent, message_ids=list(msg), cache=cache.slice(len(prefix), len(prefix) + len(msg)))
+
+
+@torch.no_grad()
+def reencode_in_receiver_frame(model, layout: Layout, senders: list[SenderState]) -> list[SenderState]:
+    """Each sender's message encoded again after B's first own segment (B's system prompt and first
+    header) and the header right before that sender's notes; returns the senders with ``reencoded``.
+
+    Sender i knows B's frame but not the other senders' messages: its frame is B's opening segment,
+    then (for i > 0) the separator and header that precede its notes in B's prompt.
+    """
+    own_before = [layout.segments[k - 1].ids for k, seg in enumerate(layout.segments) if seg.kind == "import"]
+    out = []
+    for i, sender in enumerate(senders):
+        frame = list(layout.segments[0].ids) + (list(own_before[i]) if i > 0 else [])
+        t0 = time.perf_counter()
+        cache, _ = prefill(model, frame + list(sender.message_ids))
+        span = cache.slice(len(frame), len(frame) + len(sender.message_ids))
+        out.append(replace(sender, reencoded=span, reencode_s=time.perf_counter() - t0))
+    return out
 
 
 # ---- receiver layout ----------------------------------------------------------------------------
@@ -249,6 +281,11 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) 
             recomputed += n if seg.kind == "import" else 0
         else:
             span = senders[seg.sender].cache
+            if spec.name == "kv-reencoded":
+                reencoded = senders[seg.sender].reencoded
+                if reencoded is None:
+                    raise KVCommError("kv-reencoded needs the senders' re-encoded spans (reencode_in_receiver_frame)")
+                span = reencoded
             k = min(spec.boundary_k, n) if spec.name == "kv-rerotated+boundary" else 0
             compute(seg.ids[:k], pos)
             recomputed += k

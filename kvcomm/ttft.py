@@ -8,6 +8,7 @@ taking in the message and the question, under each protocol:
 - ``text``: B prefills the message's tokens and the question;
 - ``kv-rerotated``: B appends the sender's KV re-rotated to its positions, prefills the question;
 - ``kv-rerotated+boundary k``: the same, recomputing the first k message tokens;
+- ``kv-reencoded``: as kv-rerotated, with the span the sender re-encoded in B's frame;
 - ``kv-blend r``: CacheBlend, recomputing the share r of imported tokens that deviate most.
 
 Repetitions are interleaved (every protocol once per round, in a rotated order, after an untimed
@@ -75,7 +76,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
     import torch
 
     from kvcomm.models import rope_info
-    from kvcomm.protocols import encode_sender_ids, receive, receiver_layout_ids, receiver_prefix, sender_layout
+    from kvcomm.protocols import encode_sender_ids, receive, receiver_layout_ids, receiver_prefix, reencode_in_receiver_frame, sender_layout
     from kvcomm.tasks import Example
 
     torch.set_num_threads(cfg.num_threads)
@@ -89,6 +90,8 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         example = Example(task="ttft", index=length, messages=(message,), question=QUESTION, answer="")
         layout = receiver_layout_ids(tokenizer, example, [msg_ids])
         prefix = receiver_prefix(model, layout)
+        if any(p.name == "kv-reencoded" for p in cfg.protocols):
+            (sender,) = reencode_in_receiver_frame(model, layout, [sender])
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed
             receive(model, spec, layout, [sender], prefix, rope)

@@ -129,9 +129,14 @@ def test_kvcomm_eval_scores_the_summary_task_by_rouge_l_with_its_own_decode_budg
     from kvcomm.tasks import rouge_l
 
     model, tok = tiny_chat_model
-    cfg = EvalConfig(model="tiny", tasks=("summary", "drift3"), protocols=(ProtocolSpec("text"), ProtocolSpec("kv-rerotated")),
-                     n=2, out_dir=tmp_path, max_new_tokens=2)
+    cfg = EvalConfig(model="tiny", tasks=("summary", "drift3"), n=2, out_dir=tmp_path, max_new_tokens=2,
+                     protocols=(ProtocolSpec("text"), ProtocolSpec("kv-rerotated"), ProtocolSpec("kv-reencoded")))
     rows = run_eval(cfg, model, tok, progress=False)
+    reenc = rows[rows["protocol"] == "kv-reencoded"]
+    assert len(reenc) == 4 and all(e["sender_reencode_s"] > 0 for e in reenc["extra"])
+    # one sender (summary): the span re-encoded in B's frame is B's own prefill, so B's first answer
+    # token has text's distribution
+    assert (reenc[reenc["task"] == "summary"]["kl_text"] < 1e-6).all()
     summ = rows[rows["task"] == "summary"]
     assert (summ["scoring"] == "rouge_l").all() and (rows[rows["task"] == "drift3"]["scoring"] == "exact").all()
     for r in summ.itertuples():

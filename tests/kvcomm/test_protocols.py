@@ -144,3 +144,38 @@ def test_blend_endpoints(tiny_llama):
     rer = receive(tiny_llama, ProtocolSpec("kv-rerotated"), one, senders, prefix)
     torch.testing.assert_close(zero.last_logits, rer.last_logits, atol=1e-4, rtol=1e-4)
     assert zero.num_recomputed == 0
+
+
+def test_reencoded_first_sender_is_text_exactly_and_a_later_one_misses_the_earlier_chunk(tiny_model):
+    from kvcomm.protocols import reencode_in_receiver_frame
+
+    layout, senders, prefix = _two_sender_setup(tiny_model)
+    text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
+    with pytest.raises(KVCommError, match="re-encoded spans"):
+        receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, senders, prefix)
+    again = reencode_in_receiver_frame(tiny_model, layout, senders)
+    assert all(s.reencode_s > 0 and s.cache is o.cache for s, o in zip(again, senders))  # the original span kept
+    got = receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, again, prefix)
+    rer = receive(tiny_model, ProtocolSpec("kv-rerotated"), layout, senders, prefix)
+    assert got.num_recomputed == 0 and torch.equal(got.cache.positions, torch.arange(len(layout.ids)))
+    # sender A's span, encoded after B's own opening segment: B's own prefill of it, every layer
+    a = slice(7, 27)
+    for layer in range(tiny_model.config.num_hidden_layers):
+        torch.testing.assert_close(got.cache.keys[layer][:, :, a], text.cache.keys[layer][:, :, a], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.cache.values[layer][:, :, a], text.cache.values[layer][:, :, a], atol=1e-5, rtol=1e-5)
+    # sender C's frame has B's headers but not A's message: its deeper layers differ from text's
+    c = slice(31, 45)
+    assert float((got.cache.values[-1][:, :, c] - text.cache.values[-1][:, :, c]).abs().max()) > 1e-3
+    # and both sit closer to text than the spans encoded in the senders' own chats
+    err = lambda r: float((r.last_logits - text.last_logits).abs().max())  # noqa: E731
+    assert err(got) < err(rer)
+
+
+def test_reencoded_single_sender_gives_texts_logits(tiny_model):
+    from kvcomm.protocols import reencode_in_receiver_frame
+
+    layout, senders, prefix = _two_sender_setup(tiny_model)
+    one = Layout(segments=layout.segments[:2] + layout.segments[-1:], seam_aligned=True)
+    text = receive(tiny_model, ProtocolSpec("text"), one, senders[:1], prefix)
+    got = receive(tiny_model, ProtocolSpec("kv-reencoded"), one, reencode_in_receiver_frame(tiny_model, one, senders[:1]), prefix)
+    torch.testing.assert_close(got.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
