@@ -50,7 +50,8 @@ def register(sub) -> None:
                         "n, em, rel_em, speedup_median, goal) instead of the table; progress stays on stderr")
     p.set_defaults(func=cmd_eval)
 
-    from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS, LOAD_FLAG
+    from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS
+    from kvcomm.names import LOAD_FLAG
 
     x = kv_sub.add_parser(
         "serve-exchange", help="prefix-cache hit rate and TTFT saving of a two-agent exchange on a serving backend",
@@ -88,8 +89,6 @@ def register(sub) -> None:
                    help="print summary.json's object on stdout instead of the headline; progress stays on stderr")
     x.set_defaults(func=cmd_serve_exchange)
 
-    from kvcomm.ttft import LOAD_FLAG as TTFT_LOAD_FLAG
-
     t = kv_sub.add_parser(
         "ttft", help="agent B's time to first token against the number of tokens it imports, per protocol",
         description="A sender writes an L-token message in its own chat; agent B takes it in, with its own "
@@ -97,7 +96,7 @@ def register(sub) -> None:
                     "protocol once per round, rotated order, after an untimed warm-up) and the speedup is the "
                     "median over rounds of TTFT(text) / TTFT(protocol) in the same round. Writes rows.jsonl, "
                     "summary.json/.md, ttft.png and COMMAND into a new --out; a run is flagged when the 1-minute "
-                    f"load average exceeds {TTFT_LOAD_FLAG}.",
+                    f"load average exceeds {LOAD_FLAG} before it (plus its own threads while it runs).",
         formatter_class=DefaultsHelpFormatter)
     t.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
     t.add_argument("--lengths", default="64,128,256,512,1024", help="imported tokens, comma-separated")

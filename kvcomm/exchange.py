@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import KVCommError, suggest
+from kvcomm.names import LOAD_FLAG
 
 SCHEMA = "kvcomm-serve-exchange/1"
 EXCHANGE_TASKS = ("drift", "multihop")
 COLD_MODES = ("auto", "reset", "salt")
-LOAD_FLAG = 1.5
 
 SHARED_SYSTEM = ("You are one of the agents of a team working on the same case file. Every agent reads the "
                  "same document below; do only your own part and keep it short.")
