@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated task names")
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
-                   help="comma-separated protocols; kv-blend takes one run per --ratio value, "
+                   help="comma-separated protocols; kv-blend and kv-reencoded+blend take one run per --ratio value, "
                         "kv-rerotated+boundary one per --boundary-k value")
     p.add_argument("--n", type=argtypes.positive_int, default=200, help="examples per task")
     p.add_argument("--out", required=True, type=Path, help="run directory, e.g. results/kvcomm/NAME/")
@@ -119,6 +119,7 @@ def _csv(text: str) -> list[str]:
 
 def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
     """ProtocolSpecs for the comma lists (one per ratio / k for the parameterized protocols)."""
+    from kvcomm.names import BLEND_PROTOCOLS
     from kvcomm.protocols import ProtocolSpec
 
     try:
@@ -132,7 +133,7 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
         raise KVCommError(f"--boundary-k values must be >= 0, got {boundary_ks!r}")
     specs = []
     for name in _csv(protocols):
-        if name == "kv-blend":
+        if name in BLEND_PROTOCOLS:
             specs += [ProtocolSpec(name, ratio=r) for r in ratio_values]
         elif name == "kv-rerotated+boundary":
             specs += [ProtocolSpec(name, boundary_k=k) for k in k_values]

@@ -200,7 +200,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
-    if any(s.name == "kv-reencoded" and (ex.task, ex.index, s.label) not in done for s in cfg.protocols):
+    if any(s.name.startswith("kv-reencoded") and (ex.task, ex.index, s.label) not in done for s in cfg.protocols):
         senders = reencode_in_receiver_frame(model, layout, senders)
     transfer = transfer_bytes(senders, [m.text for m in ex.messages])
     drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
@@ -218,7 +218,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                 continue  # recomputed only as the KL reference of a resumed example
         elif text_logits is None:
             text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
-        if spec.name == "kv-reencoded":  # the senders' extra prefill, off B's critical path
+        if spec.name.startswith("kv-reencoded"):  # the senders' extra prefill, off B's critical path
             rec.extra["sender_reencode_s"] = sum(s.reencode_s for s in senders)
         generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
         prediction = extract_answer(generated)

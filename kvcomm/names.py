@@ -1,7 +1,10 @@
 """Protocol and task names and the protocols' default knobs: constants only, so that the CLI can
 list them in `--help` without importing torch (kvcomm.protocols) or building tasks."""
 
-PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-reencoded", "kv-blend")
+PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-reencoded", "kv-blend",
+             "kv-reencoded+blend")
+# protocols that take one run per --ratio value (CacheBlend's recompute share)
+BLEND_PROTOCOLS = ("kv-blend", "kv-reencoded+blend")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")

@@ -45,6 +45,8 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
   attended to what B's own prefill would attend to, not to the sender's log. For the first sender
   this is B's own prefill exactly; a later sender's chunk misses the earlier chunks. The sender pays
   one more prefill of frame + message (``SenderState.reencode_s``), off B's critical path.
+- ``kv-reencoded+blend``: CacheBlend over the re-encoded spans: a later sender's chunk, the one that
+  missed the earlier chunks, is where the deviation is and what the recompute goes to.
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -59,7 +61,7 @@ import torch
 
 from gpubench.errors import KVCommError, suggest
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
-from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS  # noqa: F401 - defined once, there
+from kvcomm.names import BLEND_PROTOCOLS, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS  # noqa: F401 - defined once, there
 from kvcomm.rope import reposition
 from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
 
@@ -87,7 +89,7 @@ class ProtocolSpec:
         """Name with its parameter, e.g. ``kv-blend r=0.15``: the key of result rows."""
         if self.name == "kv-rerotated+boundary":
             return f"{self.name} k={self.boundary_k}"
-        if self.name == "kv-blend":
+        if self.name in BLEND_PROTOCOLS:
             return f"{self.name} r={self.ratio:g}"
         return self.name
 
@@ -260,6 +262,16 @@ class _Span:
     cache: KVCache | None = None
 
 
+def _shipped_span(spec: ProtocolSpec, sender: SenderState) -> KVCache:
+    """The K/V a sender ships under ``spec``: its message span as encoded in its own chat, or (the
+    kv-reencoded protocols) as re-encoded in B's frame."""
+    if not spec.name.startswith("kv-reencoded"):
+        return sender.cache
+    if sender.reencoded is None:
+        raise KVCommError(f"{spec.name} needs the senders' re-encoded spans (reencode_in_receiver_frame)")
+    return sender.reencoded
+
+
 def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) -> tuple[list[_Span], int]:
     """Turn the layout into compute/import steps (adjacent computes merged); returns (steps, recomputed)."""
     steps: list[_Span] = []
@@ -280,12 +292,7 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) 
             compute(seg.ids, pos)
             recomputed += n if seg.kind == "import" else 0
         else:
-            span = senders[seg.sender].cache
-            if spec.name == "kv-reencoded":
-                reencoded = senders[seg.sender].reencoded
-                if reencoded is None:
-                    raise KVCommError("kv-reencoded needs the senders' re-encoded spans (reencode_in_receiver_frame)")
-                span = reencoded
+            span = _shipped_span(spec, senders[seg.sender])
             k = min(spec.boundary_k, n) if spec.name == "kv-rerotated+boundary" else 0
             compute(seg.ids[:k], pos)
             recomputed += k
@@ -312,7 +319,7 @@ def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState
 
         rope = rope_info(model)
     t0 = time.perf_counter()
-    if spec.name == "kv-blend":
+    if spec.name in BLEND_PROTOCOLS:
         reception = _receive_blend(model, spec, layout, senders, prefix, rope)
     else:
         steps, recomputed = _plan(spec, layout, senders, rope)
@@ -340,7 +347,7 @@ def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[Send
     start = prefix.num_tokens
     for seg in layout.segments[1:-1]:
         if seg.kind == "import":
-            chunks.append(senders[seg.sender].cache)
+            chunks.append(_shipped_span(spec, senders[seg.sender]))
             import_ranges.append((start, start + len(seg.ids)))
         else:
             # NOTE(H): a separator is B's own text, but CacheBlend's model is "every chunk precomputed
@@ -349,10 +356,11 @@ def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[Send
         start += len(seg.ids)
     result = blend_prefill(model, chunks, layout.segments[-1].ids, ratio=spec.ratio, prefix=prefix)
     selected = torch.as_tensor(result.selected_indices).reshape(-1).tolist()
-    recomputed = sum(1 for i in selected if any(a <= i < b for a, b in import_ranges))
+    per_sender = [sum(1 for i in selected if a <= i < b) for a, b in import_ranges]
     return Reception(cache=result.cache, last_logits=result.logits[0, -1], num_imported=layout.num_imported,
-                     num_recomputed=recomputed, prefill_s=0.0,
-                     extra={"recomputed_per_layer": list(map(int, result.recomputed_per_layer))})
+                     num_recomputed=sum(per_sender), prefill_s=0.0,
+                     extra={"recomputed_per_layer": list(map(int, result.recomputed_per_layer)),
+                            "recomputed_per_sender": per_sender})
 
 
 @torch.no_grad()

@@ -91,7 +91,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         example = Example(task="ttft", index=length, messages=(message,), question=QUESTION, answer="")
         layout = receiver_layout_ids(tokenizer, example, [msg_ids])
         prefix = receiver_prefix(model, layout)
-        if any(p.name == "kv-reencoded" for p in cfg.protocols):
+        if any(p.name.startswith("kv-reencoded") for p in cfg.protocols):
             (sender,) = reencode_in_receiver_frame(model, layout, [sender])
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed

@@ -179,3 +179,23 @@ def test_reencoded_single_sender_gives_texts_logits(tiny_model):
     text = receive(tiny_model, ProtocolSpec("text"), one, senders[:1], prefix)
     got = receive(tiny_model, ProtocolSpec("kv-reencoded"), one, reencode_in_receiver_frame(tiny_model, one, senders[:1]), prefix)
     torch.testing.assert_close(got.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_reencoded_blend_recomputes_where_the_reencoded_spans_still_deviate(tiny_model):
+    from kvcomm.protocols import reencode_in_receiver_frame
+
+    layout, senders, prefix = _two_sender_setup(tiny_model)
+    again = reencode_in_receiver_frame(tiny_model, layout, senders)
+    text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
+    full = receive(tiny_model, ProtocolSpec("kv-reencoded+blend", ratio=1.0), layout, again, prefix)
+    torch.testing.assert_close(full.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
+    assert ProtocolSpec("kv-reencoded+blend", ratio=0.25).label == "kv-reencoded+blend r=0.25"
+    # A's re-encoded span is B's own prefill (no deviation); C's missed A's message: the recompute
+    # goes to C's chunk, where kv-blend over the senders' own spans spreads it over both
+    part = receive(tiny_model, ProtocolSpec("kv-reencoded+blend", ratio=0.25), layout, again, prefix)
+    a_share, c_share = part.extra["recomputed_per_sender"]
+    assert a_share == 0 and c_share > 0
+    own = receive(tiny_model, ProtocolSpec("kv-blend", ratio=0.25), layout, senders, prefix)
+    assert own.extra["recomputed_per_sender"][0] > 0
+    with pytest.raises(KVCommError, match="re-encoded spans"):
+        receive(tiny_model, ProtocolSpec("kv-reencoded+blend"), layout, senders, prefix)
