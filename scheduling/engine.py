@@ -8,174 +8,27 @@ the policy's victim (FCFS: the last running request) is preempted by recompute, 
 requests are admitted only if nothing was preempted in this step, up to ``max_num_seqs``, each
 after a prefix-cache lookup (hit capped at known tokens − 1, whole blocks) and a connector lookup.
 
-Events are frozen dataclasses kept in a ``heapq`` as ``(time_s, priority, seq, event)``; ``seq``
-comes from this engine's own ``itertools.count()``, so ties are broken first by kind
-(:class:`EventPriority`) and then by creation order, and two engines never share a counter.
-``handle(engine)`` returns the events it creates. ``run()`` returns an :class:`EngineResult`.
+Events (``scheduling.events``) are kept in a ``heapq`` as ``(time_s, priority, seq, event)``; ``seq``
+comes from this engine's own ``itertools.count()``, so two engines never share a counter.
+``run()`` returns an :class:`scheduling.outputs.EngineResult`; sizes come in an
+:class:`scheduling.engine_config.EngineConfig`.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, Sequence
 
 from gpubench.errors import ConfigError
+from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
+from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
 from scheduling.kv_cache import BlockPool
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, JobRecord, StepRecord, TurnRecord  # noqa: F401 (re-exported)
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
 from scheduling.policies.base import KVPolicy
-from scheduling.request import BLOCK_SIZE, JobState, Request, Status
+from scheduling.request import JobState, Request, Status
 from scheduling.step_cost import StepCost
 from scheduling.traces import Job
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine sizes (never mutated; derive a new one with ``dataclasses.replace``).
-
-    Args:
-        num_gpu_blocks: usable KV blocks on the GPU (the null block comes on top).
-        max_num_batched_tokens: token budget per step (vLLM V1 server default on large GPUs: 8192).
-        max_num_seqs: most running requests (vLLM default 256).
-        kv_bytes_per_token: K+V bytes of one token over all layers (for host pools and loads).
-        host_link_gbs: GPU<->host bandwidth in GB/s (connectors' default bandwidth).
-        record_steps: keep the per-step log (the benchmark turns it off to time the core only).
-        fast_path: use the decode-group fast path (identical results; off only to test that).
-        block_size: tokens per KV block (vLLM's GPU default 16; its CPU build uses 128 and needs a
-            multiple of 32).
-        reserve_full_sequence: admit a waiting request only when the free blocks hold its whole
-            known sequence (vLLM's ``scheduler_reserve_full_isl``, on by default in vLLM 0.32);
-            False admits on its first chunk alone, as older vLLM did.
-    """
-
-    num_gpu_blocks: int
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    kv_bytes_per_token: int = 131072
-    host_link_gbs: float = 64.0
-    record_steps: bool = True
-    fast_path: bool = True
-    block_size: int = BLOCK_SIZE
-    reserve_full_sequence: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
-
-    @property
-    def block_bytes(self) -> int:
-        return self.kv_bytes_per_token * self.block_size
-
-
-class EventPriority(IntEnum):
-    """Order of events at the same instant: finish the step, then loads, arrivals, pin expiries;
-    scheduling last so that every arrival of an instant can join the step it triggers."""
-
-    STEP_END = 0
-    LOAD_DONE = 1
-    ARRIVAL = 2
-    PIN_EXPIRY = 3
-    SCHEDULE = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something that happens at ``time_s``. The contract: ``handle`` changes the engine's state and
-    puts any event it causes on the heap itself (``Engine.push``, or ``Engine.wake`` for a
-    scheduling pass); it returns nothing."""
-
-    time_s: float
-    seq: int
-    priority: ClassVar[int] = EventPriority.SCHEDULE
-
-    def handle(self, engine: "Engine") -> None:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True, slots=True)
-class ArrivalEvent(Event):
-    """Turn ``turn`` of a job arrives (the job's arrival, or the previous turn's finish + tool gap)."""
-
-    job_state: JobState
-    turn: int
-    priority: ClassVar[int] = EventPriority.ARRIVAL
-
-    def handle(self, engine: "Engine") -> None:
-        engine.on_arrival(self.job_state, self.turn, self.time_s)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadDoneEvent(Event):
-    """An asynchronous connector load finished: the request may continue its prefill."""
-
-    request: Request
-    num_computed: int
-    priority: ClassVar[int] = EventPriority.LOAD_DONE
-
-    def handle(self, engine: "Engine") -> None:
-        engine.on_load_done(self.request, self.num_computed, self.time_s)
-
-
-@dataclass(frozen=True, slots=True)
-class BlocksReleaseEvent(Event):
-    """Blocks a policy held past their request's finish (a KV store still copying them out, as a
-    vLLM connector delays freeing) go back to the pool."""
-
-    blocks: list
-    priority: ClassVar[int] = EventPriority.LOAD_DONE
-
-    def handle(self, engine: "Engine") -> None:
-        engine.pool.free_blocks(self.blocks, True)
-        engine.wake(self.time_s)
-
-
-@dataclass(frozen=True, slots=True)
-class PinExpiryEvent(Event):
-    """A Continuum pin's deadline."""
-
-    job_state: JobState
-    priority: ClassVar[int] = EventPriority.PIN_EXPIRY
-
-    def handle(self, engine: "Engine") -> None:
-        engine.policy.on_pin_deadline(self.job_state, self.time_s)
-        engine.wake(self.time_s)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleEvent(Event):
-    priority: ClassVar[int] = EventPriority.SCHEDULE
-
-    def handle(self, engine: "Engine") -> None:
-        engine.schedule_pending = False
-        engine.try_step(self.time_s)
-
-
-@dataclass
-class EngineResult:
-    """What :meth:`Engine.run` returns: records as tuples in the *_COLUMNS order, and counters."""
-
-    steps: list = field(default_factory=list)
-    turns: list = field(default_factory=list)
-    jobs: list = field(default_factory=list)
-    num_steps: int = 0
-    num_preemptions: int = 0
-    num_inline_decode_steps: int = 0  # steps run by the pure-decode loop (Engine._decode_run)
-    sim_time_s: float = 0.0
-    wall_s: float = 0.0
-    num_gpu_blocks: int = 0
-    policy_stats: dict = field(default_factory=dict)
-
-    def step_records(self) -> list[StepRecord]:
-        """The step log with named fields (the engine itself keeps plain tuples: they are cheaper)."""
-        return [StepRecord._make(r) for r in self.steps]
-
-    def turn_records(self) -> list[TurnRecord]:
-        return [TurnRecord._make(r) for r in self.turns]
-
-    def job_records(self) -> list[JobRecord]:
-        return [JobRecord._make(r) for r in self.jobs]
 
 
 class Engine:

@@ -21,9 +21,8 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from gpubench.errors import ConfigError
-from scheduling.engine import EngineResult
 from scheduling.metrics import summarize
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
+from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
 from scheduling.replay import ReplayResult
 from scheduling.traces import Job, job_to_dict
 from vllmref.settings import EngineSettings

@@ -5,6 +5,7 @@ The engine's hot loop appends plain tuples in these orders; ``StepRecord``, ``Tu
 ``JobRecord`` name their fields for readers and tests (``EngineResult.step_records()`` etc.), and
 the ``*_COLUMNS`` tuples are their field names.
 """
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -64,3 +65,29 @@ TURN_COLUMNS = TurnRecord._fields
 # What every reader may rely on in turns.csv (the contract of the step log, docs/scheduling.md).
 TURN_CONTRACT_COLUMNS = TURN_COLUMNS[:14]
 JOB_COLUMNS = JobRecord._fields
+
+
+@dataclass
+class EngineResult:
+    """What :meth:`Engine.run` returns: records as tuples in the *_COLUMNS order, and counters."""
+
+    steps: list = field(default_factory=list)
+    turns: list = field(default_factory=list)
+    jobs: list = field(default_factory=list)
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_inline_decode_steps: int = 0  # steps run by the pure-decode loop (Engine._decode_run)
+    sim_time_s: float = 0.0
+    wall_s: float = 0.0
+    num_gpu_blocks: int = 0
+    policy_stats: dict = field(default_factory=dict)
+
+    def step_records(self) -> list[StepRecord]:
+        """The step log with named fields (the engine itself keeps plain tuples: they are cheaper)."""
+        return [StepRecord._make(r) for r in self.steps]
+
+    def turn_records(self) -> list[TurnRecord]:
+        return [TurnRecord._make(r) for r in self.turns]
+
+    def job_records(self) -> list[JobRecord]:
+        return [JobRecord._make(r) for r in self.jobs]

@@ -122,7 +122,7 @@ class ContinuumPolicy(KVPolicy):
         pin = self._pins[js.index] = _Pin(js, req.blocks, now_s + ttl_s)
         self._num_pinned_blocks += len(req.blocks)
         self.num_pins += 1
-        from scheduling.engine import PinExpiryEvent
+        from scheduling.events import PinExpiryEvent
 
         assert self.engine is not None  # attached before the engine runs
         self.engine.push(PinExpiryEvent, pin.deadline_s, js)

@@ -168,7 +168,7 @@ class HostPoolMixin:
         """True: free the blocks now (the copy is done). Else free them at ``stored_s``."""
         if stored_s <= now_s:
             return True
-        from scheduling.engine import BlocksReleaseEvent
+        from scheduling.events import BlocksReleaseEvent
 
         self.num_delayed_frees += 1
         assert self.engine is not None  # attached before the engine runs

@@ -5,7 +5,8 @@ from typing import ClassVar
 import pytest
 
 from gpubench.errors import ConfigError
-from scheduling.engine import Engine, EngineConfig, Event
+from scheduling.engine import Engine, EngineConfig
+from scheduling.events import Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
 from scheduling.traces import long_context_params, synthetic_jobs, with_poisson_arrivals
