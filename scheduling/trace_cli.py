@@ -153,15 +153,15 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
 
 
 def cmd_swesmith(args: argparse.Namespace) -> int:
-    from scheduling import swesmith, traces
+    from scheduling import swesmith_gen, traces
 
     _check_jobs(args.jobs)
     if args.out.suffix not in (".parquet", ".jsonl"):
         raise ConfigError(f"--out must end in .parquet or .jsonl, got {args.out}")
     if args.out.exists() and args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a directory")
-    rows = swesmith.generate_trajectories(args.jobs, args.seed, traces.PRESETS[args.preset]())
-    swesmith.write_trajectories(args.out, rows)
+    rows = swesmith_gen.generate_trajectories(args.jobs, args.seed, traces.PRESETS[args.preset]())
+    swesmith_gen.write_trajectories(args.out, rows)
     size_mb = args.out.stat().st_size / 1e6
     print(f"wrote {args.jobs} trajectories ({size_mb:.1f} MB) to {args.out}")
     return 0

@@ -14,16 +14,15 @@ from scheduling.swesmith import (
     estimate_tokens,
     get_token_counter,
     load_swesmith,
-    sample_trajectories,
     tool_class,
     trajectory_to_job,
-    write_sample,
 )
+from scheduling.swesmith_gen import sample_trajectories, write_sample
 from scheduling.traces import load_trace
 
 
 def test_shipped_sample_is_current(tmp_path):
-    """The committed file is exactly what write_sample() generates (regenerate: python -m scheduling.swesmith)."""
+    """The committed file is exactly what write_sample() generates (regenerate: python -m scheduling.swesmith_gen)."""
     fresh = write_sample(tmp_path / "s.jsonl")
     assert fresh.read_text() == SAMPLE_PATH.read_text()
 
