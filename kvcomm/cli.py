@@ -51,7 +51,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
     from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS
-    from kvcomm.names import LOAD_FLAG
+    from kvcomm.load import LOAD_FLAG
 
     x = kv_sub.add_parser(
         "serve-exchange", help="prefix-cache hit rate and TTFT saving of a two-agent exchange on a serving backend",

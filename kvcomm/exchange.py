@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import KVCommError, suggest
-from kvcomm.names import LOAD_FLAG
+from kvcomm.load import LOAD_FLAG, load_flags
 
 SCHEMA = "kvcomm-serve-exchange/1"
 EXCHANGE_TASKS = ("drift", "multihop")
@@ -264,11 +264,7 @@ def summarize(rows: list[dict], *, client: dict, cfg: ExchangeConfig, cold_mode:
     med_w, med_c = statistics.median(ttft_w), statistics.median(ttft_c)
     threads = client.get("threads") or 0
     loads = [r["loadavg_1m"] for r in rows]
-    flags = []
-    if load_before is not None and load_before > LOAD_FLAG:
-        flags.append(f"load average {load_before:.2f} before the run (> {LOAD_FLAG})")
-    if max(loads) > LOAD_FLAG + threads:
-        flags.append(f"load average up to {max(loads):.2f} during the run (> {LOAD_FLAG} + the backend's {threads} threads)")
+    flags = load_flags(load_before, loads, threads, whose="the backend's")
     hit_rate = {
         "b_warm_usage": _ratio([w["cached_tokens"] for w in warm], [w["prompt_tokens"] for w in warm]),
         "b_warm_counters": _ratio([w.get("counter_hits") for w in warm], [w.get("counter_queries") for w in warm]),

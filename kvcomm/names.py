@@ -8,6 +8,3 @@ BLEND_PROTOCOLS = ("kv-blend", "kv-reencoded+blend")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")
-# 1-minute load average above which a timed kvcomm run is flagged (before it starts; while it runs, the
-# run's own threads are added): on the 2-core machine this means another job competes for the cores
-LOAD_FLAG = 1.5

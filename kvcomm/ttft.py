@@ -15,7 +15,7 @@ Repetitions are interleaved (every protocol once per round, in a rotated order, 
 warm-up round), and the speedup is the median over rounds of TTFT(text) / TTFT(protocol) taken in
 the same round, so that a shared machine's drift cancels in the ratio. The 1-minute load average
 is sampled every round and the process's CPU share (CPU seconds / wall seconds) measured over the
-timed rounds; a run is flagged in every output when the load before it exceeded ``LOAD_FLAG``, or
+timed rounds; a run is flagged in every output when the load before it exceeded ``kvcomm.load.LOAD_FLAG``, or
 the load during it ``LOAD_FLAG`` plus its own threads.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpubench.errors import KVCommError
-from kvcomm.names import LOAD_FLAG
+from kvcomm.load import load_flags
 
 ROWS_FILE = "rows.jsonl"
 QUESTION = "Which code was set last in the log above? Reply with the code only."
@@ -135,17 +135,6 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def load_flags(rows: list[dict], load_before: float, num_threads: int) -> list[str]:
-    """Why the run's timings are not for quoting (none: not flagged); the rule serve-exchange uses."""
-    flags = []
-    if load_before > LOAD_FLAG:
-        flags.append(f"load average {load_before:.2f} before the run (> {LOAD_FLAG})")
-    during = max(r["loadavg_1m"] for r in rows)
-    if during > LOAD_FLAG + num_threads:
-        flags.append(f"load average up to {during:.2f} during the run (> {LOAD_FLAG} + its {num_threads} thread(s))")
-    return flags
-
-
 def markdown_table(summary: list[dict]) -> str:
     head = ("| imported tokens | protocol | rounds | B's TTFT median ms [IQR] | speedup vs text, median [IQR] | "
             "recomputed / imported |\n|---|---|---|---|---|---|\n")
@@ -192,7 +181,7 @@ def write_outputs(out_dir: Path, cfg: TtftConfig, rows: list[dict], command: str
     from gpubench.outdir import write_text_atomic
 
     summary = summarize(rows)
-    flags = load_flags(rows, load_before, cfg.num_threads)
+    flags = load_flags(load_before, [r["loadavg_1m"] for r in rows], cfg.num_threads)
     cpu = host_cpu()
     meta = {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "cpu_model": cpu.model_name, "num_cpus": os.cpu_count(), "config": {**asdict(cfg), "protocols":

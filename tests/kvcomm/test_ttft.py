@@ -58,3 +58,15 @@ def test_bad_input_is_one_line_and_writes_nothing(bad, message, tmp_path, capsys
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_one_load_rule_for_the_timed_kvcomm_runs():
+    from kvcomm.load import LOAD_FLAG, load_flags
+
+    assert load_flags(0.4, [1.0, 1.2], 1) == []
+    before, = load_flags(LOAD_FLAG + 0.1, [1.0], 1)
+    assert "before the run" in before
+    # while it runs, the run's own threads are allowed on top of the threshold, no more
+    assert load_flags(0.4, [LOAD_FLAG + 2.0], 2, whose="the backend's") == []
+    during, = load_flags(None, [LOAD_FLAG + 2.1], 2, whose="the backend's")
+    assert "during the run" in during and "the backend's 2 thread(s)" in during
