@@ -200,7 +200,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
     layout = receiver_layout(tokenizer, ex, senders)
-    if any(s.name.startswith("kv-reencoded") and (ex.task, ex.index, s.label) not in done for s in cfg.protocols):
+    if any(s.ships_reencoded and (ex.task, ex.index, s.label) not in done for s in cfg.protocols):
         senders = reencode_in_receiver_frame(model, layout, senders)
     transfer = transfer_bytes(senders, [m.text for m in ex.messages])
     drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
@@ -218,7 +218,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
                 continue  # recomputed only as the KL reference of a resumed example
         elif text_logits is None:
             text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
-        if spec.name.startswith("kv-reencoded"):  # the senders' extra prefill, off B's critical path
+        if spec.ships_reencoded:  # the senders' extra prefill, off B's critical path
             rec.extra["sender_reencode_s"] = sum(s.reencode_s for s in senders)
         generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
         prediction = extract_answer(generated)
@@ -235,12 +235,10 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
 def transfer_bytes(senders, texts: list[str]) -> dict:
     """Bytes the senders' messages take on the wire: KV in fp32, bf16 and int8 (kvcomm.quant's
     storage, scales and zero points included), and the message text as UTF-8."""
-    import torch
-
     from kvcomm.quant import quantize
 
-    return {"fp32": sum(s.cache.to(torch.float32).nbytes for s in senders),
-            "bf16": sum(s.cache.to(torch.bfloat16).nbytes for s in senders),
+    elements = sum(t.numel() for s in senders for t in (*s.cache.keys, *s.cache.values))
+    return {"fp32": 4 * elements, "bf16": 2 * elements,
             "int8": sum(quantize(s.cache).nbytes for s in senders),
             "text_utf8": sum(len(t.encode("utf-8")) for t in texts)}
 

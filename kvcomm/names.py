@@ -5,6 +5,8 @@ PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv
              "kv-reencoded+blend")
 # protocols that take one run per --ratio value (CacheBlend's recompute share)
 BLEND_PROTOCOLS = ("kv-blend", "kv-reencoded+blend")
+# protocols that ship the span the sender re-encoded in B's frame (protocols.reencode_in_receiver_frame)
+REENCODED_PROTOCOLS = ("kv-reencoded", "kv-reencoded+blend")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")

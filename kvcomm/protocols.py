@@ -61,7 +61,7 @@ import torch
 
 from gpubench.errors import KVCommError, suggest
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
-from kvcomm.names import BLEND_PROTOCOLS, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS  # noqa: F401 - defined once, there
+from kvcomm.names import BLEND_PROTOCOLS, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, REENCODED_PROTOCOLS  # noqa: F401 - defined there
 from kvcomm.rope import reposition
 from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
 
@@ -92,6 +92,11 @@ class ProtocolSpec:
         if self.name in BLEND_PROTOCOLS:
             return f"{self.name} r={self.ratio:g}"
         return self.name
+
+    @property
+    def ships_reencoded(self) -> bool:
+        """The sender ships its message re-encoded in B's frame (it must have run ``reencode_in_receiver_frame``)."""
+        return self.name in REENCODED_PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ class _Span:
 def _shipped_span(spec: ProtocolSpec, sender: SenderState) -> KVCache:
     """The K/V a sender ships under ``spec``: its message span as encoded in its own chat, or (the
     kv-reencoded protocols) as re-encoded in B's frame."""
-    if not spec.name.startswith("kv-reencoded"):
+    if not spec.ships_reencoded:
         return sender.cache
     if sender.reencoded is None:
         raise KVCommError(f"{spec.name} needs the senders' re-encoded spans (reencode_in_receiver_frame)")

@@ -91,11 +91,12 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         example = Example(task="ttft", index=length, messages=(message,), question=QUESTION, answer="")
         layout = receiver_layout_ids(tokenizer, example, [msg_ids])
         prefix = receiver_prefix(model, layout)
-        if any(p.name.startswith("kv-reencoded") for p in cfg.protocols):
+        if any(p.ships_reencoded for p in cfg.protocols):
             (sender,) = reencode_in_receiver_frame(model, layout, [sender])
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed
             receive(model, spec, layout, [sender], prefix, rope)
+        first_row = len(rows)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for rnd in range(cfg.repeats):
             order = specs[rnd % len(specs):] + specs[:rnd % len(specs)]
@@ -106,9 +107,8 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
                              "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
                              "num_prompt_tokens": len(layout.ids), "loadavg_1m": load})
         share = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
-        for row in rows:
-            if row["num_imported"] == layout.num_imported:
-                row["cpu_share"] = share
+        for row in rows[first_row:]:
+            row["cpu_share"] = share
         if progress is not None:
             progress(f"{layout.num_imported} imported tokens: {cfg.repeats} rounds, CPU share {share:.2f}")
     return rows
