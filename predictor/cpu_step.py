@@ -68,7 +68,9 @@ class CpuTableStep:
         # Qwen3: q_norm and k_norm, one RMSNorm call each over T rows of q's and k's width
         self.qk_norms = (seg("rmsnorm", q, 0), seg("rmsnorm", kv, 0)) if cfg.qk_norm else ()
         self.num_layers = cfg.num_layers
-        self.engine = self._engine_curve(tables) if engine_cost and self.linear_engine == "vllm" else None
+        vllm_engine = engine_cost and self.linear_engine == "vllm"
+        self.engine = self._engine_curve(tables) if vllm_engine else None
+        self.layer_engine = self._layer_engine_curve(tables, cfg.hidden_size) if vllm_engine else None
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
         # vLLM's layout runs vLLM's paged-attention kernel (the vllm_ops attention rows, ``attn_vllm``)
@@ -101,9 +103,45 @@ class CpuTableStep:
                     for b, s, c in zip(eng["num_seqs"], eng["s"], eng["context_mean"])]
         return Curve1D(tuple(int(b) for b in eng["num_seqs"]), tuple(residual))
 
+    def _layer_engine_curve(self, tables: CpuOpTables, width: int):
+        """vLLM's cost per layer outside the ops, by number of sequences, at this model's width:
+        at each probed width, the measured step time per added layer of the synthetic models minus
+        what these tables price their added layers at (clipped at zero), interpolated in log width
+        and clamped to the probed widths (None without engine_layers rows)."""
+        from predictor.config import from_dict
+        from predictor.cpu_tables import Curve1D, _bracket
+
+        nodes = (tables.d.get("layers_vllm") or {}).get("nodes") or []
+        if not nodes:
+            return None
+        curves = {}
+        for node in nodes:
+            (shallow, deep), added = node["depths"][:2], node["depths"][1] - node["depths"][0]
+            lo, hi = (CpuTableStep(tables, from_dict(node["configs"][i], name=f"layers-w{node['width']}-l{d}"),
+                                   "fused", engine_cost=False) for i, d in enumerate((shallow, deep)))
+            residual = []
+            for j, b in enumerate(node["num_seqs"]):
+                measured = node["s"][1][j] - node["s"][0][j]
+                batch_lo = [(1, int(node["context_mean"][0][j]))] * b
+                batch_hi = [(1, int(node["context_mean"][1][j]))] * b
+                priced = hi.predict_time(batch_hi) - lo.predict_time(batch_lo)
+                residual.append(max(0.0, measured - priced) / added)
+            curves[node["width"]] = Curve1D(tuple(node["num_seqs"]), tuple(residual))
+        widths = sorted(curves)
+        i, j, w = _bracket(widths, width)
+        a, b = curves[widths[i]], curves[widths[j]]
+        xs = sorted(set(a.x) | set(b.x))
+        return Curve1D(tuple(xs), tuple((1 - w) * a.at(x, proportional_past_end=False)
+                                        + w * b.at(x, proportional_past_end=False) for x in xs))
+
     def engine_s(self, num_seqs: int) -> float:
-        """vLLM's per-step engine cost for ``num_seqs`` sequences (0 for the torch engine)."""
-        return 0.0 if self.engine is None else self.engine.at(num_seqs)
+        """vLLM's engine cost for ``num_seqs`` sequences: per step, plus per layer where the probe
+        run measured it (0 for the torch engine). Past the probed numbers of sequences the per-layer
+        cost stays at the last one's (it is not work that grows with the batch's tokens)."""
+        t = 0.0 if self.engine is None else self.engine.at(num_seqs)
+        if self.layer_engine is not None:
+            t += self.num_layers * self.layer_engine.at(num_seqs, proportional_past_end=False)
+        return t
 
     def attention_s(self, batch) -> float:
         """One layer's attention: the decode group (one call) plus one call per prefill sequence.

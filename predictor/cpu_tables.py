@@ -179,6 +179,25 @@ def _linear_nodes(lin) -> dict:
             "num_threads": int(lin["num_threads"].iloc[0]) if "num_threads" in lin else 1}
 
 
+def _layer_nodes(rows) -> dict:
+    """The ``engine_layers`` rows per width: the synthetic model's config at each depth and the
+    median step seconds per (depth, number of sequences); CpuTableStep prices the difference."""
+    nodes = []
+    for w, g in rows.groupby("width"):
+        depths = sorted({int(v) for v in g["layers"]})
+        batches = sorted({int(v) for v in g["batch"]})
+        if len(depths) < 2:
+            continue
+        cell = {(int(r.layers), int(r.batch)): r for r in g.itertuples()}
+        if any((dd, b) not in cell for dd in depths for b in batches):
+            continue  # an incomplete grid (a row failed): no per-layer cost at this width
+        nodes.append({"width": int(w), "depths": depths, "num_seqs": batches,
+                      "configs": [dict(cell[(dd, batches[0])].config) for dd in depths],
+                      "s": [[float(cell[(dd, b)].t_median_s) for b in batches] for dd in depths],
+                      "context_mean": [[float(cell[(dd, b)].context_mean) for b in batches] for dd in depths]})
+    return {"nodes": nodes, "num_rows": int(len(rows))}
+
+
 def _phase_normalized(df):
     """Row medians rescaled to the run's median reference GEMV (see the module docstring); rows
     without ``ref_times_s`` (older runs) are used as measured."""
@@ -300,6 +319,9 @@ class CpuOpTables:
             d["engine_vllm"] = {"model": str(engine["model"].iloc[0]), "num_seqs": [int(v) for v in engine["batch"]],
                                 "s": [float(v) for v in engine["t_median_s"]],
                                 "context_mean": [float(v) for v in engine["context_mean"]], "num_rows": int(len(engine))}
+        layers: Any = _rows(vllm_frame, "engine_layers", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+        if len(layers):
+            d["layers_vllm"] = _layer_nodes(layers)
         if len(vllm_lin):
             d["linear_vllm"] = {**_linear_nodes(vllm_lin), "engine": "vllm",
                                 "vllm_version": str(vllm_lin["vllm_version"].iloc[0]) if "vllm_version" in vllm_lin else None}

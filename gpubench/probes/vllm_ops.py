@@ -34,6 +34,12 @@ when the model's own ops cost next to nothing. ``gpubench fit`` keeps the per-B 
 model subtracts what its tables price tiny-llama's ops at and charges the rest, vLLM's per-step
 engine cost, to every vLLM step. One engine start per B (``vllmref.worker_profile``).
 
+``family = "engine_layers"``: the same engine steps for synthetic Llamas of width 384 and 1024 at
+2 and 6 layers (random weights, B = 1 and 8; quick: B = 1). The time per added layer, less what
+the op tables price a layer at, is vLLM's per-layer cost outside the ops (its Python layer code,
+custom-op dispatch and attention metadata, with the caches cold after the layer's weights), which
+``gpubench fit`` keeps as ``layers_vllm`` and the step model charges once per layer.
+
 Skipped, with the reason, on a host without the vLLM environment.
 """
 from __future__ import annotations
@@ -41,6 +47,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import subprocess
 import zlib
 
@@ -55,6 +62,15 @@ ENGINE_BATCH = (1, 2, 4, 8, 16, 32)
 QUICK_ENGINE_BATCH = (1, 4, 16)
 ENGINE_PROMPT_TOKENS = 64
 ENGINE_DECODE_STEPS = 24              # per B: decode steps after the prefill; the first 2 are warm-up
+# Synthetic Llama layers (random weights) at two depths per width: the step-time difference per
+# layer, less what the op tables price a layer at, is vLLM's per-layer cost that no op probe sees
+# (its Python layer code, custom-op dispatch and attention metadata, run with cold caches after a
+# layer's weights streamed by). Widths bracket small models; wider ones take the widest's cost.
+LAYER_WIDTHS = (384, 1024)
+LAYER_DEPTHS = (2, 6)
+LAYER_BATCH = (1, 8)
+QUICK_LAYER_BATCH = (1,)
+LAYER_HEAD_DIM = 64
 
 
 class _VllmWorker:
@@ -157,12 +173,24 @@ class VllmOpsProbe(Probe):
                         params={"family": "engine_step", "engine": "vllm", "dtype": "fp32", "model": ENGINE_MODEL,
                                 "batch": b, "num_threads": threads},
                         label=f"vllm engine step {ENGINE_MODEL} B={b}"))
+            if opt(cfg, "vllm_ops", "engine_layers", True):
+                for w in LAYER_WIDTHS:
+                    for depth in LAYER_DEPTHS:
+                        for b in (QUICK_LAYER_BATCH if q else LAYER_BATCH):
+                            if b <= max_b:
+                                specs.append(MeasurementSpec(
+                                    key=f"vllm_engine_layers_w{w}_l{depth}_b{b}",
+                                    params={"family": "engine_layers", "engine": "vllm", "dtype": "fp32",
+                                            "width": w, "layers": depth, "batch": b, "num_threads": threads},
+                                    label=f"vllm engine step, {depth} layers of width {w}, B={b}"))
         return specs
 
     def measure(self, spec: MeasurementSpec) -> dict:
         p = spec.params
         if p["family"] == "engine_step":
             return _measure_engine_step(p)
+        if p["family"] == "engine_layers":
+            return _measure_engine_layers(p)
         if p["family"] in ("attn_decode", "attn_prefill"):
             return _measure_attention(p)
         req = {"m": p["m"], "n": p["n"], "k": p["k"], "dtype": p["dtype"], "pool_bytes": p["pool_bytes"],
@@ -242,6 +270,32 @@ def _measure_attention(p: dict) -> dict:
     # once per KV head, Q read and the output written once.
     return {**base, **_WORKER.versions, **reply, "flops": 4 * pairs * h * d,
             "bytes": (2 * kv_tokens * hkv * d + 2 * query_tokens * h * d) * itemsize}
+
+
+def layer_probe_config(width: int, layers: int) -> dict:
+    """The Hugging Face config of the synthetic Llama the ``engine_layers`` rows run: ``layers``
+    layers of ``width`` (head_dim 64, one KV head per four query heads, MLP 8/3 x width rounded to
+    64, a 1,024-token vocabulary so the LM head costs next to nothing)."""
+    heads = max(1, width // LAYER_HEAD_DIM)
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": width,
+            "intermediate_size": 64 * round(8 * width / 3 / 64), "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 4), "head_dim": LAYER_HEAD_DIM,
+            "vocab_size": 1024, "tie_word_embeddings": True, "rope_theta": 10000.0, "rope_scaling": None,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def _measure_engine_layers(p: dict) -> dict:
+    """``_measure_engine_step`` on the synthetic Llama of ``p``'s width and depth (its config kept in
+    the row, so the fit can price the same model's ops)."""
+    from vllmref import env
+
+    config = layer_probe_config(int(p["width"]), int(p["layers"]))
+    path = env.models_dir() / "layer-probes" / f"layers-w{p['width']}-l{p['layers']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(config, indent=1))
+    os.replace(tmp, path)
+    return {**_measure_engine_step({**p, "model": str(path)}), "model": path.stem, "config": config}
 
 
 def _measure_engine_step(p: dict) -> dict:

@@ -96,7 +96,8 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     p = fused.predict([(1, 100)] * b)
     # clipped at zero: on a noisy host the short tiny-run grid can price the tiny model's ops above
     # its measured step, so whether this run's residual is positive depends on the host
-    assert p.host_s == pytest.approx(max(0.0, t - priced), rel=1e-9)
+    per_layer = fused.cpu_table.layer_engine.at(b, proportional_past_end=False)
+    assert p.host_s == pytest.approx(max(0.0, t - priced) + fused.model.num_layers * per_layer, rel=1e-9)
     assert p.total_s == pytest.approx(sum(op.t_s for op in p.ops.values()) + p.host_s, rel=1e-12)
     assert separate.predict([(1, 100)] * b).host_s == 0.0
     # the same run with its engine steps measured 10x slower: every extra second is engine cost
@@ -114,8 +115,63 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     slow_path = tmp_path / "slow.json"
     fit_run(slow_dir, argv=["test"], allow_contended=True).save(slow_path)
     slow = StepModel("cpu", "llama-60m", calibration=slow_path, gemm_layout="fused").predict([(1, 100)] * b)
-    assert slow.host_s == pytest.approx(10 * t - priced, rel=1e-9) and slow.host_s > p.host_s
+    assert slow.host_s == pytest.approx(10 * t - priced + fused.model.num_layers * per_layer, rel=1e-9)
+    assert slow.host_s > p.host_s
     assert slow.total_s - slow.host_s == pytest.approx(p.total_s - p.host_s, rel=1e-12)
+
+
+def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
+    """Synthetic Llamas at two depths per width: the fit keeps their configs and step times, and the
+    step model charges each layer the measured time per added layer less the tables' price of one."""
+    from predictor.calibrate import Calibration, fit_run
+    from predictor.step import StepModel
+
+    run_dir, every = tiny_run
+    rows = every[every.family == "engine_layers"]
+    assert rows.valid.all() and set(rows.layers) == {2, 6} and set(rows.width) == {384, 1024}
+    assert (rows.batch == 1).all()  # vllm_ops.max_batch=4 leaves B = 1 of (1, 8)
+    for r in rows.itertuples():  # the row's config is the model vLLM ran
+        assert r.config["num_hidden_layers"] == r.layers and r.config["hidden_size"] == r.width
+        assert r.config["num_attention_heads"] == r.width // 64
+    # deeper is slower: each added layer streams its weights
+    for w in (384, 1024):
+        t = rows[rows.width == w].set_index("layers").t_median_s
+        assert t[6] > t[2]
+    base_path = tmp_path / "cal.json"
+    fit_run(run_dir, argv=["test"], allow_contended=True).save(base_path)
+    nodes = Calibration.load(base_path).cpu_ops["fp32"].d["layers_vllm"]["nodes"]
+    assert [n["width"] for n in nodes] == [384, 1024] and all(n["depths"] == [2, 6] for n in nodes)
+    # the same run with every 6-layer step 0.4 s and 0.8 s slower: past any clipping at zero, each
+    # added layer costs 0.1 s more between the two at every width, so the engine cost of a model of
+    # L layers grows by L x 0.1 s, and nothing else in its prediction moves
+    def shifted_calibration(extra_s: float):
+        shifted_dir = tmp_path / f"deeper-plus-{extra_s}"
+        shutil.copytree(run_dir, shifted_dir)
+        ops_file = shifted_dir / "vllm_ops.jsonl"
+        lines = []
+        for line in ops_file.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("family") == "engine_layers" and row["layers"] == 6:
+                row["t_median_s"] += extra_s
+                row["times_s"] = [v + extra_s for v in row["times_s"]]
+            lines.append(json.dumps(row))
+        ops_file.write_text("\n".join(lines) + "\n")
+        path = tmp_path / f"shifted-{extra_s}.json"
+        fit_run(shifted_dir, argv=["test"], allow_contended=True).save(path)
+        return path
+
+    once, twice = shifted_calibration(0.4), shifted_calibration(0.8)
+    for model, width in (("llama-3.2-1b", 2048), ("llama-60m", 512)):
+        a = StepModel("cpu", model, calibration=once, gemm_layout="fused")
+        b = StepModel("cpu", model, calibration=twice, gemm_layout="fused")
+        assert a.model.hidden_size == width
+        per_layer = [m.cpu_table.layer_engine.at(1, proportional_past_end=False) for m in (a, b)]
+        assert per_layer[1] - per_layer[0] == pytest.approx(0.1, rel=1e-9)
+        pa, pb = a.predict([(1, 100)]), b.predict([(1, 100)])
+        assert pb.host_s - pa.host_s == pytest.approx(a.model.num_layers * 0.1, rel=1e-9)
+        assert pb.total_s - pb.host_s == pytest.approx(pa.total_s - pa.host_s, rel=1e-12)
+    # the torch engine's layout pays no vLLM engine cost
+    assert StepModel("cpu", "llama-60m", calibration=twice, gemm_layout="separate").predict([(1, 100)]).host_s == 0
 
 
 def test_attention_rows_time_vllms_paged_kernel_and_count_what_it_computes(tiny_run):
