@@ -28,7 +28,8 @@ from scheduling.kv_cache import BlockPool
 from scheduling.policies import make_policy
 from scheduling.replay import ReplayConfig, run_replay
 from scheduling.step_cost import ConstantStepCost
-from scheduling.traces import Job, Turn, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import synthetic_jobs
+from scheduling.traces import Job, Turn, with_poisson_arrivals
 
 
 def _env() -> dict:

@@ -162,7 +162,7 @@ def register(sub) -> None:
 def load_jobs(args: argparse.Namespace):
     """Jobs from --trace (its first --jobs N when given) or N synthetic ones, with Poisson arrivals
     at --jps when given."""
-    from scheduling import traces
+    from scheduling import trace_synth, traces
 
     if args.num_jobs is not None and args.num_jobs < 1:
         raise ConfigError(f"--jobs needs at least 1 job, got {args.num_jobs}")
@@ -171,7 +171,7 @@ def load_jobs(args: argparse.Namespace):
             raise ConfigError("give the jobs: --trace FILE, or --jobs N --jps RATE for synthetic ones")
         if args.jps is None:
             raise ConfigError("synthetic jobs (--jobs without --trace) need --jps (job arrivals per second)")
-        jobs = traces.synthetic_jobs(args.num_jobs, seed=args.seed, params=traces.PRESETS[getattr(args, "preset", "swe")]())
+        jobs = trace_synth.synthetic_jobs(args.num_jobs, seed=args.seed, params=trace_synth.PRESETS[getattr(args, "preset", "swe")]())
     else:
         jobs = traces.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
         if args.num_jobs is not None:

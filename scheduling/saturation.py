@@ -25,7 +25,7 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
     from predictor import StepModel, load_model_config
     from scheduling.replay import kv_pool_blocks
     from scheduling.request import BLOCK_SIZE
-    from scheduling.traces import synthetic_jobs
+    from scheduling.trace_synth import synthetic_jobs
 
     load_model_config(model)  # an unknown model fails here, before the step model is built
     step = StepModel.for_names(sku=sku, model=model)

@@ -169,7 +169,8 @@ class SweepSpec:
 
 def cell_jobs(spec: SweepSpec, jps: float, seed: int):
     """The cell's workload: identical for every policy and SKU at this (JPS, seed)."""
-    from scheduling.traces import load_trace, synthetic_jobs, with_poisson_arrivals
+    from scheduling.trace_synth import synthetic_jobs
+    from scheduling.traces import load_trace, with_poisson_arrivals
 
     if spec.trace is not None:
         jobs = load_trace(spec.trace, seed=seed)[: spec.num_jobs]

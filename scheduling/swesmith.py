@@ -28,7 +28,7 @@ Tool names: the first word of the command (``grep -rn foo .`` -> ``grep``; a lea
 is skipped); editor tools (``str_replace_editor``) use their sub-command (``view``, ``create``,
 ``str_replace``...). The dataset has no timestamps, so each tool call's duration is drawn from a
 seeded duration model keyed by tool name: the name maps to a class (``TOOL_CLASSES``: view, search,
-edit, bash, test, python, submit) whose :class:`~scheduling.traces.ToolTimeModel` is
+edit, bash, test, python, submit) whose :class:`~scheduling.trace_synth.ToolTimeModel` is
 ``DEFAULT_TOOL_MODELS[class]``.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ import numpy as np
 
 from gpubench.errors import TraceFormatError
 from gpubench.jsonio import iter_jsonl
-from scheduling.traces import DEFAULT_TOOL_MODELS, Job, ToolTimeModel, Turn, validate_job
+from scheduling.trace_synth import DEFAULT_TOOL_MODELS, ToolTimeModel
+from scheduling.traces import Job, Turn, validate_job
 
 __all__ = [
     "load_swesmith", "trajectory_to_job", "tool_class", "estimate_tokens", "get_token_counter",

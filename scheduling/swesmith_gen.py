@@ -163,7 +163,7 @@ def generate_trajectories(num_jobs: int, seed: int = 0, params=None) -> Iterator
     tool call names a command of the turn's duration class, so loading the file draws tool times
     from the same models. Message text is filler: only lengths, roles and calls are real.
     """
-    from scheduling.traces import synthetic_jobs
+    from scheduling.trace_synth import synthetic_jobs
 
     jobs = synthetic_jobs(num_jobs, seed, params, id_prefix="swesmith")
     system_texts: dict[str, str] = {}

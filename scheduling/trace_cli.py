@@ -73,13 +73,13 @@ def _check_jobs(num_jobs: int) -> None:
 
 
 def load_stats(args: argparse.Namespace) -> tuple[str, list]:
-    from scheduling import traces
+    from scheduling import trace_synth, traces
 
     if args.trace is not None:
         return str(args.trace), traces.load_trace(args.trace, seed=args.seed)
     _check_jobs(args.jobs)
     return (f"synthetic {args.preset}, {args.jobs} jobs, seed {args.seed}",
-            traces.synthetic_jobs(args.jobs, args.seed, traces.PRESETS[args.preset]()))
+            trace_synth.synthetic_jobs(args.jobs, args.seed, trace_synth.PRESETS[args.preset]()))
 
 
 def stats_table(stats: dict, targets: dict) -> str:
@@ -93,7 +93,7 @@ def stats_table(stats: dict, targets: dict) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from scheduling.traces import SWE_SMITH_TARGETS, trace_stats
+    from scheduling.trace_synth import SWE_SMITH_TARGETS, trace_stats
 
     label, jobs = load_stats(args)
     stats = trace_stats(jobs)
@@ -117,7 +117,7 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from scheduling.traces import SWE_SMITH_TARGETS
+    from scheduling.trace_synth import SWE_SMITH_TARGETS
 
     turns = np.array([j.num_turns for j in jobs])
     prompt = np.array([sum(j.prompt_tokens(k) for k in range(j.num_turns)) for j in jobs]) / 1e3
@@ -153,14 +153,14 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
 
 
 def cmd_swesmith(args: argparse.Namespace) -> int:
-    from scheduling import swesmith_gen, traces
+    from scheduling import swesmith_gen, trace_synth
 
     _check_jobs(args.jobs)
     if args.out.suffix not in (".parquet", ".jsonl"):
         raise ConfigError(f"--out must end in .parquet or .jsonl, got {args.out}")
     if args.out.exists() and args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a directory")
-    rows = swesmith_gen.generate_trajectories(args.jobs, args.seed, traces.PRESETS[args.preset]())
+    rows = swesmith_gen.generate_trajectories(args.jobs, args.seed, trace_synth.PRESETS[args.preset]())
     swesmith_gen.write_trajectories(args.out, rows)
     size_mb = args.out.stat().st_size / 1e6
     print(f"wrote {args.jobs} trajectories ({size_mb:.1f} MB) to {args.out}")

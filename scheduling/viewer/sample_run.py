@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduling.traces import DEFAULT_TOOL_MODELS, Job, SyntheticParams, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import DEFAULT_TOOL_MODELS, SyntheticParams, synthetic_jobs
+from scheduling.traces import Job, with_poisson_arrivals
 from scheduling.viewer.data import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
 
 BLOCK = 16

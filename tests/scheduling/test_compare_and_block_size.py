@@ -10,7 +10,8 @@ from scheduling import compare
 from scheduling.engine import EngineConfig
 from scheduling.replay import ReplayConfig, run_replay, write_outputs
 from scheduling.step_cost import ConstantStepCost
-from scheduling.traces import Job, Turn, scaled_cpu_params, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import scaled_cpu_params, synthetic_jobs
+from scheduling.traces import Job, Turn, with_poisson_arrivals
 
 
 def two_turn_job() -> Job:

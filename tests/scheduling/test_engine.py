@@ -9,7 +9,8 @@ from scheduling.engine import Engine, EngineConfig
 from scheduling.events import Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
-from scheduling.traces import long_context_params, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import long_context_params, synthetic_jobs
+from scheduling.traces import with_poisson_arrivals
 from tests.conftest import job, run_engine as run, turn_dicts
 
 

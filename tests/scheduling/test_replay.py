@@ -11,7 +11,8 @@ from gpubench.errors import ConfigError
 from predictor import load_model_config
 from scheduling.engine import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
 from scheduling.replay import ReplayConfig, kv_pool_blocks, run_replay, write_outputs
-from scheduling.traces import SyntheticParams, save_trace, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import SyntheticParams, synthetic_jobs
+from scheduling.traces import save_trace, with_poisson_arrivals
 from tests.conftest import gpubench
 
 SMALL = SyntheticParams(turns_mean=4, turns_min=2, turns_max=6, obs_tokens_median=100, obs_tokens_max=600,

@@ -249,7 +249,8 @@ def test_browser_exported_file(browser, run_dir, tmp_path):
 def test_browser_on_real_replay_output(browser, tmp_path):
     """The viewer on what the real engine writes (not the fixture)."""
     from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.traces import with_poisson_arrivals
 
     params = SyntheticParams(turns_mean=6, turns_max=10, obs_tokens_median=300)
     jobs = with_poisson_arrivals(synthetic_jobs(12, 0, params), jps=1.0, seed=0)
@@ -281,7 +282,8 @@ def test_viewer_refuses_foreign_hosts_and_closes_idle_sockets(tmp_path, monkeypa
     import socket
 
     from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.traces import with_poisson_arrivals
     from scheduling.viewer import server as server_mod
 
     jobs = with_poisson_arrivals(synthetic_jobs(3, 0, SyntheticParams(turns_mean=3, turns_max=4)), jps=1.0, seed=0)
@@ -347,7 +349,8 @@ def test_token_budget_read_from_the_run():
 def _two_policies(tmp_path) -> list[Path]:
     """FCFS and Continuum replayed on the same jobs (the comparison the viewer is asked for)."""
     from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.traces import SyntheticParams, synthetic_jobs, with_poisson_arrivals
+    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.traces import with_poisson_arrivals
 
     jobs = with_poisson_arrivals(synthetic_jobs(10, 0, SyntheticParams(turns_mean=5, turns_max=8)), jps=1.0, seed=0)
     dirs = []

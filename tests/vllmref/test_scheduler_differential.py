@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from scheduling.traces import Job, Turn, scaled_cpu_params, synthetic_jobs, with_poisson_arrivals
+from scheduling.trace_synth import scaled_cpu_params, synthetic_jobs
+from scheduling.traces import Job, Turn, with_poisson_arrivals
 from vllmref import env
 
 if not env.is_ready():
