@@ -148,7 +148,8 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
 
 def cmd_eval(args) -> int:
     """Run (or resume) the evaluation and write the reports."""
-    from kvcomm.evaluate import EvalConfig, run_eval, write_reports
+    from kvcomm.eval_report import write_reports
+    from kvcomm.evaluate import EvalConfig, run_eval
     from kvcomm.tasks import check_task
 
     if args.n < 1:

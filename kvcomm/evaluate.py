@@ -1,4 +1,5 @@
-"""Evaluate protocols on tasks: accuracy with bootstrap intervals, receiver TTFT, recomputed tokens.
+"""Evaluate protocols on tasks: measure each (task, example, protocol) into a run directory's rows
+(accuracy, receiver TTFT, recomputed tokens); kvcomm.eval_report builds the summaries from them.
 
 One run directory holds::
 
@@ -30,22 +31,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from gpubench.errors import KVCommError
-from kvcomm.metrics import (  # noqa: F401
-    GOAL_RECOMPUTE_FRACTION,
-    GOAL_RELATIVE_ACCURACY,
-    NUM_BOOTSTRAP,
-    bootstrap_ci,
-    discordant_counts,
-    first_token_kl,
-    goal_verdict,
-    mcnemar_exact,
-    median_ci,
-    relative_ci,
-)
+from kvcomm.metrics import first_token_kl
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
@@ -281,165 +270,3 @@ def load_rows(out_dir: Path) -> pd.DataFrame:
         except json.JSONDecodeError:
             continue
     return pd.DataFrame(rows)
-
-
-# ---- summary ------------------------------------------------------------------------------------
-def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd.DataFrame:
-    """One row per (task, protocol); every comparison with ``text`` is paired on the same examples.
-
-    Columns beyond EM/F1: ``rel_em``/``rel_f1`` (Σ protocol / Σ text, paired bootstrap CI),
-    ``text_only_right``/``protocol_only_right`` (the discordant pairs) and ``mcnemar_p`` (exact
-    McNemar on EM), ``kl_median`` with its CI (rows without ``kl_text``, from older runs, give NaN),
-    and ``goal`` ("yes" / "no" / "n too small to decide"; "-" for text), ``meets_goal`` = goal == "yes",
-    ``goal_metric``: "em", or "rouge_l" for a free-text task (the goal then reads ``rel_f1``'s interval).
-    """
-    out = []
-    order = protocol_order or list(dict.fromkeys(rows["protocol"]))
-    for task, trows in rows.groupby("task", sort=False):
-        text = trows[trows["protocol"] == "text"].set_index("index")
-        for proto in [p for p in order if p in set(trows["protocol"])]:
-            prow = trows[trows["protocol"] == proto].set_index("index")
-            em, em_lo, em_hi = bootstrap_ci(prow["em"])
-            f1, f1_lo, f1_hi = bootstrap_ci(prow["f1"])
-            common = prow.index.intersection(text.index)
-            paired = len(common) > 0
-            nan3 = (np.nan,) * 3
-            rel, rel_lo, rel_hi = relative_ci(prow.loc[common, "em"], text.loc[common, "em"]) if paired else nan3
-            rel_f1, rel_f1_lo, rel_f1_hi = relative_ci(prow.loc[common, "f1"], text.loc[common, "f1"]) if paired else nan3
-            text_only, proto_only = discordant_counts(prow.loc[common, "em"], text.loc[common, "em"]) if paired else (0, 0)
-            kl = prow["kl_text"] if "kl_text" in prow else pd.Series(np.nan, index=prow.index)
-            kl_med, kl_lo, kl_hi = median_ci(kl)
-            speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if paired else pd.Series(dtype=float)
-            frac = prow["num_recomputed"].sum() / max(1, prow["num_imported"].sum())
-            # NOTE(H): agreement with text's own answer is the fidelity of the import, right or wrong
-            agree = (prow.loc[common, "prediction"] == text.loc[common, "prediction"]).mean() if paired else np.nan
-            # a free-text task's goal is on ROUGE-L kept (exact match of a sentence says little);
-            # its "right" examples are those where text's summary shares any word with the reference
-            metric = "f1" if "scoring" in prow and (prow["scoring"] == "rouge_l").any() else "em"
-            lo_hi = (rel_f1_lo, rel_f1_hi) if metric == "f1" else (rel_lo, rel_hi)
-            num_text_right = int((text.loc[common, metric] > (0.0 if metric == "f1" else 0.5)).sum()) if paired else 0
-            goal = ("-" if proto == "text" else "no text rows" if not paired
-                    else goal_verdict(*lo_hi, frac, num_text_right=num_text_right))
-            out.append({
-                "task": task, "protocol": proto, "n": len(prow), "n_paired": len(common),
-                "em": em, "em_lo": em_lo, "em_hi": em_hi, "f1": f1, "f1_lo": f1_lo, "f1_hi": f1_hi,
-                "rel_em": rel, "rel_em_lo": rel_lo, "rel_em_hi": rel_hi,
-                "rel_f1": rel_f1, "rel_f1_lo": rel_f1_lo, "rel_f1_hi": rel_f1_hi,
-                "text_only_right": text_only, "protocol_only_right": proto_only,
-                "mcnemar_p": mcnemar_exact(text_only, proto_only),
-                "kl_median": kl_med, "kl_lo": kl_lo, "kl_hi": kl_hi,
-                "agree_text": float(agree),
-                "ttft_median_s": float(prow["prefill_s"].median()),
-                "ttft_p20_s": float(prow["prefill_s"].quantile(0.2)), "ttft_p80_s": float(prow["prefill_s"].quantile(0.8)),
-                "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
-                "recompute_fraction": float(frac),
-                "num_imported_mean": float(prow["num_imported"].mean()),
-                "drift_mean": _mean_drift(prow),
-                "seam_aligned_share": float(prow["seam_aligned"].mean()) if "seam_aligned" in prow else np.nan,
-                **_transfer_medians(prow),
-                "goal": goal, "meets_goal": goal == "yes", "goal_metric": "rouge_l" if metric == "f1" else "em",
-            })
-    return pd.DataFrame(out)
-
-
-def _mean_drift(prow: pd.DataFrame) -> float:
-    """Mean over examples and senders of the position drift (NaN for rows without it)."""
-    if "drift_tokens" not in prow:
-        return float("nan")
-    values = [d for cell in prow["drift_tokens"] if isinstance(cell, list) for d in cell]
-    return float(np.mean(values)) if values else float("nan")
-
-
-TRANSFER_KINDS = ("fp32", "bf16", "int8", "text_utf8")
-
-
-def _transfer_medians(prow: pd.DataFrame) -> dict:
-    """Median bytes per example of each transfer kind, as ``transfer_<kind>_bytes`` (NaN for rows
-    measured before transfer_bytes was recorded)."""
-    cells = [c for c in prow["transfer_bytes"] if isinstance(c, dict) and c] if "transfer_bytes" in prow else []
-    return {f"transfer_{kind}_bytes": float(np.median([c[kind] for c in cells])) if cells else float("nan")
-            for kind in TRANSFER_KINDS}
-
-
-def _transfer_cell(r) -> str:
-    """What this protocol moves per example: the text's bytes for ``text``, else its KV in three dtypes."""
-    if not np.isfinite(r.transfer_fp32_bytes):
-        return "not recorded"
-    if r.protocol == "text":
-        return f"{r.transfer_text_utf8_bytes / 1024:.2f} (text)"
-    return f"{r.transfer_fp32_bytes / 1024:.0f} / {r.transfer_bf16_bytes / 1024:.0f} / {r.transfer_int8_bytes / 1024:.0f}"
-
-
-def _goal_note(r) -> str:
-    return " (on ROUGE-L)" if r.goal_metric == "rouge_l" and r.goal != "-" else ""
-
-
-def _kl_cell(r) -> str:
-    if not np.isfinite(r.kl_median):
-        return "not recorded"
-    return f"{r.kl_median:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}]"
-
-
-def markdown_table(summary: pd.DataFrame) -> str:
-    """The summary as a Markdown table (the README pastes this file, never retypes it)."""
-    head = ("| task | protocol | n | EM [95% CI] | F1 (summary: ROUGE-L) | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
-            "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
-            "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
-            "moved per example, KiB (KV fp32 / bf16 / int8) | goal |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in summary.itertuples():
-        lines.append(
-            f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
-            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}] | "
-            f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
-            f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
-            f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
-            f"{r.seam_aligned_share:.2f} | {_transfer_cell(r)} | {r.goal}{_goal_note(r)} |")
-    return head + "\n".join(lines) + "\n"
-
-
-def plot_summary(summary: pd.DataFrame, path: Path) -> None:
-    """Per protocol (one row of panels per task): accuracy relative to text with its CI, and speedup."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(summary["task"].unique())
-    num_protocols = summary.groupby("task").size().max()
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 0.45 * num_protocols * len(tasks) + 1.6), squeeze=False)
-    for row, task in zip(axes, tasks):
-        t = summary[summary["task"] == task].reset_index(drop=True)
-        y = np.arange(len(t))[::-1]
-        labels = [f"{p}  ({100 * f:.0f}% recomputed)" for p, f in zip(t["protocol"], t["recompute_fraction"])]
-        err = np.vstack([t["rel_em"] - t["rel_em_lo"], t["rel_em_hi"] - t["rel_em"]])
-        row[0].barh(y, t["rel_em"], xerr=err, color="tab:blue", alpha=0.7, capsize=3, label="EM / EM(text), 95 % CI")
-        row[0].plot(t["agree_text"], y, "k|", markersize=12, label="same answer as text")
-        row[0].axvline(GOAL_RELATIVE_ACCURACY, color="gray", linestyle="--", linewidth=0.8)
-        row[0].set_yticks(y, labels, fontsize=8)
-        row[0].set_title(f"{task}: EM relative to text (text EM {t.loc[t['protocol'] == 'text', 'em'].mean():.2f}, "
-                         f"n={int(t['n'].max())})", fontsize=9)
-        row[0].legend(fontsize=7, loc="lower right")
-        row[1].barh(y, t["speedup_median"], color="tab:green", alpha=0.7)
-        row[1].axvline(1.0, color="gray", linewidth=0.8)
-        row[1].set_yticks(y, [""] * len(t))
-        row[1].set_title(f"{task}: receiver prefill speedup vs text (median paired ratio)", fontsize=9)
-        for yi, v in zip(y, t["speedup_median"]):
-            row[1].annotate(f"{v:.2f}x", (v, yi), fontsize=7, xytext=(3, -3), textcoords="offset points")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_reports(out_dir: Path, rows: pd.DataFrame, command: str, protocol_order: list[str] | None = None) -> pd.DataFrame:
-    """summary.csv/.md/.png and COMMAND from the rows; returns the summary."""
-    out_dir = Path(out_dir)
-    summary = summarize(rows, protocol_order)
-    summary.to_csv(out_dir / "summary.csv", index=False, float_format="%.5g")
-    (out_dir / "summary.md").write_text(f"<!-- generated by: {command} -->\n" + markdown_table(summary))
-    plot_summary(summary, out_dir / "summary.png")
-    from gpubench.outdir import write_command
-
-    write_command(out_dir, command)
-    return summary

@@ -13,7 +13,9 @@ import pytest
 
 from gpubench.errors import KVCommError
 from kvcomm.cli import parse_protocols
-from kvcomm.evaluate import EvalConfig, bootstrap_ci, load_rows, markdown_table, relative_ci, run_eval, summarize, write_reports
+from kvcomm.eval_report import markdown_table, summarize, write_reports
+from kvcomm.evaluate import EvalConfig, load_rows, run_eval
+from kvcomm.metrics import bootstrap_ci, relative_ci
 from kvcomm.protocols import ProtocolSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kvcomm.evaluate import markdown_table, summarize
+from kvcomm.eval_report import markdown_table, summarize
 from kvcomm.metrics import (
     UNDECIDED,
     discordant_counts,
