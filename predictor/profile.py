@@ -402,7 +402,7 @@ def reference_gemv_s(dtype: str, pool_elements: int | None) -> float:
     the machine phase the row was taken in. NaN without a pool (not on the CPU)."""
     if pool_elements is None:
         return float("nan")
-    from gpubench.probes.torch_ops import reference_times
+    from gpubench.probes.torch_ops_measure import reference_times
 
     return float(np.median(reference_times(dtype, pool_elements)[1:]))
 

@@ -186,7 +186,7 @@ def reference_spec() -> dict:
     cold pool of 2x the last-level cache), for the worker to time before each scenario."""
     from gpubench.hostinfo import host_cpu
     from gpubench.probes.common import cold_pool_bytes
-    from gpubench.probes.torch_ops import REFERENCE_REPS, REFERENCE_SHAPE
+    from gpubench.probes.torch_ops_grid import REFERENCE_REPS, REFERENCE_SHAPE
 
     return {"ref_n": REFERENCE_SHAPE[0], "ref_k": REFERENCE_SHAPE[1], "ref_reps": REFERENCE_REPS,
             "pool_bytes": cold_pool_bytes(host_cpu().llc_bytes)}

@@ -52,7 +52,7 @@ import subprocess
 import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes import torch_ops as grid
+from gpubench.probes import torch_ops_grid as grid
 from gpubench.probes.common import cold_pool_bytes, dtypes_option, llc_bytes, opt
 
 DTYPES = ("fp32", "bf16")
