@@ -274,7 +274,7 @@ def cmd_show(args) -> int:
 def cmd_compare(args) -> int:
     import json
 
-    from gpubench import report
+    from gpubench import compare
     from gpubench.errors import ConfigError
     from gpubench.results import load
 
@@ -282,7 +282,7 @@ def cmd_compare(args) -> int:
         raise ConfigError(f"compare needs at least two run directories (the first is the baseline), got {len(args.runs)}")
     if args.fail_above is not None and not (0 <= args.fail_above < float("inf")):
         raise ConfigError(f"--fail-above must be a finite percentage >= 0, got {args.fail_above}")
-    out = report.compare_runs([load(r) for r in args.runs])
+    out = compare.compare_runs([load(r) for r in args.runs])
     regressions = []
     if args.fail_above is not None:
         for f in out["figures"]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from gpubench.compare import describe_device
 from gpubench.outdir import write_bytes_atomic
-from gpubench.report import describe_device, valid_rows
+from gpubench.report import valid_rows
 from gpubench.results import Run
 
 STREAM_ARRAYS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}

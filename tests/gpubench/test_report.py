@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from gpubench.report import compare_runs, summarize_run
+from gpubench.compare import compare_runs
+from gpubench.report import summarize_run
 from gpubench.results import load
 from vllmref import env as vllm_env
 
