@@ -1,6 +1,6 @@
 """Runs probes into a run directory, each probe in its own worker process.
 
-    parent (gpubench run)                          worker (python -m gpubench.runner worker ...)
+    parent (gpubench run)                          worker (python -m gpubench.probe_worker worker ...)
     ─────────────────────                          ───────────────────────────────────────────
     create or reopen the run dir (manifest)
     for each probe:
@@ -14,10 +14,12 @@ A crash (SIGSEGV, abort), an exception or a time-budget overrun in one probe onl
 its rows taken so far stay on disk and the next probe runs. The worker dies with the parent
 (PR_SET_PDEATHSIG), so a killed run leaves no orphan writing rows; ``--resume RUN_DIR`` skips keys
 already measured. Only the parent writes the manifest; workers only append rows.
+
+This module is the parent; the worker (its entry point and the rows it builds) is
+``gpubench.probe_worker``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -31,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpubench import stats
-from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
+from gpubench.backends.base import Backend
 from gpubench.errors import ConfigError, suggest
+from gpubench.probe_worker import find_probe
 from gpubench.results import RunWriter, read_manifest, read_rows
 
 DONE_STATUSES = ("done", "skipped")
@@ -75,88 +77,6 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return all(p.status in DONE_STATUSES for p in self.probes)
-
-
-# ---------------------------------------------------------------- rows -------------------------
-
-def build_rows(probe: Probe, backend_name: str, spec: MeasurementSpec, fields, telemetry: dict) -> list[dict]:
-    """Full rows from what ``measure`` returned: common fields, stats, derived rates, telemetry."""
-    items = fields if isinstance(fields, list) else [dict(fields, key=fields.get("key", spec.key))]
-    rows = []
-    for f in items:
-        row = {"key": f["key"], "probe": probe.name, "backend": backend_name, "timer": probe.timer}
-        row.update(f)
-        times = row.get("times_s") or []
-        if not times:
-            row["valid"] = False
-            row.setdefault("invalid_reason", "the probe returned no repetitions")
-        else:
-            summary = stats.summarize(times)
-            # stats' "n" becomes "n_reps" in rows: "n" is a GEMM dimension (m, n, k).
-            row.update({("n_reps" if k == "n" else k): v for k, v in summary.items()})
-            if summary["t_min_s"] <= 0:
-                row["valid"] = False
-                row.setdefault("invalid_reason", "a repetition took no time (timer or kernel broken)")
-            else:
-                row.update(probe.derive(row, summary))
-        row["valid"] = bool(row.get("valid", False))
-        row.update(telemetry)
-        rows.append(row)
-    return rows
-
-
-# ---------------------------------------------------------------- worker -----------------------
-
-def _emit(event: dict) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
-def probe_config(manifest: dict, backend: Backend | None = None) -> ProbeConfig:
-    c = manifest.get("config", {})
-    return ProbeConfig(quick=bool(c.get("quick")), num_reps=int(c.get("num_reps", 10)),
-                       device=manifest.get("device", {}), options=dict(c.get("options", {})))
-
-
-def find_probe(backend: Backend, name: str) -> Probe:
-    table = {**backend.probes(), **backend.hidden_probes()}
-    if name not in table:
-        raise ConfigError(f"unknown probe '{name}' for the {backend.name} backend"
-                          f"{suggest(name, list(backend.probes()))}; probes: {', '.join(backend.probes())}")
-    return table[name]
-
-
-def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
-    """Measure one probe into run_dir; events on stdout; exceptions propagate (exit 1)."""
-    from gpubench.backends import get_backend
-    from gpubench.procutil import die_with_parent
-    from gpubench.telemetry import Sampler
-
-    die_with_parent(parent_pid)
-    manifest = read_manifest(run_dir)
-    backend, _ = get_backend(manifest["config"]["device_spec"])
-    probe = find_probe(backend, probe_name)
-    cfg = probe_config(manifest, backend)
-    writer = RunWriter(run_dir)
-    done_keys = writer.measured_keys(probe.name)
-    specs = probe.plan(cfg)
-    todo = [s for s in specs if not set(s.keys) <= done_keys]
-    _emit({"event": "plan", "total": len(specs), "done": len(specs) - len(todo), "notes": probe.notes(cfg)})
-    source = backend.telemetry_source()
-    hz = float(manifest["config"].get("telemetry_hz", 50.0))
-    try:
-        for spec in todo:
-            with Sampler(source, hz=hz) as sampler:
-                fields = probe.measure(spec)
-            rows = build_rows(probe, backend.name, spec, fields, sampler.aggregate())
-            for row in rows:
-                if row["key"] not in done_keys:
-                    writer.append(probe.name, row)
-            _emit({"event": "row", "key": spec.key, "label": spec.label,
-                   "valid": all(r["valid"] for r in rows)})
-    finally:
-        source.close()
-    return 0
 
 
 # ---------------------------------------------------------------- parent -----------------------
@@ -228,7 +148,7 @@ class _Worker:
     """One worker subprocess with its stdout events in a queue and the tail of its stderr."""
 
     def __init__(self, run_dir: Path, probe: str):
-        cmd = [sys.executable, "-m", "gpubench.runner", "worker", "--run-dir", str(run_dir),
+        cmd = [sys.executable, "-m", "gpubench.probe_worker", "worker", "--run-dir", str(run_dir),
                "--probe", probe, "--parent-pid", str(os.getpid())]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.events: queue.Queue = queue.Queue()
@@ -394,18 +314,3 @@ def _run_all(writer, backend, names, todo, manifest, budget_override, outcome, o
             continue
         budget = budget_override or find_probe(backend, n).time_budget_s
         outcome.probes.append(run_probe(writer, backend, n, float(budget), on_event))
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpubench.runner", description="gpubench probe worker (internal)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("worker", help="measure one probe into a run directory")
-    w.add_argument("--run-dir", required=True)
-    w.add_argument("--probe", required=True)
-    w.add_argument("--parent-pid", type=int, default=os.getppid())
-    args = p.parse_args(argv)
-    return worker_main(args.run_dir, args.probe, args.parent_pid)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

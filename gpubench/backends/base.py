@@ -3,8 +3,8 @@ only plan and measure, and one generic runner for all of them (BabelStream's lay
 
 A **backend** (``cpu``, ``cuda``) says what the device is (``device_info`` for the manifest), how to
 read its telemetry (``telemetry_source``) and which probes it offers (``probes``). A **probe** only
-knows how to plan its measurements and take one; the runner (``gpubench.runner``) does everything
-else generically, for every backend:
+knows how to plan its measurements and take one; the runner (``gpubench.runner``, with its worker
+process ``gpubench.probe_worker``) does everything else generically, for every backend:
 
     plan(cfg) ─► [MeasurementSpec(key, params), ...]
         for each spec whose key is not yet in <probe>.jsonl (resume):

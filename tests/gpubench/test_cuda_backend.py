@@ -178,7 +178,7 @@ def test_probes_run_in_the_order_that_keeps_headline_figures_when_cut_short():
 
 def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
     """An sm_89 device running a build without sm_89 code: the extension reports fp8 unsupported."""
-    runner = pytest.importorskip("gpubench.runner")
+    probe_worker = pytest.importorskip("gpubench.probe_worker")
     from gpubench.backends.cuda import CudaBackend
 
     class OldBuild(fakes.FakeCudaExt):
@@ -192,7 +192,7 @@ def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
     probe = b.probes()["peak"]
     spec = next(s for s in probe.plan(_cfg(b)) if s.params["dtype"] == "fp8")
     fields = probe.measure(spec)
-    assert fields == [] and runner.build_rows(probe, "cuda", spec, fields, {}) == []
+    assert fields == [] and probe_worker.build_rows(probe, "cuda", spec, fields, {}) == []
     assert "peak fp8 mma.sync: skipped: fp8 mma is not in this build" in capsys.readouterr().err
 
 
@@ -215,8 +215,8 @@ def test_gemm_plan_without_any_library_keeps_every_shape_and_the_droop_rows():
 
 def _gemm_rows(probe, backend, specs):
     """Rows as the runner writes them (derived TFLOP/s included) for the given specs."""
-    runner = pytest.importorskip("gpubench.runner")
-    return [row for spec in specs for row in runner.build_rows(probe, backend.name, spec, probe.measure(spec), {})]
+    probe_worker = pytest.importorskip("gpubench.probe_worker")
+    return [row for spec in specs for row in probe_worker.build_rows(probe, backend.name, spec, probe.measure(spec), {})]
 
 
 def test_gemm_takes_torch_when_torch_has_cuda(monkeypatch):
@@ -333,7 +333,7 @@ def test_gemm_without_cuda_torch_or_usable_cupy_is_skipped_with_one_reason(monke
 # ------------------------------------------------------------------ rows + manifest of a CUDA run
 
 def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
-    runner = pytest.importorskip("gpubench.runner")
+    probe_worker = pytest.importorskip("gpubench.probe_worker")
     from gpubench.backends.cuda import CudaBackend, LaunchProbe
 
     ext, nv = fakes.FakeCudaExt(), fakes.fake_pynvml()
@@ -350,7 +350,7 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
         for spec in specs:
             with Sampler(source, hz=0) as s:
                 fields = probe.measure(spec)
-            for row in runner.build_rows(probe, b.name, spec, fields, s.aggregate()):
+            for row in probe_worker.build_rows(probe, b.name, spec, fields, s.aggregate()):
                 w.append(name, row)
         source.close()
         w.set_probe_status(name, "done")

@@ -7,10 +7,10 @@ import pytest
 from gpubench import _cpu
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeConfig
+from gpubench.probe_worker import build_rows
 from gpubench.probes import cpu_probes
 from gpubench.probes.common import geometric
 from gpubench.probes.gemm import _check
-from gpubench.runner import build_rows
 
 from .conftest import TINY_SETS
 

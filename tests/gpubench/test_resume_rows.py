@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import results, runner
+from gpubench import probe_worker, results
 from gpubench.errors import ResultsFormatError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def stream_run(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(cpu, "stream", _fake_stream(calls))
     monkeypatch.setattr(procutil, "die_with_parent", lambda pid: None)
-    monkeypatch.setattr(runner, "_emit", lambda event: None)
+    monkeypatch.setattr(probe_worker, "_emit", lambda event: None)
     return run, calls
 
 
@@ -67,12 +67,12 @@ def test_killed_between_the_rows_of_one_stream_measurement(stream_run, monkeypat
     run, calls = stream_run
     real = _kill_after(monkeypatch, 6, torn)  # measurement 1: 4 rows; measurement 2: killed after 2 of 4
     with pytest.raises(Killed):
-        runner.worker_main(str(run), "stream", 0)
+        probe_worker.worker_main(str(run), "stream", 0)
     before = (run / "stream.jsonl").read_bytes()
     assert before.count(b"\n") == 6 and before.endswith(torn)
     monkeypatch.setattr(results.RunWriter, "append", real)
 
-    runner.worker_main(str(run), "stream", 0)  # the resume
+    probe_worker.worker_main(str(run), "stream", 0)  # the resume
     rows = results.read_rows(run / "stream.jsonl")
     keys = [r["key"] for r in rows]
     assert len(keys) == len(set(keys)) == 8, keys  # 2 sizes x 4 kernels: none lost, none doubled
