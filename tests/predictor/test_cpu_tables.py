@@ -11,7 +11,8 @@ import pytest
 
 from gpubench.errors import ConfigError
 from predictor.calibrate import Calibration, fit_run
-from predictor.cpu_tables import CpuOpTables, _nnls_relative, decode_terms
+from predictor.cpu_tables import CpuOpTables, decode_terms
+from predictor.cpu_tables_fit import _nnls_relative
 from predictor.step import StepModel
 
 TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16"]
@@ -66,7 +67,7 @@ def test_fit_writes_tables_that_reproduce_the_probe_nodes(tiny_run, tmp_path):
 
 
 def test_phase_normalization_uses_the_row_reference_ratio(tiny_run):
-    from predictor.cpu_tables import _phase_normalized
+    from predictor.cpu_tables_fit import _phase_normalized
 
     _, rows = tiny_run
     lin = rows[(rows.family == "linear")].copy()

@@ -57,7 +57,7 @@ def test_rows_time_vllms_kernel_cold_and_validated(tiny_run):
 
 def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path):
     from predictor.calibrate import Calibration, fit_run
-    from predictor.cpu_tables import _reference_medians
+    from predictor.cpu_tables_fit import _reference_medians
     from predictor.step import StepModel
 
     run_dir, every = tiny_run
