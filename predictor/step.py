@@ -23,7 +23,8 @@ additive >= max on the same op list. eta_duty(M) is the
 calibration's measured per-M curve (``curves.eta_duty_by_m``) for GEMM ops when it has one for the
 dtype, else the scalar eta_duty (which attention ops always use). S(N) = s_floor +
 s_slope * max(0, N - 1) with N the number of sequences. ``predict_time(batch, async_scheduling=True)``
-overlaps S(N) with the device work (vLLM V1's asynchronous scheduling).
+overlaps S(N) with the device work (vLLM V1's asynchronous scheduling). ``predict(batch)`` also
+returns the per-op breakdown (predictor.step_prediction).
 
 On the CPU, a calibration with ``cpu_ops`` tables for the dtype (from the ``torch_ops`` probe)
 replaces the additive form: each op is priced from what the probe measured torch doing with that
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from predictor.calibrate import Calibration, resolve
 from predictor.config import ModelConfig, load_model_config
 from predictor.hardware import DTYPE_BYTES, HardwareSpec
 from predictor.ops import OpGraph, batch_features, decode_features
+from predictor.step_prediction import StepPrediction, roofline_prediction, table_prediction
 
 FORMS = ("additive", "max")
 # M-tile segments the GEMM monotone envelope covers (128-row tiles: M up to ~1M tokens).
@@ -60,66 +61,6 @@ ATTN_MAX_SPLITS = 128
 # reach peak bandwidth with roughly half of the SMs busy), so a decode batch whose longest sequence
 # has few CTAs is bound by that sequence, not by the batch's total bytes.
 SM_BANDWIDTH_SHARE = 2.0
-
-
-@dataclass(frozen=True)
-class OpTime:
-    """One op's share of a step, summed over its calls (layers). Times in seconds."""
-
-    name: str
-    kind: str
-    num_calls: int
-    num_kernels: int
-    flops: float
-    bytes_read: float
-    bytes_written: float
-    weight_bytes: float
-    gemm_mnk: tuple | None
-    t_c_s: float
-    t_m_s: float
-    t_s: float  # what this op contributes to the total in the chosen form
-    bound: str  # "compute" or "memory"
-
-    @property
-    def bytes(self) -> float:
-        return self.bytes_read + self.bytes_written
-
-
-@dataclass(frozen=True)
-class StepPrediction:
-    """A predicted step. ``total_s = blocks_s + launch_added_s + host_s + sample_s`` and
-    ``blocks_s + sample_s = sum(op.t_s for op in ops.values())`` (the breakdown sums to the total).
-
-    ``launch_s`` is the launch floor N_kern * t_launch (GPU) or the dispatch cost (CPU);
-    ``launch_added_s`` is what it adds to the total (GPU: max(0, launch_s - blocks_s)).
-    """
-
-    total_s: float
-    form: str
-    backend: str
-    ops: dict
-    blocks_s: float
-    compute_s: float
-    memory_s: float
-    launch_s: float
-    launch_added_s: float
-    host_s: float
-    sample_s: float
-    num_kernels: int
-    num_seqs: int
-    num_new_tokens: int
-    tiers: dict = field(default_factory=dict)
-
-    @property
-    def bound(self) -> str:
-        """What dominates the blocks: "compute" or "memory"."""
-        return "compute" if self.compute_s > self.memory_s else "memory"
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ops"] = {k: {**asdict(v), "bytes": v.bytes} for k, v in self.ops.items()}
-        d["bound"] = self.bound
-        return d
 
 
 def _batch_from_features(f) -> list:
@@ -532,7 +473,7 @@ class StepModel:
         feats = batch_features(batch)[None, :]
         t_c, t_m = self._op_times(feats)
         if self.cpu_table is not None:
-            return self._predict_from_table(batch, feats, t_c, t_m)
+            return table_prediction(self, self.cpu_table.op_times([tuple(b) for b in batch]), feats, t_c, t_m)
         op_t = np.maximum(t_c, t_m)
         if self.gpu:
             i = self._attn_index
@@ -540,69 +481,7 @@ class StepModel:
             prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
             t_c[0, i], t_m[0, i], op_t[0, i] = self._gpu_attention(decode, prefill, longest)
         total, parts = self._combine(feats, t_c, t_m, op_t)
-        g = self.graph
-        calls = g.num_calls
-        flops = (feats @ g.flops.T)[0]
-        b_read = g.per_call(feats, "bytes_read")[0]
-        b_written = (feats @ g.bytes_written.T)[0]
-        w = g.per_call(feats, "weight_read_bytes")[0]
-        compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
-        ops = {}
-        for i, spec in enumerate(g.ops):
-            tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
-            if self.form == "additive" or i == g.sample_index:
-                t = op_t[0, i] * calls[i]
-            else:
-                t = tc if compute_wins else tm
-            mnk = None
-            if spec.gemm_nk is not None:
-                mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk)
-            ops[spec.name] = OpTime(
-                name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
-                num_kernels=int(calls[i] * (g.num_cpu_dispatches[i] if self.hardware.backend == "cpu" else g.num_kernels[i])),
-                flops=float(flops[i] * calls[i]), bytes_read=float(b_read[i] * calls[i]),
-                bytes_written=float(b_written[i] * calls[i]), weight_bytes=float(w[i] * calls[i]),
-                gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(t),
-                bound="compute" if tc > tm else "memory")
-        return StepPrediction(
-            total_s=float(total[0]), form=self.form, backend=self.hardware.backend, ops=ops,
-            blocks_s=float(parts["blocks_s"][0]), compute_s=float(parts["compute_s"][0]),
-            memory_s=float(parts["memory_s"][0]), launch_s=float(self.launch_s),
-            launch_added_s=float(parts["launch_added_s"][0]), host_s=float(parts["host_s"][0]),
-            sample_s=float(parts["sample_s"][0]), num_kernels=int(self.num_kernels),
-            num_seqs=int(feats[0, 2]), num_new_tokens=int(feats[0, 1]), tiers=self.calibration.tiers())
-
-    def _predict_from_table(self, batch, feats, t_c, t_m) -> StepPrediction:
-        """``predict`` with the CPU op tables: each op's time is the table's; t_c/t_m stay the
-        roofline's (what the op would take at peak rate or bandwidth, for reading the breakdown)."""
-        g = self.graph
-        calls = g.num_calls
-        assert self.cpu_table is not None  # predict calls this only when there are tables
-        times = self.cpu_table.op_times([tuple(b) for b in batch])
-        flops = (feats @ g.flops.T)[0]
-        b_read = g.per_call(feats, "bytes_read")[0]
-        b_written = (feats @ g.bytes_written.T)[0]
-        w = g.per_call(feats, "weight_read_bytes")[0]
-        ops = {}
-        for i, spec in enumerate(g.ops):
-            tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
-            mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
-            ops[spec.name] = OpTime(
-                name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
-                num_kernels=int(calls[i] * g.num_cpu_dispatches[i]), flops=float(flops[i] * calls[i]),
-                bytes_read=float(b_read[i] * calls[i]), bytes_written=float(b_written[i] * calls[i]),
-                weight_bytes=float(w[i] * calls[i]), gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm),
-                t_s=float(times[spec.name]), bound="compute" if tc > tm else "memory")
-        sample_s = float(times["sample"])
-        host_s = float(times.pop("engine", 0.0))  # vLLM's per-step engine cost (cpu_step.engine_s)
-        blocks_s = float(sum(v for k, v in times.items() if k != "sample"))
-        compute_s = float(sum(ops[k].t_c_s for k in ops if k != "sample"))
-        memory_s = float(sum(ops[k].t_m_s for k in ops if k != "sample"))
-        return StepPrediction(
-            total_s=blocks_s + sample_s + host_s, form="cpu_ops", backend="cpu", ops=ops, blocks_s=blocks_s,
-            compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=host_s,
-            sample_s=sample_s, num_kernels=int(self.num_kernels), num_seqs=int(feats[0, 2]),
-            num_new_tokens=int(feats[0, 1]), tiers={**self.calibration.tiers(), "cpu_ops": "measured"})
+        return roofline_prediction(self, feats, t_c, t_m, op_t, total, parts)
 
     def check_fits(self, batch) -> None:
         """One-line ConfigError when the weights plus the KV cache of ``batch`` do not fit in the

@@ -1,0 +1,144 @@
+"""StepPrediction and OpTime: a predicted step and its per-op breakdown, and how ``StepModel.predict``
+fills them in from its per-call op times.
+
+Separate from predictor.step because the breakdown is a report built once per ``predict``: the
+step model's arithmetic (and its scalar hot path, which returns no breakdown) stays in step.py.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from predictor.step import StepModel
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op's share of a step, summed over its calls (layers). Times in seconds."""
+
+    name: str
+    kind: str
+    num_calls: int
+    num_kernels: int
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float
+    gemm_mnk: tuple | None
+    t_c_s: float
+    t_m_s: float
+    t_s: float  # what this op contributes to the total in the chosen form
+    bound: str  # "compute" or "memory"
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A predicted step. ``total_s = blocks_s + launch_added_s + host_s + sample_s`` and
+    ``blocks_s + sample_s = sum(op.t_s for op in ops.values())`` (the breakdown sums to the total).
+
+    ``launch_s`` is the launch floor N_kern * t_launch (GPU) or the dispatch cost (CPU);
+    ``launch_added_s`` is what it adds to the total (GPU: max(0, launch_s - blocks_s)).
+    """
+
+    total_s: float
+    form: str
+    backend: str
+    ops: dict
+    blocks_s: float
+    compute_s: float
+    memory_s: float
+    launch_s: float
+    launch_added_s: float
+    host_s: float
+    sample_s: float
+    num_kernels: int
+    num_seqs: int
+    num_new_tokens: int
+    tiers: dict = field(default_factory=dict)
+
+    @property
+    def bound(self) -> str:
+        """What dominates the blocks: "compute" or "memory"."""
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ops"] = {k: {**asdict(v), "bytes": v.bytes} for k, v in self.ops.items()}
+        d["bound"] = self.bound
+        return d
+
+
+def roofline_prediction(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray,
+                        op_t: np.ndarray, total: np.ndarray, parts: dict) -> StepPrediction:
+    """``predict``'s breakdown of one step (``feats`` (1, 5)) from the per-call op times and the
+    step totals ``StepModel._combine`` made of them."""
+    g = model.graph
+    calls = g.num_calls
+    flops = (feats @ g.flops.T)[0]
+    b_read = g.per_call(feats, "bytes_read")[0]
+    b_written = (feats @ g.bytes_written.T)[0]
+    w = g.per_call(feats, "weight_read_bytes")[0]
+    compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
+    ops = {}
+    for i, spec in enumerate(g.ops):
+        tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
+        if model.form == "additive" or i == g.sample_index:
+            t = op_t[0, i] * calls[i]
+        else:
+            t = tc if compute_wins else tm
+        mnk = None
+        if spec.gemm_nk is not None:
+            mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk)
+        ops[spec.name] = OpTime(
+            name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
+            num_kernels=int(calls[i] * (g.num_cpu_dispatches[i] if model.hardware.backend == "cpu" else g.num_kernels[i])),
+            flops=float(flops[i] * calls[i]), bytes_read=float(b_read[i] * calls[i]),
+            bytes_written=float(b_written[i] * calls[i]), weight_bytes=float(w[i] * calls[i]),
+            gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(t),
+            bound="compute" if tc > tm else "memory")
+    return StepPrediction(
+        total_s=float(total[0]), form=model.form, backend=model.hardware.backend, ops=ops,
+        blocks_s=float(parts["blocks_s"][0]), compute_s=float(parts["compute_s"][0]),
+        memory_s=float(parts["memory_s"][0]), launch_s=float(model.launch_s),
+        launch_added_s=float(parts["launch_added_s"][0]), host_s=float(parts["host_s"][0]),
+        sample_s=float(parts["sample_s"][0]), num_kernels=int(model.num_kernels),
+        num_seqs=int(feats[0, 2]), num_new_tokens=int(feats[0, 1]), tiers=model.calibration.tiers())
+
+
+def table_prediction(model: StepModel, times: dict, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray) -> StepPrediction:
+    """``predict`` with the CPU op tables: each op's time is the table's (``times``, from
+    ``CpuTableStep.op_times``); t_c/t_m stay the roofline's (what the op would take at peak rate or
+    bandwidth, for reading the breakdown)."""
+    g = model.graph
+    calls = g.num_calls
+    flops = (feats @ g.flops.T)[0]
+    b_read = g.per_call(feats, "bytes_read")[0]
+    b_written = (feats @ g.bytes_written.T)[0]
+    w = g.per_call(feats, "weight_read_bytes")[0]
+    ops = {}
+    for i, spec in enumerate(g.ops):
+        tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
+        mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
+        ops[spec.name] = OpTime(
+            name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
+            num_kernels=int(calls[i] * g.num_cpu_dispatches[i]), flops=float(flops[i] * calls[i]),
+            bytes_read=float(b_read[i] * calls[i]), bytes_written=float(b_written[i] * calls[i]),
+            weight_bytes=float(w[i] * calls[i]), gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm),
+            t_s=float(times[spec.name]), bound="compute" if tc > tm else "memory")
+    sample_s = float(times["sample"])
+    host_s = float(times.pop("engine", 0.0))  # vLLM's per-step engine cost (cpu_step.engine_s)
+    blocks_s = float(sum(v for k, v in times.items() if k != "sample"))
+    compute_s = float(sum(ops[k].t_c_s for k in ops if k != "sample"))
+    memory_s = float(sum(ops[k].t_m_s for k in ops if k != "sample"))
+    return StepPrediction(
+        total_s=blocks_s + sample_s + host_s, form="cpu_ops", backend="cpu", ops=ops, blocks_s=blocks_s,
+        compute_s=compute_s, memory_s=memory_s, launch_s=0.0, launch_added_s=0.0, host_s=host_s,
+        sample_s=sample_s, num_kernels=int(model.num_kernels), num_seqs=int(feats[0, 2]),
+        num_new_tokens=int(feats[0, 1]), tiers={**model.calibration.tiers(), "cpu_ops": "measured"})
