@@ -21,10 +21,11 @@ SMs (split-KV decoding gives every sequence the same number of splits) is bound 
 launch term a floor, ``max(blocks, N_kern * t_interval)``; the other terms (T_0) are the same, so
 additive >= max on the same op list. eta_duty(M) is the
 calibration's measured per-M curve (``curves.eta_duty_by_m``) for GEMM ops when it has one for the
-dtype, else the scalar eta_duty (which attention ops always use). S(N) = s_floor +
-s_slope * max(0, N - 1) with N the number of sequences. ``predict_time(batch, async_scheduling=True)``
-overlaps S(N) with the device work (vLLM V1's asynchronous scheduling). ``predict(batch)`` also
-returns the per-op breakdown (predictor.step_prediction).
+dtype, else the scalar eta_duty (which attention ops always use); it and the GEMMs' monotone time
+envelope are predictor.gemm_timing. S(N) = s_floor + s_slope * max(0, N - 1) with N the number of
+sequences. ``predict_time(batch, async_scheduling=True)`` overlaps S(N) with the device work (vLLM
+V1's asynchronous scheduling). ``predict(batch)`` also returns the per-op breakdown
+(predictor.step_prediction).
 
 On the CPU, a calibration with ``cpu_ops`` tables for the dtype (from the ``torch_ops`` probe)
 replaces the additive form: each op is priced from what the probe measured torch doing with that
@@ -34,7 +35,6 @@ fused ("fused", vLLM). ``form="max"`` stays the roofline baseline.
 """
 from __future__ import annotations
 
-import bisect
 import math
 
 import numpy as np
@@ -43,13 +43,12 @@ from gpubench.errors import ConfigError
 from predictor import efficiency as eff
 from predictor.calibrate import Calibration, resolve
 from predictor.config import ModelConfig, load_model_config
+from predictor.gemm_timing import GEMM_ENVELOPE_SEGMENTS, GemmTiming
 from predictor.hardware import DTYPE_BYTES, HardwareSpec
 from predictor.ops import OpGraph, batch_features, decode_features
 from predictor.step_prediction import StepPrediction, roofline_prediction, table_prediction
 
 FORMS = ("additive", "max")
-# M-tile segments the GEMM monotone envelope covers (128-row tiles: M up to ~1M tokens).
-GEMM_ENVELOPE_SEGMENTS = 8192
 # NOTE(predictor): split-KV decode attention (FlashDecoding; FlashAttention's num_splits heuristic):
 # one CTA per (sequence, KV head, split); one split count for the whole batch, chosen to fill the
 # SMs once the batch's own CTAs fill less than 80 % of them, at most one split per 128-token KV
@@ -163,7 +162,7 @@ class StepModel:
         self.eta_max = v("eta_max")
         self.x_half = v("x_half")
         self.tile = eff.tile_shape(hw.arch)
-        self._setup_duty_curve()
+        self.duty_curve = cal.curve("eta_duty_by_m", self.dtype)
         tensor_peak = hw.peak(self.dtype)
         vector_peak = hw.peak_flops_per_s.get("vector", tensor_peak)
         matrix = np.isin(g.kinds, ("gemm", "attention"))
@@ -191,7 +190,8 @@ class StepModel:
         self.s_slope_s = v("s_slope_ms") * 1e-3
         self._block_mask = np.ones(g.num_ops, dtype=bool)
         self._block_mask[g.sample_index] = False
-        self._setup_gemm_envelope()
+        self._gemm = GemmTiming(g, hw.num_sms, self.tile, self._flops_per_s, self.duty_curve, self.eta_duty)
+        self._duty_ratio_scalar = self._gemm.duty_ratio_scalar  # bound once: predict_time calls it per GEMM op
         self._setup_attention()
         self._setup_scalar_path()
 
@@ -246,71 +246,6 @@ class StepModel:
             t += max(part_c, part_m)
         return t_c, t_m, t
 
-    def _setup_duty_curve(self) -> None:
-        """GEMM ops' eta_duty(M) / scalar eta_duty, as nodes in (log2 M, log ratio); None without a curve.
-
-        ``_flops_per_s`` holds the scalar eta_duty (attention and elementwise ops use it as is);
-        a GEMM's rate is multiplied by this ratio at its M.
-        """
-        curve = self.calibration.curve("eta_duty_by_m", self.dtype)
-        self.duty_curve = curve
-        if curve is None:
-            self._duty_lx = self._duty_ly = None
-            self._duty_lx_list = self._duty_ly_list = None
-            return
-        self._duty_lx = np.log2(np.asarray(curve.x, dtype=np.float64))
-        self._duty_ly = np.log(np.asarray(curve.value, dtype=np.float64) / self.eta_duty)
-        self._duty_lx_list = self._duty_lx.tolist()
-        self._duty_ly_list = self._duty_ly.tolist()
-
-    def _duty_ratio(self, m):
-        """eta_duty(M) / scalar eta_duty for GEMMs with M rows (arrays; 1.0 without a curve)."""
-        if self._duty_lx is None:
-            return 1.0
-        return eff.eta_duty_at(m, self._duty_lx, self._duty_ly)
-
-    def _duty_ratio_scalar(self, m: float) -> float:
-        """``_duty_ratio`` for one M in plain Python (the ``predict_time`` hot path)."""
-        lx, ly = self._duty_lx_list, self._duty_ly_list
-        if lx is None:
-            return 1.0
-        assert ly is not None  # set together with lx
-        x = math.log2(max(m, 1.0))
-        if x <= lx[0]:
-            return math.exp(ly[0])
-        if x >= lx[-1]:
-            return math.exp(ly[-1])
-        j = bisect.bisect_right(lx, x)
-        w = (x - lx[j - 1]) / (lx[j] - lx[j - 1])
-        return math.exp(ly[j - 1] + w * (ly[j] - ly[j - 1]))
-
-    def _setup_gemm_envelope(self) -> None:
-        """Per GEMM op, the least compute time of any larger M, by M-tile segment.
-
-        NOTE(predictor): wave quantization alone makes t_c fall when M crosses a tile boundary
-        (133 tiles run as 2 waves, 264 tiles also run as 2 waves). But a GEMM with M rows can always
-        be run as the bigger GEMM with zero rows added, so its time is at most the least time of any
-        M' >= M: t_c(M) = min(raw(M), min over later segments of raw(segment start)). This keeps the
-        model monotone in batch and context and never lowers it below FLOPs / peak.
-        """
-        g = self.graph
-        t_m = self.tile[0]
-        starts = np.arange(1, GEMM_ENVELOPE_SEGMENTS + 1, dtype=np.float64) * t_m + 1  # first M of segment a+1
-        env = np.full((g.gemm_index.size, GEMM_ENVELOPE_SEGMENTS + 2), np.inf)
-        for j, i in enumerate(g.gemm_index):
-            flops_per_m = g.flops[i, g.gemm_m_feature[j]]
-            cluster = eff.eta_cluster(starts, g.gemm_n[j], g.gemm_k[j], self.hardware.num_sms, self.tile)
-            cluster = cluster * self._duty_ratio(starts)
-            raw = starts * flops_per_m / (self._flops_per_s[i] * cluster)
-            # env[j, a] = least raw time over segments after segment a (a = ceil(M / t_m))
-            env[j, 1:GEMM_ENVELOPE_SEGMENTS + 1] = np.minimum.accumulate(raw[::-1])[::-1]
-        self._gemm_env = env
-        self._gemm_env_list = [list(row) for row in env]
-
-    def _segment(self, m):
-        """Index into the envelope table of a GEMM's M (past the table: its last, infinite, column)."""
-        return np.minimum(np.ceil(np.maximum(m, 1.0) / self.tile[0]), GEMM_ENVELOPE_SEGMENTS + 1).astype(np.intp)
-
     def _setup_scalar_path(self) -> None:
         """Plain-Python tuples for ``predict_time``: one batch costs ~15 ops x 5 features of float
         arithmetic, cheaper than a dozen small numpy calls."""
@@ -322,7 +257,7 @@ class StepModel:
              gemm.get(i), i == g.sample_index)
             for i in range(g.num_ops)
         ]
-        self._scalar_env = {int(i): self._gemm_env_list[j] for j, i in enumerate(g.gemm_index)}
+        self._scalar_env = {int(i): self._gemm.env_list[j] for j, i in enumerate(g.gemm_index)}
         # MoE: op index -> the saturated (every expert) weight bytes the coefficients hold
         self._expert_bytes = {int(i): float(b) for i, b in zip(g.expert_index, g.expert_weight_bytes)}
 
@@ -336,10 +271,10 @@ class StepModel:
         if g.gemm_index.size:
             m = feats[:, g.gemm_m_feature]
             cluster[:, g.gemm_index] = (eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
-                                        * self._duty_ratio(m))
+                                        * self._gemm.duty_ratio(m))
         t_c = flops / (self._flops_per_s * cluster)
         if g.gemm_index.size:
-            env = self._gemm_env[np.arange(g.gemm_index.size), self._segment(m)]
+            env = self._gemm.env[np.arange(g.gemm_index.size), self._gemm.segment(m)]
             t_c[:, g.gemm_index] = np.minimum(t_c[:, g.gemm_index], env)
         t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
         if self.gpu:
