@@ -13,9 +13,10 @@ Step (``form="additive"``)::
 On a GPU every kernel pays the device-side interval between dependent kernels: the eager
 back-to-back launch interval, or with ``cuda_graphs=True`` the (shorter) graph-node interval; and
 t_m there is bytes / (B * eta_max) with no x_half term (see ``_setup_constants``). GPU attention is
-priced per part and per sequence (``_gpu_attention``): a mixed batch's decodes and prefill chunks
-each get their own max(t_c, t_m), and a decode batch whose longest sequence cannot spread over the
-SMs (split-KV decoding gives every sequence the same number of splits) is bound by that sequence.
+priced per part and per sequence (predictor.gpu_attention): a mixed batch's decodes and prefill
+chunks each get their own max(t_c, t_m), and a decode batch whose longest sequence cannot spread
+over the SMs (split-KV decoding gives every sequence the same number of splits) is bound by that
+sequence.
 
 ``form="max"`` is the monolithic baseline: ``sum_op max`` becomes ``max(sum t_c, sum t_m)`` and the
 launch term a floor, ``max(blocks, N_kern * t_interval)``; the other terms (T_0) are the same, so
@@ -44,22 +45,12 @@ from predictor import efficiency as eff
 from predictor.calibrate import Calibration, resolve
 from predictor.config import ModelConfig, load_model_config
 from predictor.gemm_timing import GEMM_ENVELOPE_SEGMENTS, GemmTiming
+from predictor.gpu_attention import GpuAttention
 from predictor.hardware import DTYPE_BYTES, HardwareSpec
 from predictor.ops import OpGraph, batch_features, decode_features
 from predictor.step_prediction import StepPrediction, roofline_prediction, table_prediction
 
 FORMS = ("additive", "max")
-# NOTE(predictor): split-KV decode attention (FlashDecoding; FlashAttention's num_splits heuristic):
-# one CTA per (sequence, KV head, split); one split count for the whole batch, chosen to fill the
-# SMs once the batch's own CTAs fill less than 80 % of them, at most one split per 128-token KV
-# tile and 128 splits.
-ATTN_SPLIT_FILL = 0.8
-ATTN_SPLIT_KV_TILE = 128
-ATTN_MAX_SPLITS = 128
-# A CTA streams at most about twice its SM's fair share of DRAM bandwidth (memory-bound kernels
-# reach peak bandwidth with roughly half of the SMs busy), so a decode batch whose longest sequence
-# has few CTAs is bound by that sequence, not by the batch's total bytes.
-SM_BANDWIDTH_SHARE = 2.0
 
 
 def _batch_from_features(f) -> list:
@@ -192,59 +183,10 @@ class StepModel:
         self._block_mask[g.sample_index] = False
         self._gemm = GemmTiming(g, hw.num_sms, self.tile, self._flops_per_s, self.duty_curve, self.eta_duty)
         self._duty_ratio_scalar = self._gemm.duty_ratio_scalar  # bound once: predict_time calls it per GEMM op
-        self._setup_attention()
+        self._attention = GpuAttention(g, hw.num_sms, self.model.num_kv_heads, self._flops_per_s, self._mem_bytes_per_s)
+        self._attn_index = self._attention.index
+        self._gpu_attention = self._attention.price  # bound once: predict_time calls it per step
         self._setup_scalar_path()
-
-    def _setup_attention(self) -> None:
-        """Constants of the GPU attention pricing (``_gpu_attention``)."""
-        g = self.graph
-        i = g.names.index("attention")
-        self._attn_index = i
-        self._attn_flops = tuple(g.flops[i])
-        self._attn_bytes = tuple(g.bytes[i])
-        self._attn_rate = float(self._flops_per_s[i])
-        # KV bytes one cached token costs one layer's attention (K and V of every KV head)
-        self._kv_bytes_per_token = float(g.kv_read_bytes[i, 4])
-        self._kv_heads = max(1, int(self.model.num_kv_heads))
-
-    def _attention_splits(self, num_seqs, max_tokens):
-        """Split-KV count of a decode batch (numpy arrays or floats; see ATTN_SPLIT_FILL)."""
-        sms = self.hardware.num_sms
-        ctas = np.maximum(np.asarray(num_seqs, dtype=np.float64) * self._kv_heads, 1.0)
-        tiles = np.maximum(np.ceil(np.asarray(max_tokens, dtype=np.float64) / ATTN_SPLIT_KV_TILE), 1.0)
-        fill = np.minimum(np.minimum(np.ceil(sms / ctas), tiles), ATTN_MAX_SPLITS)
-        return np.where(ctas >= ATTN_SPLIT_FILL * sms, 1.0, np.maximum(fill, 1.0))
-
-    def _longest_sequence_bytes(self, num_seqs, max_tokens):
-        """Bytes the decode attention behaves as if it streamed when its longest sequence (of
-        ``max_tokens`` KV tokens) sets the time: that sequence's CTAs, at SM_BANDWIDTH_SHARE times
-        their SMs' share of the bandwidth, against the whole device."""
-        splits = self._attention_splits(num_seqs, max_tokens)
-        per_cta = np.asarray(max_tokens, dtype=np.float64) * self._kv_bytes_per_token / (self._kv_heads * splits)
-        return per_cta * self.hardware.num_sms / SM_BANDWIDTH_SHARE
-
-    def _gpu_attention(self, decode: tuple, prefill: tuple, max_decode_tokens: float) -> tuple:
-        """(t_c, t_m, t) of one layer's attention on a GPU, per call.
-
-        ``decode`` and ``prefill`` are the (T, S, A, C) feature sums of the batch's decode
-        sequences (one new token) and of its prefill chunks. Each part gets its own
-        max(t_c, t_m): a prefill chunk's compute does not hide the decodes' KV reads. The decode
-        part's memory time is at least its longest sequence's (``_longest_sequence_bytes``).
-        """
-        fc, bc, rate, bw = self._attn_flops, self._attn_bytes, self._attn_rate, self._mem_bytes_per_s
-        t_c = t_m = t = 0.0
-        for part, is_decode in ((decode, True), (prefill, False)):
-            if part[1] == 0:
-                continue
-            flops = fc[1] * part[0] + fc[2] * part[1] + fc[3] * part[2] + fc[4] * part[3]
-            nbytes = bc[1] * part[0] + bc[2] * part[1] + bc[3] * part[2] + bc[4] * part[3]
-            if is_decode:
-                nbytes = max(nbytes, float(self._longest_sequence_bytes(part[1], max_decode_tokens)))
-            part_c, part_m = flops / rate, nbytes / bw
-            t_c += part_c
-            t_m += part_m
-            t += max(part_c, part_m)
-        return t_c, t_m, t
 
     def _setup_scalar_path(self) -> None:
         """Plain-Python tuples for ``predict_time``: one batch costs ~15 ops x 5 features of float
@@ -282,7 +224,7 @@ class StepModel:
             # sequences, which is what predict() computes for such a batch
             i = self._attn_index
             decode = feats[:, 1] == feats[:, 2]
-            bound = self._longest_sequence_bytes(feats[:, 2], feats[:, 4] / np.maximum(feats[:, 2], 1.0))
+            bound = self._attention.longest_sequence_bytes(feats[:, 2], feats[:, 4] / np.maximum(feats[:, 2], 1.0))
             t_m[:, i] = np.where(decode, np.maximum(t_m[:, i], bound / self._mem_bytes_per_s), t_m[:, i])
         return t_c, t_m
 
