@@ -68,7 +68,8 @@ def register(sub) -> None:
 def _profile(args) -> int:
     from gpubench.errors import ConfigError
     from predictor.config import load_model_config
-    from predictor.profile import GRIDS, ProfileConfig, build_grid, run_profile
+    from predictor.profile import ProfileConfig, run_profile
+    from predictor.profile_grid import GRIDS, build_grid
 
     cfg = load_model_config(args.model)
     if args.engine == "vllm":

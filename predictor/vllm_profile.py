@@ -32,7 +32,8 @@ import numpy as np
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
-from predictor.profile import SCHEMA_VERSION, GridPoint, cpu_model_name, point_features, read_rows, write_parquet
+from predictor.profile import SCHEMA_VERSION, cpu_model_name, read_rows, write_parquet
+from predictor.profile_grid import GridPoint, point_features
 from vllmref.settings import EngineSettings
 
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU

@@ -21,7 +21,7 @@ from predictor.evaluate import (
     run_evaluation,
     step_model_base,
 )
-from predictor.profile import GRIDS, build_grid, point_features
+from predictor.profile_grid import GRIDS, build_grid, point_features
 
 S_FLOOR_S, S_SLOPE_S = 3e-3, 4e-4
 

@@ -8,7 +8,8 @@ import pytest
 
 from gpubench.errors import ConfigError, ResultsFormatError
 from predictor import load_model_config
-from predictor.profile import GRIDS, GridPoint, ProfileConfig, build_grid, op_kind, read_rows, run_profile, sidecar_path, step_flops
+from predictor.profile import ProfileConfig, op_kind, read_rows, run_profile, sidecar_path
+from predictor.profile_grid import GRIDS, GridPoint, build_grid, step_flops
 
 TINY = load_model_config("tiny-llama")
 
