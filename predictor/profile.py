@@ -16,7 +16,7 @@ of those per-kind medians is the Vidur-style baseline (op time only, no host gap
 Rows are appended to a JSONL sidecar (``<out>.partial.jsonl``) and fsynced one at a time; an
 interrupted run resumes by skipping keys already in the sidecar or in ``<out>``; at the end all
 rows go to ``<out>`` as zstd-compressed parquet and the sidecar is removed. The grid and a row's
-batch descriptors are predictor.profile_grid.
+batch descriptors are predictor.profile_grid; the row files and keys predictor.profile_rows.
 """
 from __future__ import annotations
 
@@ -32,13 +32,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpubench.errors import ConfigError, GpubenchError, NoDeviceError, ResultsFormatError
+from gpubench.errors import ConfigError, GpubenchError, NoDeviceError
 from gpubench.stats import summarize
 from predictor.config import ModelConfig
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, point_features
-
-SCHEMA_VERSION = 1
-
+from predictor.profile_rows import SCHEMA_VERSION, append_jsonl, read_rows, row_key, sidecar_path, write_parquet
 
 # ----------------------------------------------------------------------------- op profiling
 _OP_KINDS = (
@@ -121,56 +119,6 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or "cpu"
-
-
-def sidecar_path(out: Path) -> Path:
-    return out.with_name(out.name + ".partial.jsonl")
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a parquet file or a JSONL sidecar; a malformed line is a one-line user error."""
-    if not path.exists():
-        return []
-    if path.suffix == ".jsonl":
-        from gpubench.jsonio import iter_jsonl
-
-        # A torn last line (interrupted mid-write) is left out: its point is measured again.
-        return [row for _, row in iter_jsonl(path, error=ResultsFormatError, torn_tail_ok=True)]
-    import pandas as pd
-
-    try:
-        return pd.read_parquet(path).to_dict("records")
-    except Exception as e:  # pyarrow raises several types for a bad file
-        raise ResultsFormatError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
-
-
-def write_parquet(rows: list[dict], out: Path) -> None:
-    """All rows to ``out`` (zstd parquet), written to a temp file and renamed."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    tmp = out.with_name(out.name + ".tmp")
-    df.to_parquet(tmp, compression="zstd", index=False)
-    os.replace(tmp, out)
-
-
-def _append_jsonl(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
-
-
-def row_key(model: str, device: str, dtype: str, point: GridPoint) -> str:
-    return f"{model}|{device}|{dtype}|{point.key}"
 
 
 @dataclass
@@ -364,7 +312,7 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
                           "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0})
             row |= {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
                     "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            _append_jsonl(side, row)
+            append_jsonl(side, row)
             old.append(row)
         if progress:
             progress(len(todo), len(todo), "done")

@@ -32,8 +32,9 @@ import numpy as np
 from gpubench.errors import ConfigError
 from predictor.config import ModelConfig
 from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
-from predictor.profile import SCHEMA_VERSION, cpu_model_name, read_rows, write_parquet
+from predictor.profile import cpu_model_name
 from predictor.profile_grid import GridPoint, point_features
+from predictor.profile_rows import SCHEMA_VERSION, read_rows, write_parquet
 from vllmref.settings import EngineSettings
 
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU

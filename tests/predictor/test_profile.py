@@ -8,8 +8,9 @@ import pytest
 
 from gpubench.errors import ConfigError, ResultsFormatError
 from predictor import load_model_config
-from predictor.profile import ProfileConfig, op_kind, read_rows, run_profile, sidecar_path
+from predictor.profile import ProfileConfig, op_kind, run_profile
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, step_flops
+from predictor.profile_rows import read_rows, sidecar_path
 
 TINY = load_model_config("tiny-llama")
 

@@ -10,7 +10,7 @@ import pytest
 from gpubench.errors import ResultsFormatError
 from predictor.config import load_model_config
 from predictor.evaluate import load_rows
-from predictor.profile import write_parquet
+from predictor.profile_rows import write_parquet
 from predictor.vllm_profile import VLLM_GRIDS, batch_of, build_scenarios, step_rows
 
 
