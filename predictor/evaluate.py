@@ -69,7 +69,7 @@ def load_rows(paths, *, allow_contended: bool = False) -> pd.DataFrame:
     ``gpubench profile --engine vllm`` marks them) are not ground truth: a file with any is refused
     unless ``allow_contended``, and then those rows are dropped rather than scored.
     """
-    from predictor.profile import read_rows
+    from predictor.profile_rows import read_rows
 
     frames = []
     for p in paths:

@@ -8,12 +8,10 @@ rows by these descriptors.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterable
 
 from predictor.config import ModelConfig
-
-PHASES = ("decode", "prefill", "mixed")
 
 
 @dataclass(frozen=True)
@@ -120,6 +118,3 @@ def point_features(cfg: ModelConfig, point: GridPoint, dtype_bytes: int) -> dict
         "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "param_count": cfg.param_count(),
     }
 
-
-def grid_summary(spec: GridSpec) -> dict:
-    return asdict(spec)
