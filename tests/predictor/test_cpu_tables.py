@@ -95,6 +95,10 @@ def test_phase_matched_decode_mape_is_the_prediction_times_the_reference_ratio(t
     assert "decode MAPE 17.50 % against 25.00 % as predicted (n = 2" in text
     assert phase_matched_text(df.drop(columns="ref_gemv_s"), predicted, cal, "wall_s") == ""
     assert np.isfinite(probe_ref)
+    # a disturbed reference (over 3x the probes') is left out and counted, not taken as a phase
+    disturbed = df.assign(ref_gemv_s=[probe_ref * 1.1, probe_ref * 200, probe_ref])
+    text = phase_matched_text(disturbed, predicted, cal, "wall_s")
+    assert "decode MAPE 10.00 % against 0.00 % as predicted (n = 1, 1 rows whose reference was over 3x off left out" in text
 
 
 def test_segment_context_delta_interpolates_between_measured_contexts(tiny_run):
