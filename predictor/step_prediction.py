@@ -75,34 +75,42 @@ class StepPrediction:
         return d
 
 
-def roofline_prediction(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray,
-                        op_t: np.ndarray, total: np.ndarray, parts: dict) -> StepPrediction:
-    """``predict``'s breakdown of one step (``feats`` (1, 5)) from the per-call op times and the
-    step totals ``StepModel._combine`` made of them."""
+def _op_breakdown(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_seconds) -> dict:
+    """Per op of the step graph for one step (``feats`` (1, 5)): its calls, kernels (CPU: dispatched
+    ops), FLOPs and bytes, the roofline's t_c and t_m, and ``op_seconds(i, name, t_c, t_m)`` as its time."""
     g = model.graph
     calls = g.num_calls
     flops = (feats @ g.flops.T)[0]
     b_read = g.per_call(feats, "bytes_read")[0]
     b_written = (feats @ g.bytes_written.T)[0]
     w = g.per_call(feats, "weight_read_bytes")[0]
-    compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
+    kernels_per_call = g.num_cpu_dispatches if model.hardware.backend == "cpu" else g.num_kernels
     ops = {}
     for i, spec in enumerate(g.ops):
         tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
-        if model.form == "additive" or i == g.sample_index:
-            t = op_t[0, i] * calls[i]
-        else:
-            t = tc if compute_wins else tm
-        mnk = None
-        if spec.gemm_nk is not None:
-            mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk)
+        mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
         ops[spec.name] = OpTime(
-            name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
-            num_kernels=int(calls[i] * (g.num_cpu_dispatches[i] if model.hardware.backend == "cpu" else g.num_kernels[i])),
+            name=spec.name, kind=spec.kind, num_calls=int(calls[i]), num_kernels=int(calls[i] * kernels_per_call[i]),
             flops=float(flops[i] * calls[i]), bytes_read=float(b_read[i] * calls[i]),
             bytes_written=float(b_written[i] * calls[i]), weight_bytes=float(w[i] * calls[i]),
-            gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(t),
+            gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(op_seconds(i, spec.name, tc, tm)),
             bound="compute" if tc > tm else "memory")
+    return ops
+
+
+def roofline_prediction(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray,
+                        op_t: np.ndarray, total: np.ndarray, parts: dict) -> StepPrediction:
+    """``predict``'s breakdown of one step (``feats`` (1, 5)) from the per-call op times and the
+    step totals ``StepModel._combine`` made of them."""
+    g = model.graph
+    compute_wins = parts["compute_s"][0] >= parts["memory_s"][0]
+
+    def op_seconds(i, _name, tc, tm):
+        if model.form == "additive" or i == g.sample_index:
+            return op_t[0, i] * g.num_calls[i]
+        return tc if compute_wins else tm
+
+    ops = _op_breakdown(model, feats, t_c, t_m, op_seconds)
     return StepPrediction(
         total_s=float(total[0]), form=model.form, backend=model.hardware.backend, ops=ops,
         blocks_s=float(parts["blocks_s"][0]), compute_s=float(parts["compute_s"][0]),
@@ -116,22 +124,7 @@ def table_prediction(model: StepModel, times: dict, feats: np.ndarray, t_c: np.n
     """``predict`` with the CPU op tables: each op's time is the table's (``times``, from
     ``CpuTableStep.op_times``); t_c/t_m stay the roofline's (what the op would take at peak rate or
     bandwidth, for reading the breakdown)."""
-    g = model.graph
-    calls = g.num_calls
-    flops = (feats @ g.flops.T)[0]
-    b_read = g.per_call(feats, "bytes_read")[0]
-    b_written = (feats @ g.bytes_written.T)[0]
-    w = g.per_call(feats, "weight_read_bytes")[0]
-    ops = {}
-    for i, spec in enumerate(g.ops):
-        tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
-        mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
-        ops[spec.name] = OpTime(
-            name=spec.name, kind=spec.kind, num_calls=int(calls[i]),
-            num_kernels=int(calls[i] * g.num_cpu_dispatches[i]), flops=float(flops[i] * calls[i]),
-            bytes_read=float(b_read[i] * calls[i]), bytes_written=float(b_written[i] * calls[i]),
-            weight_bytes=float(w[i] * calls[i]), gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm),
-            t_s=float(times[spec.name]), bound="compute" if tc > tm else "memory")
+    ops = _op_breakdown(model, feats, t_c, t_m, lambda _i, name, _tc, _tm: times[name])
     sample_s = float(times["sample"])
     host_s = float(times.pop("engine", 0.0))  # vLLM's per-step engine cost (cpu_step.engine_s)
     blocks_s = float(sum(v for k, v in times.items() if k != "sample"))
