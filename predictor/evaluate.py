@@ -59,8 +59,6 @@ def metrics(measured, predicted) -> dict:
             "p90_ape_pct": float(np.percentile(e, 90))}
 
 
-
-
 # ----------------------------------------------------------------------------- rows
 def load_rows(paths, *, allow_contended: bool = False) -> pd.DataFrame:
     """Concatenate step-row files (parquet from ``gpubench profile``); checks the columns it needs.
@@ -97,33 +95,6 @@ def load_rows(paths, *, allow_contended: bool = False) -> pd.DataFrame:
     if len(dup):
         raise ResultsFormatError(f"step row '{dup.iloc[0]}' appears in more than one input")
     return df.sort_values("key", kind="stable").reset_index(drop=True)
-
-
-# ----------------------------------------------------------------------------- methods
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # ----------------------------------------------------------------------------- splits
@@ -288,12 +259,6 @@ def transfer_pairs(df: pd.DataFrame, base: dict[str, pd.Series], *, target: str,
 # ----------------------------------------------------------------------------- reporting
 
 
-
-
-
-
-
-
 def output_calibration(df: pd.DataFrame, base: pd.Series, *, sku: str, calibration, target: str,
                        rows: list[str]) -> dict:
     """The input calibration (or defaults) with a measured ``host_residual`` fitted on all given rows."""
@@ -390,10 +355,6 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
         headline += interval_coverage_text(df, base["cpu_ops"], calibration, target)
         headline += phase_matched_text(df, base["cpu_ops"], calibration, target)
     return EvalResult(pred, met, wil, transfer, fits, headline)
-
-
-
-
 
 
 def run_evaluation(ec: EvalConfig) -> str:
