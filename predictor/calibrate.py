@@ -2,11 +2,11 @@
 
 The fitted values become a :class:`predictor.calibration_model.Calibration` (that module holds the
 data model, the JSON form, the defaults without a run and ``resolve``; its names are importable
-from here too, as callers have always imported them).
+from here too, as callers have always imported them). The compute side (eta_active, eta_duty and
+eta_duty(M)) is fitted in predictor.calibrate_compute.
 """
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
@@ -14,28 +14,15 @@ import numpy as np
 
 from gpubench.errors import ConfigError
 from predictor import efficiency as eff
+from predictor.calibrate_compute import finite_or_none, fit_active, fit_duty, fit_duty_by_m, is_finite, valid_rows
 from predictor.calibration_model import Calibration, Curve, Param, defaults, resolve, utc_now_iso  # noqa: F401 - resolve: re-exported
 from predictor.hardware import HardwareSpec
 
 
 # ====================================================================== fitting from a run
-def _valid(df):
-    """Rows whose golden-value check passed (rows without a 'valid' field are kept)."""
-    if df is None or len(df) == 0:
-        return df
-    if "valid" in df.columns:
-        df = df[df["valid"].fillna(False).astype(bool)]
-    return df
-
-
-def _err(x) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 def triad_plateau(run) -> Param | None:
     """The CPU bandwidth B: STREAM triad headline (best) of the largest array in the run."""
-    df = _valid(run.frames.get("stream"))
+    df = valid_rows(run.frames.get("stream"))
     if df is None or len(df) == 0 or "kernel" not in df.columns:
         return None
     tri = df[df["kernel"] == "triad"]
@@ -96,14 +83,14 @@ def fit_eta_mem(x, eta) -> tuple[float, float, float, float, float]:
 def _memory_points(run, bw: float, l2_bytes: float):
     """(x, eta, sources) from the l2 cold sweep and the stream triad sweep of a run."""
     xs, etas, used = [], [], []
-    l2 = _valid(run.frames.get("l2"))
+    l2 = valid_rows(run.frames.get("l2"))
     if l2 is not None and len(l2) and "mode" in l2.columns:
         cold = l2[l2["mode"] == "cold"]
         if len(cold):
             xs.append(cold["bytes"].to_numpy(float) / l2_bytes)
             etas.append(cold["gbps_median"].to_numpy(float) * 1e9 / bw)
             used.append(f"{len(cold)} l2 cold rows")
-    st = _valid(run.frames.get("stream"))
+    st = valid_rows(run.frames.get("stream"))
     if st is not None and len(st) and "kernel" in st.columns:
         # triad only (copy/scale move uncounted write-allocate bytes), and only arrays past the cache:
         # STREAM repeats its kernel over the same arrays, so a cache-resident triad is not a cold transfer
@@ -131,7 +118,7 @@ def _fit_clock(run, hw: HardwareSpec, base: Param) -> Param:
 
 
 def _telemetry_clock(run) -> Param | None:
-    g = _valid(run.frames.get("gemm"))
+    g = valid_rows(run.frames.get("gemm"))
     if g is None or len(g) == 0 or not {"clock_mhz_mean", "clock_max_ref_mhz"} <= set(g.columns):
         return None
     g = g.dropna(subset=["clock_mhz_mean", "clock_max_ref_mhz"])
@@ -140,12 +127,12 @@ def _telemetry_clock(run) -> Param | None:
         return None
     big = g[g["m"] == g["m"].max()]
     f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
-    return Param(float(np.mean(f)), _err(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
+    return Param(float(np.mean(f)), finite_or_none(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
                  f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
 
 
 def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:
-    pk = _valid(run.frames.get("peak"))
+    pk = valid_rows(run.frames.get("peak"))
     if pk is None or len(pk) == 0 or "unit" not in pk.columns or hw.spec_clock_mhz <= 0:
         return None
     clk = pk[pk["unit"] == "dependent_add"]
@@ -154,141 +141,14 @@ def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:
         return None
     mhz = float(clk[col].dropna().median())
     cv: Any = clk["cv"].dropna() if "cv" in clk.columns else []  # a Series, or [] (only len() is asked of that)
-    return Param(mhz / hw.spec_clock_mhz, _err(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
+    return Param(mhz / hw.spec_clock_mhz, finite_or_none(float(cv.iloc[0]) * mhz / hw.spec_clock_mhz) if len(cv) else None,
                  "measured", f"{run.run_dir}: peak dependent-add clock {mhz:.0f} MHz / spec clock "
                  f"{hw.spec_clock_mhz:.0f} MHz")
 
 
-def _fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Param:
-    """eta_active = best `peak` throughput for dtype / (spec peak x clock factor of that row)."""
-    pk = _valid(run.frames.get("peak"))
-    if pk is None or len(pk) == 0 or "dtype" not in pk.columns:
-        return base
-    pk = pk[pk["dtype"] == dtype]
-    if len(pk) == 0:
-        return base
-    row = pk.loc[pk["tflops_median"].idxmax()]
-    f_row, how = f, "the step clock factor"
-    ref, mean = row.get("clock_max_ref_mhz"), row.get("clock_mhz_mean")
-    meas, spec_clk = row.get("clock_mhz_measured"), row.get("spec_clock_mhz")
-    # a clock the probe measured itself beats telemetry (a VM's /proc/cpuinfo reports a constant)
-    if meas is not None and spec_clk is not None and _finite(meas) and _finite(spec_clk) and spec_clk > 0:
-        f_row, how = float(meas) / float(spec_clk), "that row's measured clock / spec clock"
-    elif ref is not None and mean is not None and _finite(ref) and _finite(mean) and ref > 0 and mean > 0:
-        f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
-    measured = float(row["tflops_median"]) * 1e12
-    value = eff.eta_active(measured, hw.peak(dtype), f_row)
-    cv = row.get("cv")
-    err = value * float(cv) if cv is not None and _finite(cv) else None
-    return Param(value, err, "measured", f"{run.run_dir}: peak {row['key']} median {measured / 1e12:.3g} TFLOP/s "
-                 f"/ spec {hw.peak(dtype) / 1e12:.3g} / f_clk {f_row:.3f} ({how})")
-
-
-def _finite(v) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def _fit_duty(run, hw: HardwareSpec, dtype: str, f: float, active: float, eta_max: float, x_half: float,
-              base: Param) -> tuple[Param, dict]:
-    """eta_duty: median over compute-bound gemm rows of measured / (P f_clk eta_cluster eta_active).
-
-    A row counts as compute bound when the memory law predicts under half of its measured time;
-    if none does, the rows with the largest M are used (and the source says so).
-    """
-    g = _valid(run.frames.get("gemm"))
-    if g is None or len(g) == 0 or "dtype" not in g.columns:
-        return base, {}
-    g = g[g["dtype"] == dtype]
-    if len(g) == 0:
-        return base, {}
-    peak = hw.peak(dtype)
-    m, n, k = (g[c].to_numpy(float) for c in ("m", "n", "k"))
-    measured = g["tflops_median"].to_numpy(float) * 1e12
-    cluster = eff.eta_cluster(m, n, k, hw.num_sms, eff.tile_shape(hw.arch))
-    duty = eff.eta_duty(measured, peak, f, cluster, active)
-    t_meas = g["flops"].to_numpy(float) / measured
-    nbytes = g["bytes"].to_numpy(float)
-    t_mem = (nbytes + x_half * hw.l2_bytes) / (hw.mem_bytes_per_s * eta_max)
-    keep = t_mem < 0.5 * t_meas
-    how = f"{int(keep.sum())} compute-bound gemm rows (memory law < half the measured time)"
-    if not keep.any():
-        keep = m == m.max()
-        how = f"{int(keep.sum())} gemm rows at the largest M={int(m.max())} (none compute bound)"
-    d = duty[keep]
-    q75, q25 = np.percentile(d, [75, 25])
-    value = float(np.median(d))
-    # the identity check: eta_c * P against every kept row's measured throughput
-    pred = peak * f * cluster[keep] * active * value
-    report = {"eta_duty_rows": int(keep.sum()),
-              "gemm_identity_mape": float(np.mean(np.abs(pred - measured[keep]) / measured[keep]))}
-    return Param(value, _err((q75 - q25) / 1.349), "measured",
-                 f"{run.run_dir}: median over {how}; error = IQR/1.349"), report
-
-
-def fit_duty_curve(m, duty) -> dict:
-    """eta_duty as a function of M from per-row duties: the median over rows (the (N, K) shapes)
-    at each measured M, then the time envelope (efficiency.duty_time_envelope).
-
-    Returns {"x", "raw", "value", "error", "num_rows"} (lists, x ascending); error per node is
-    IQR/1.349 of that M's rows (None for a single row). ValueError without a finite positive duty.
-    """
-    m = np.asarray(m, dtype=np.float64)
-    duty = np.asarray(duty, dtype=np.float64)
-    ok = np.isfinite(m) & np.isfinite(duty) & (m >= 1) & (duty > 0)
-    m, duty = m[ok], duty[ok]
-    if m.size == 0:
-        raise ValueError("no gemm row with a finite positive throughput")
-    xs = np.unique(m)
-    raw, err, num = [], [], []
-    for x in xs:
-        d = duty[m == x]
-        raw.append(float(np.median(d)))
-        q75, q25 = np.percentile(d, [75, 25])
-        err.append(_err((q75 - q25) / 1.349) if d.size > 1 else None)
-        num.append(int(d.size))
-    value = eff.duty_time_envelope(xs, raw)
-    return {"x": [float(x) for x in xs], "raw": raw, "value": [float(v) for v in value], "error": err, "num_rows": num}
-
-
-def _fit_duty_curve(run, hw: HardwareSpec, dtype: str, f: float, active: float) -> tuple[dict, dict]:
-    """curves["eta_duty_by_m"][dtype] from every valid gemm row of the dtype (not only the
-    compute-bound ones: at small M the probe's time is what a GEMM of that M costs, whatever
-    bounds it, and that is what the per-M duty must reproduce)."""
-    g = _valid(run.frames.get("gemm"))
-    if g is None or len(g) == 0 or "dtype" not in g.columns:
-        return {}, {}
-    g = g[g["dtype"] == dtype]
-    if len(g) == 0:
-        return {}, {}
-    peak = hw.peak(dtype)
-    m, n, k = (g[c].to_numpy(float) for c in ("m", "n", "k"))
-    measured = g["tflops_median"].to_numpy(float) * 1e12
-    cluster = eff.eta_cluster(m, n, k, hw.num_sms, eff.tile_shape(hw.arch))
-    duty = eff.eta_duty(measured, peak, f, cluster, active)
-    try:
-        c = fit_duty_curve(m, duty)
-    except ValueError as e:
-        return {}, {"eta_duty_by_m_skipped": str(e)}
-    # the identity check: eta_c(M) * P against every row's measured throughput
-    at = eff.eta_duty_at(m, np.log2(c["x"]), np.log(c["value"]))
-    pred = peak * f * cluster * active * at
-    ok = measured > 0
-    mape = float(np.mean(np.abs(pred[ok] - measured[ok]) / measured[ok]))
-    lifted = int(sum(v > r * (1 + 1e-12) for v, r in zip(c["value"], c["raw"])))
-    src = (f"{run.run_dir}: per M, median over {len(g)} gemm rows of {dtype} ({len(c['x'])} M values, "
-           f"{len(set(zip(n, k)))} (N, K) shapes) of measured / (P f_clk eta_cluster eta_active); time envelope "
-           f"raised {lifted} of them; error = IQR/1.349 per M; fit_error = MAPE of eta_c * P over the rows")
-    curve = Curve(x=tuple(c["x"]), value=tuple(c["value"]), tier="measured", source=src, error=tuple(c["error"]),
-                  raw=tuple(c["raw"]), num_rows=tuple(c["num_rows"]), fit_error=mape)
-    return {"eta_duty_by_m": {dtype: curve}}, {"gemm_curve_identity_mape": mape, "eta_duty_by_m_points": len(c["x"])}
-
-
 def _fit_launch(run, hw: HardwareSpec, params: dict) -> None:
     """t_launch_s / t_graph_node_s (CUDA device interval, graph node) or t_dispatch_s (CPU)."""
-    la = _valid(run.frames.get("launch"))
+    la = valid_rows(run.frames.get("launch"))
     if la is None or len(la) == 0 or "kind" not in la.columns:
         return
     if hw.backend == "cpu":
@@ -303,7 +163,7 @@ def _fit_launch(run, hw: HardwareSpec, params: dict) -> None:
         row = rows.loc[rows["count"].idxmax()]
         med = float(row["per_launch_s_median"])
         lo = row.get("per_launch_s_min")
-        params[name] = Param(med, abs(med - float(lo)) if _finite(lo) else None, "measured",
+        params[name] = Param(med, abs(med - float(lo)) if is_finite(lo) else None, "measured",
                              f"{run.run_dir}: launch {kind} per launch (median) at count {int(row['count'])}; error = median - min")
         done.add(name)
 
@@ -343,19 +203,19 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
             src = f"{run.run_dir}: curve_fit over {', '.join(used)} (x = bytes / {hw.l2_bytes:.3g} B L2; " \
                   f"eta = median GB/s / B {hw.mem_bytes_per_s / 1e9:.4g} GB/s " \
                   f"({hw.mem_bw_tier if 'mem_bytes_per_s' not in hw_over else 'measured'})); MAPE {mape:.2%}"
-            params["eta_max"] = Param(a, _err(ea), "measured", src)
-            params["x_half"] = Param(b, _err(eb), "measured", src)
+            params["eta_max"] = Param(a, finite_or_none(ea), "measured", src)
+            params["x_half"] = Param(b, finite_or_none(eb), "measured", src)
             report["eta_mem_mape"] = mape
             report["eta_mem_points"] = int(x.size)
         except (ValueError, RuntimeError) as e:
             report["eta_mem_skipped"] = str(e)
     params["f_clk"] = _fit_clock(run, hw, params["f_clk"])
     f = params["f_clk"].value
-    params["eta_active"] = _fit_active(run, hw, dtype, f, params["eta_active"])
-    params["eta_duty"], duty_report = _fit_duty(run, hw, dtype, f, params["eta_active"].value,
+    params["eta_active"] = fit_active(run, hw, dtype, f, params["eta_active"])
+    params["eta_duty"], duty_report = fit_duty(run, hw, dtype, f, params["eta_active"].value,
                                                 params["eta_max"].value, params["x_half"].value, params["eta_duty"])
     report.update(duty_report)
-    curves, curve_report = _fit_duty_curve(run, hw, dtype, f, params["eta_active"].value)
+    curves, curve_report = fit_duty_by_m(run, hw, dtype, f, params["eta_active"].value)
     report.update(curve_report)
     _fit_launch(run, hw, params)
     cpu_ops = _fit_cpu_ops(run, report)

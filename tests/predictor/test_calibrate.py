@@ -359,7 +359,7 @@ def test_duty_curve_time_envelope_and_shape_pooling(tmp_path):
     assert list(c.value) == pytest.approx([0.5, 0.1, 0.2], rel=1e-9)
     assert "raised 1 of them" in c.source
     # the per-M node is the median over the (N, K) shapes measured at that M
-    from predictor.calibrate import fit_duty_curve
+    from predictor.calibrate_compute import fit_duty_curve
     out = fit_duty_curve([2, 2, 2, 16], [0.1, 0.3, 0.2, 0.9])
     assert out["x"] == [2.0, 16.0] and out["raw"] == pytest.approx([0.2, 0.9])
     assert out["num_rows"] == [3, 1] and out["error"][1] is None and out["error"][0] > 0
