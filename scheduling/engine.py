@@ -21,6 +21,7 @@ import time
 from typing import Callable, Sequence
 
 from gpubench.errors import ConfigError
+from scheduling.decode_group import DecodeGroup
 from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
 from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
 from scheduling.kv_cache import BlockPool
@@ -31,8 +32,9 @@ from scheduling.step_cost import StepCost
 from scheduling.traces import Job
 
 
-class Engine:
-    """One replay: jobs in, records out. Not reusable: build a new engine per run.
+class Engine(DecodeGroup):
+    """One replay: jobs in, records out. Not reusable: build a new engine per run. The decode
+    group's fast path is in :class:`scheduling.decode_group.DecodeGroup`.
 
     Args:
         jobs: the workload (arrival times set; see ``traces.with_poisson_arrivals``).
@@ -174,47 +176,6 @@ class Engine:
             self._step_end = self._decode_run(now_s, dur_s)
         else:
             self._step_end = now_s + dur_s
-
-    def _decode_run(self, now_s: float, dur_s: float) -> float:
-        """Run consecutive pure-decode steps inline; return the end of the step left in flight.
-
-        NOTE(perf): at light load most steps decode a few requests and nothing else happens: no
-        prefill, an empty queue, no event before the step ends. Such a step only moves the group's
-        step index, takes a block for members that cross a block boundary and adds its duration to
-        the clock. This loop does exactly that, with the same float additions in the same order
-        as the event loop, until a step would differ: an event falls due, a member finishes, or a
-        block it needs is not free. The step log is off here (``record_steps=False``), so no row
-        is skipped.
-        """
-        g = self._g  # the step in flight, scheduled at now_s
-        heap = self._heap
-        next_event_s = heap[0][0] if heap else float("inf")  # nothing is pushed inside the run
-        fin_due, alloc_due, pool = self._fin_due, self._alloc_due, self.pool
-        num_decode_seqs = len(self._dec)
-        lag_sum = self._lag_sum
-        quantum = self.step_cost.decode_quantum
-        res, progress = self.result, self._progress
-        t, end = now_s, now_s + dur_s
-        dmax = -1
-        while next_event_s > end and g not in fin_due:
-            due = alloc_due.get(g + 1)
-            if due is not None and len(due) > pool.num_free_blocks:
-                break  # the exact scheduler decides who gets the blocks
-            # Step g ends with nothing to apply; step g + 1 starts at its end.
-            g += 1
-            t = end
-            if due is not None:
-                self._give_due_blocks(g)
-            decode_context_tokens = lag_sum + num_decode_seqs * g
-            if decode_context_tokens > dmax:
-                dur_s, dmax = quantum(num_decode_seqs, decode_context_tokens)
-            end = t + dur_s
-            res.num_steps += 1
-            if progress and not res.num_steps & 511:
-                progress(self._num_jobs_done, len(self.jobs), t)
-        res.num_inline_decode_steps += g - self._g
-        self._g = g
-        return end
 
     # --- the scheduler ------------------------------------------------------------------------
     #
@@ -385,86 +346,6 @@ class Engine:
         if self._progress and not res.num_steps & 511:
             self._progress(self._num_jobs_done, len(self.jobs), now_s)
         return dur_s
-
-    def _give_due_blocks(self, g: int) -> None:
-        """Step ``g`` of the decode group: a new block for each member whose next token starts one
-        (the caller checked they are free), and its next due step if it is still decoding then."""
-        alloc_due, get_new = self._alloc_due, self.pool.get_new_blocks
-        for r in alloc_due.pop(g):
-            r.blocks.extend(get_new(1))
-            nxt = g + self.block_size
-            if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
-                alloc_due.setdefault(nxt, []).append(r)
-
-    def _fast_plan(self) -> bool:
-        """True when this step can run on the decode-group fast path (see the NOTE above)."""
-        num_decode_seqs = len(self._dec)
-        left = self.config.max_num_batched_tokens - num_decode_seqs
-        if left < 0:
-            return False
-        pre = self._prefilling
-        demand = 0
-        for r in pre:
-            demand += r.num_tokens - r.num_computed
-        if demand > left and num_decode_seqs:
-            # Prefills do not all fit: decodes still all run iff they come first in running order.
-            if self._dec_max_pos_dirty:
-                self._dec_max_pos = max(r.run_pos for r in self._dec.values())
-                self._dec_max_pos_dirty = False
-            if min(r.run_pos for r in pre) < self._dec_max_pos:
-                return False
-        need = len(self._alloc_due.get(self._g, ()))
-        bs = self.block_size
-        for r in pre:
-            if left == 0:
-                break
-            c = r.num_computed
-            n = r.num_tokens - c
-            if n > left:
-                n = left
-            k = -(-(c + n) // bs) - len(r.blocks)
-            if k > 0:
-                need += k
-            left -= n
-        return need <= self.pool.num_free_blocks
-
-    def _join_decode_group(self, r: Request, next_g: int) -> None:
-        """``r`` sampled a token and will decode from step ``next_g`` on."""
-        lag = r.num_computed - next_g
-        r.lag = lag
-        r.adm_lag = r.num_admission_tokens - next_g
-        self._dec[r.seq] = r
-        self._lag_sum += lag
-        if r.run_pos > self._dec_max_pos:
-            self._dec_max_pos = r.run_pos
-        fin = r.output_tokens + r.prompt_tokens - 2 - lag  # step after which it has all its tokens
-        self._fin_due.setdefault(fin, []).append(r)
-        alloc = len(r.blocks) * self.block_size - lag  # step at which computed + 1 overflows its blocks
-        if alloc < next_g:
-            alloc = next_g  # (cannot happen: blocks cover the computed tokens + 1)
-        if alloc <= fin:
-            self._alloc_due.setdefault(alloc, []).append(r)
-
-    def _materialize(self, r: Request, g: int) -> None:
-        """Write a decode-group member's counters as of the start of step ``g``."""
-        c = r.lag + g
-        r.num_computed = c
-        r.num_tokens = c + 1
-        r.num_output = c + 1 - r.prompt_tokens
-        r.num_admission_tokens = r.adm_lag + g
-        self._cache_full_blocks(r)
-
-    def _leave_fast_mode(self) -> None:
-        """Materialize every decode-group member; the exact loop takes over for this step."""
-        g = self._g
-        for r in self._dec.values():
-            self._materialize(r, g)
-        self._dec.clear()
-        self._alloc_due.clear()
-        self._fin_due.clear()
-        self._lag_sum = 0
-        self._dec_max_pos = -1
-        self._dec_max_pos_dirty = False
 
     def _check_step(self, budget: int) -> None:
         assert 0 <= budget <= self.config.max_num_batched_tokens, budget
