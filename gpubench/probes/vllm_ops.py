@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import os
 import subprocess
 import zlib
 
@@ -287,14 +286,13 @@ def layer_probe_config(width: int, layers: int) -> dict:
 def _measure_engine_layers(p: dict) -> dict:
     """``_measure_engine_step`` on the synthetic Llama of ``p``'s width and depth (its config kept in
     the row, so the fit can price the same model's ops)."""
+    from gpubench.outdir import write_text_atomic
     from vllmref import env
 
     config = layer_probe_config(int(p["width"]), int(p["layers"]))
     path = env.models_dir() / "layer-probes" / f"layers-w{p['width']}-l{p['layers']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(config, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(config, indent=1))
     return {**_measure_engine_step({**p, "model": str(path)}), "model": path.stem, "config": config}
 
 
