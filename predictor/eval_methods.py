@@ -234,6 +234,18 @@ class VidurStyle:
         return out
 
 
+def forest_available() -> bool:
+    """Whether the random-forest baseline can run: scikit-learn is an optional extra (``baselines``),
+    the only thing in the package that uses it."""
+    import importlib.util
+
+    return importlib.util.find_spec("sklearn") is not None
+
+
+FOREST_MISSING_NOTE = ("The random-forest baseline (rf) was not run: scikit-learn is not installed "
+                       "(`pip install 'gpubench[baselines]'`).\n")
+
+
 class ForestModel:
     """Random forest on batch and model descriptors, fitted to log(time) (relative errors)."""
     name = "rf"

@@ -22,6 +22,7 @@ import pandas as pd
 
 from gpubench.errors import ConfigError, ResultsFormatError
 from predictor.eval_methods import (
+    FOREST_MISSING_NOTE,
     FORM_PAIRS,
     ForestModel,
     OpParts,
@@ -34,6 +35,7 @@ from predictor.eval_methods import (
     ape_pct,
     cpu_ops_base,
     fit_host_residual,
+    forest_available,
     step_model_base,
     step_model_parts,
 )
@@ -163,7 +165,12 @@ def _make_methods(base: dict, seed: int, target: str) -> list:
     probe_only = [ProbeOnly(base["cpu_ops"])] if base.get("cpu_ops") is not None else []
     return [*probe_only, StepForm("additive", base["additive"]), StepForm("max", base["max"]),
             RowCalibrated("additive", base["parts"]), RowCalibrated("max", base["parts"]),
-            VidurStyle(base["rows"], vidur_column(target)), ForestModel(seed)]
+            VidurStyle(base["rows"], vidur_column(target)), *_forest(seed)]
+
+
+def _forest(seed: int) -> list:
+    """The random-forest baseline, or nothing where scikit-learn (an optional extra) is absent."""
+    return [ForestModel(seed)] if forest_available() else []
 
 
 def predict_folds(df: pd.DataFrame, folds: list[Fold], base: dict[str, pd.Series], *, target: str,
@@ -246,7 +253,7 @@ def transfer_pairs(df: pd.DataFrame, base: dict[str, pd.Series], *, target: str,
                 continue
             train, test = df[df.model == a], df[df.model == b]
             for m in (StepForm("additive", base["additive"]), StepForm("max", base["max"]),
-                      RowCalibrated("additive", base["parts"]), ForestModel(seed)):
+                      RowCalibrated("additive", base["parts"]), *_forest(seed)):
                 m.fit(train, train[target].to_numpy(np.float64))
                 pred = m.predict(test)
                 for ph in ("all", "decode"):
@@ -351,6 +358,8 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     wil = wilcoxon_forms(pred)
     transfer = transfer_pairs(df, base, target=target, seed=seed) if df.model.nunique() > 1 else pd.DataFrame()
     headline = headline_text(met, wil)
+    if not forest_available():
+        headline += "\n" + FOREST_MISSING_NOTE
     if base["cpu_ops"] is not None:
         headline += interval_coverage_text(df, base["cpu_ops"], calibration, target)
         headline += phase_matched_text(df, base["cpu_ops"], calibration, target)

@@ -141,6 +141,20 @@ def test_wilcoxon_and_headline_verdicts(synthetic):
     assert set(t.method) == {"additive", "max", "additive_rowcal", "rf"} and len(t[(t.method == "rf") & (t.phase == "all")]) == 2
 
 
+def test_without_scikit_learn_the_forest_is_left_out_and_the_headline_says_so(monkeypatch):
+    """scikit-learn is an optional extra: without it every other method is scored the same and the
+    headline names the baseline that did not run (the absence is simulated; the real import path is
+    the fixture's run above)."""
+    import predictor.evaluate as evaluate
+
+    df = _synthetic_rows()
+    monkeypatch.setattr(evaluate, "forest_available", lambda: False)
+    res = evaluate_rows(df, sku="cpu", calibration=None)
+    assert "rf" not in set(res.metrics.method) and "rf" not in set(res.transfer.method)
+    assert {"additive", "max", "vidur"} <= set(res.metrics.method)
+    assert "scikit-learn is not installed" in res.headline and "gpubench[baselines]" in res.headline
+
+
 def test_step_form_adds_fitted_host_term():
     base = pd.Series([0.01, 0.02, 0.03])
     df = pd.DataFrame({"num_seqs": [1, 2, 3]})
