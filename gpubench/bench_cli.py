@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpubench.clihelp import DeprecatedAlias
+
 
 def device_probe_names() -> dict[str, list[str]]:
     """``{"cpu": [...], "cuda": [...]}``: the probes a full run takes on each backend, in run order,
@@ -57,7 +59,10 @@ def register(sub) -> None:
                         "run from a checkout never lands among its committed results/)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
     r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")
-    r.add_argument("--reps", type=int, default=10, help="repetitions per measurement (default 10; first discarded)")
+    # --repeats as in the kvcomm commands; the short spelling stays a hidden alias.
+    r.add_argument("--repeats", type=int, default=10, dest="reps", metavar="N",
+                   help="repetitions per measurement (default 10; first discarded)")
+    r.add_argument("--reps", action=DeprecatedAlias, canonical="--repeats", type=int, dest="reps")
     r.add_argument("--set", action="append", default=[], metavar="PROBE.NAME=VALUE",
                    help="probe option, e.g. stream.max_array_bytes=1048576, l2.factor=2 (repeatable)")
     r.add_argument("--probe-budget-s", type=float, help="time budget of every probe in seconds (default: per probe)")
@@ -136,7 +141,7 @@ def cmd_run(args) -> int:
     from gpubench.runner import RunRequest, execute
 
     if args.reps < 2:
-        raise ConfigError(f"--reps must be >= 2 (the first repetition is discarded), got {args.reps}")
+        raise ConfigError(f"--repeats must be >= 2 (the first repetition is discarded), got {args.reps}")
     if args.probe_budget_s is not None and not (0 < args.probe_budget_s < float("inf")):
         # NaN used to disable the deadline (a hung probe then ran forever) and 0 was ignored
         raise ConfigError(f"--probe-budget-s must be a finite number of seconds > 0, got {args.probe_budget_s}")

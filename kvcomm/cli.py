@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
+from gpubench.clihelp import DefaultsHelpFormatter, DeprecatedAlias
 from gpubench.errors import KVCommError
 
 DEFAULT_TASKS = "keycode,twoagent"
@@ -42,7 +42,11 @@ def register(sub) -> None:
     p.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     p.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
                    help="tokens recomputed at the start of each imported chunk, comma-separated")
-    p.add_argument("--max-new-tokens", type=argtypes.positive_int, default=5, help="answer tokens decoded (greedy)")
+    # --max-tokens as in `gpubench vllm generate` and vLLM's SamplingParams; the HF spelling stays an alias.
+    p.add_argument("--max-tokens", type=argtypes.positive_int, default=5, dest="max_new_tokens",
+                   help="answer tokens decoded (greedy)")
+    p.add_argument("--max-new-tokens", action=DeprecatedAlias, canonical="--max-tokens", type=argtypes.positive_int,
+                   dest="max_new_tokens")
     p.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
@@ -110,6 +114,9 @@ def register(sub) -> None:
     t.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     t.add_argument("--out", required=True, type=Path, help="a new output directory, e.g. results/kvcomm/ttft/")
     t.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    t.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (the command, out_dir, files written and summary.json's "
+                        "per-length summary) instead of the table; progress stays on stderr")
     t.set_defaults(func=cmd_ttft)
 
 
@@ -202,7 +209,7 @@ def _command_from_args(args) -> str:
     """The equivalent command line (when called in-process, e.g. from tests)."""
     parts = ["gpubench", "kvcomm", "eval", "--model", args.model, "--tasks", args.tasks, "--protocols", args.protocols,
              "--n", str(args.n), "--out", str(args.out), "--seed", str(args.seed), "--ratio", args.ratio,
-             "--boundary-k", args.boundary_k, "--max-new-tokens", str(args.max_new_tokens)]
+             "--boundary-k", args.boundary_k, "--max-tokens", str(args.max_new_tokens)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -321,6 +328,12 @@ def cmd_ttft(args) -> int:
                                               "--boundary-k", args.boundary_k, "--repeats", str(args.repeats),
                                               "--out", str(args.out)])
         summary = write_outputs(args.out, cfg, rows, command, load_before)
+    if args.json:
+        import json
+
+        files = [str(args.out / n) for n in (ROWS_FILE, "summary.json", "summary.md", "ttft.png", "COMMAND")]
+        print(json.dumps({"command": command, "out_dir": str(args.out), "files": files, "summary": summary}, indent=1))
+        return 0
     print(markdown_table(summary), end="")
     print(f"wrote {args.out}/rows.jsonl, summary.json, summary.md, ttft.png, COMMAND")
     return 0

@@ -113,7 +113,7 @@ class Example:
     # "exact": a short answer, scored by exact match and token F1; "rouge_l": free text (a summary),
     # scored by ROUGE-L F1 against ``answer`` (exact match is then reported but says little)
     scoring: str = "exact"
-    answer_tokens: int = 0  # tokens B may decode for this example; 0: the run's --max-new-tokens
+    answer_tokens: int = 0  # tokens B may decode for this example; 0: the run's --max-tokens
 
     @property
     def example_id(self) -> str:

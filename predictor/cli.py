@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from gpubench.clihelp import DeprecatedAlias
 from gpubench.errors import ConfigError
 
 PHASES = ("decode", "prefill", "mixed")
@@ -18,7 +19,9 @@ def register(sub) -> None:
                     "eta_duty from `gemm`, t_launch from `launch`, f_clk from telemetry. Parameters a run "
                     "lacks fall back to published, then spec values; each says which tier it came from.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (results/<sku>/<stamp>-<host>/)")
-    p.add_argument("-o", "--output", default="calibration.json", help="where to write (default: %(default)s)")
+    # -o/--out as every other command's output option; --output stays a hidden alias.
+    p.add_argument("-o", "--out", default="calibration.json", dest="output", metavar="PATH", help="where to write (default: %(default)s)")
+    p.add_argument("--output", action=DeprecatedAlias, canonical="--out", dest="output")
     p.add_argument("--dtype", default=None, help="dtype to calibrate (default: bf16 on GPUs, fp32 on the CPU)")
     p.add_argument("--json", action="store_true", help="print the calibration JSON instead of a table")
     p.add_argument("--allow-contended", action="store_true",

@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--seed", type=argtypes.seed, default=0, help="seed")
     w.add_argument("--preset", default="swe", choices=("swe", "swe-long", "scaled-cpu"), help="synthetic agent")
     w.add_argument("--out", type=Path, required=True, help="output file (.parquet, or .jsonl)")
+    w.add_argument("--json", action="store_true", help="print what was written (file, jobs, bytes, preset, seed) as JSON")
     w.set_defaults(func=cmd_swesmith)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -162,8 +163,12 @@ def cmd_swesmith(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out} is a directory")
     rows = swesmith_gen.generate_trajectories(args.jobs, args.seed, trace_synth.PRESETS[args.preset]())
     swesmith_gen.write_trajectories(args.out, rows)
-    size_mb = args.out.stat().st_size / 1e6
-    print(f"wrote {args.jobs} trajectories ({size_mb:.1f} MB) to {args.out}")
+    size_bytes = args.out.stat().st_size
+    if args.json:
+        print(json.dumps({"out": str(args.out), "jobs": args.jobs, "bytes": size_bytes, "preset": args.preset,
+                          "seed": args.seed}, indent=2))
+    else:
+        print(f"wrote {args.jobs} trajectories ({size_bytes / 1e6:.1f} MB) to {args.out}")
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gpubench import argtypes
 from gpubench.clihelp import DefaultsHelpFormatter
@@ -23,6 +24,8 @@ def register(sub) -> None:
                                     "complete one prompt. Kept when already built.",
                         formatter_class=DefaultsHelpFormatter)
     s.add_argument("--force", action="store_true", help="rebuild the environment from scratch")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object (the environment, its Python, seconds taken) on stdout; progress goes to stderr")
     s.set_defaults(func=_setup)
     st = vsub.add_parser("status", help="where the environment is and whether it is ready",
                          formatter_class=DefaultsHelpFormatter)
@@ -33,6 +36,7 @@ def register(sub) -> None:
     g.add_argument("prompt", help="text to complete")
     g.add_argument("--max-tokens", type=argtypes.positive_int, default=16, help="tokens to generate")
     g.add_argument("--threads", type=argtypes.positive_int, default=2, help="OpenMP threads of the engine")
+    g.add_argument("--json", action="store_true", help="print the prompt, the completion and the settings as one JSON object")
     g.set_defaults(func=_generate)
     sv = vsub.add_parser("serve", help="vLLM's OpenAI-compatible server on 127.0.0.1 until Ctrl-C",
                          description="Start `python -m vllm.entrypoints.openai.api_server` from the reference "
@@ -48,9 +52,15 @@ def register(sub) -> None:
 def _setup(args: argparse.Namespace) -> int:
     import time
 
-    from vllmref import env
+    from vllmref import VLLM_VERSION, env
 
     t0 = time.perf_counter()
+    if args.json:  # stdout carries only the JSON object
+        target = env.setup(force=args.force, log=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps({"vllm_version": VLLM_VERSION, "ready": env.is_ready(), "env_dir": str(target),
+                          "python": str(env.env_python()), "smollm2": str(env.smollm2_dir()),
+                          "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+        return 0
     target = env.setup(force=args.force)
     print(f"vLLM environment ready in {target} ({time.perf_counter() - t0:.0f} s)")
     return 0
@@ -100,5 +110,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError("--max-tokens and --threads must be >= 1")
     if not args.prompt.strip():  # vLLM refuses it too, but only after its engine has started (~40 s)
         raise ConfigError("generate: the prompt is empty")
-    print(env.generate(args.prompt, max_tokens=args.max_tokens, threads=args.threads))
+    text = env.generate(args.prompt, max_tokens=args.max_tokens, threads=args.threads)
+    if args.json:
+        print(json.dumps({"model": "smollm2-135m", "prompt": args.prompt, "completion": text,
+                          "max_tokens": args.max_tokens, "threads": args.threads}, indent=2))
+    else:
+        print(text)
     return 0

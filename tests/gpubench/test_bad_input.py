@@ -42,7 +42,7 @@ CASES = [
     "trace stats {d}/bin.jsonl", "trace stats --jobs -1", "trace swesmith --jobs 5 --out {d}/x.txt",
     "trace swesmith --jobs 0 --out {d}/x.parquet",
     "evaluate {d}/bin.jsonl --out {d}/o", "run --device cpu --probes nope --out {d}/o",
-    "run --device cpu --probe-budget-s nan --out {d}/o", "run --device cpu --reps 1 --out {d}/o",
+    "run --device cpu --probe-budget-s nan --out {d}/o", "run --device cpu --repeats 1 --out {d}/o",
     "compare-replay {d} {d} --out {d}/o", "view {d}/rundir --export {d}/v.html",
     "kvcomm eval --n 0 --out {d}/o", "profile --model nope --out {d}/p.parquet", "skus --nope",
 ]

@@ -32,7 +32,7 @@ def test_unknown_probe_and_bad_options(tmp_path):
                     "unknown probe 'stram'", "stream")
     _one_line_error(run_cli("run", "--device", "cpu", "--set", "nodot", "--out", str(tmp_path)), "PROBE.NAME=VALUE")
     _one_line_error(run_cli("run", "--device", "tpu", "--out", str(tmp_path)), "unknown --device 'tpu'")
-    _one_line_error(run_cli("run", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)), "--reps")
+    _one_line_error(run_cli("run", "--device", "cpu", "--repeats", "1", "--out", str(tmp_path)), "--repeats")
 
 
 def test_cuda_without_a_device(tmp_path):

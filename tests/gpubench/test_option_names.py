@@ -1,6 +1,8 @@
 """One name per option across commands: --no-progress (replay, sweep, kvcomm), --jobs N (replay,
-sweep, trace), --set [POLICY.]KEY=VALUE (run, sweep, replay). The old spellings (--quiet,
---synthetic) still work, say once on stderr which name to use, and are hidden from --help and
+sweep, trace), --set [POLICY.]KEY=VALUE (run, sweep, replay), --repeats N (run, kvcomm), --out
+(every command that writes), --max-tokens (vllm generate, kvcomm eval), and --json on every command
+whose output is a result. The old spellings (--quiet, --synthetic, --reps, --output,
+--max-new-tokens) still work, say once on stderr which name to use, and are hidden from --help and
 from shell completion."""
 import contextlib
 import io
@@ -101,3 +103,40 @@ def test_help_and_completion_list_only_the_canonical_names(command):
     options = command_tree(build_parser())[command]["options"]
     assert {"--no-progress", "--jobs", "--set"} <= set(options)
     assert not {"--quiet", "--synthetic"} & set(options)
+
+
+# Old spelling -> (command, canonical spelling, a value or None for a flag, the destination).
+RENAMED = {
+    "--reps": (["run"], "--repeats", "3", "reps"),
+    "--output": (["fit", "RUN"], "--out", "cal.json", "output"),
+    "--max-new-tokens": (["kvcomm", "eval", "--out", "o"], "--max-tokens", "2", "max_new_tokens"),
+    "--synthetic": (["replay", "--out", "o"], "--jobs", "3", "num_jobs"),
+    "--quiet": (["replay", "--out", "o"], "--no-progress", None, "no_progress"),
+}
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_spelling_parses_like_the_canonical_one_with_a_note(old, capsys):
+    command, canonical, value, dest = RENAMED[old]
+    parser = build_parser()
+    tail = [value] if value is not None else []
+    new_args = parser.parse_args([*command, canonical, *tail])
+    assert capsys.readouterr().err == ""
+    old_args = parser.parse_args([*command, old, *tail])
+    assert capsys.readouterr().err.strip().endswith(f"{old} is deprecated, use {canonical} (same meaning)")
+    assert vars(old_args) == vars(new_args)
+    assert getattr(new_args, dest) == (int(value) if value and value.isdigit() else value or True)
+
+
+# Commands whose output is not a result to parse: a server that runs until stopped, the viewer (a
+# browser page), and a shell script.
+NO_JSON = {"view", "vllm serve", "completion"}
+
+
+def test_every_command_shows_only_canonical_names_and_takes_json():
+    tree = command_tree(build_parser())  # "command path" -> its subcommands and visible options
+    leaves = {path: set(node["options"]) for path, node in tree.items() if path and not node["subcommands"]}
+    assert {"run", "fit", "kvcomm eval", "kvcomm ttft", "trace swesmith", "vllm generate"} <= set(leaves)
+    for command, options in leaves.items():
+        assert not set(RENAMED) & options, command  # old spellings stay hidden
+        assert ("--json" in options) == (command not in NO_JSON), command

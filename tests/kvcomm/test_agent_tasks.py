@@ -86,7 +86,7 @@ def test_kvcomm_eval_end_to_end_on_the_new_tasks(tiny_chat_model_dir, smollm2_to
 
     out = tmp_path / "run"
     args = ["kvcomm", "eval", "--model", str(tiny_chat_model_dir), "--tasks", "drift,multihop", "--n", "2",
-            "--protocols", "text,kv-rerotated,kv-blend", "--no-progress", "--max-new-tokens", "2", "--out", str(out)]
+            "--protocols", "text,kv-rerotated,kv-blend", "--no-progress", "--max-tokens", "2", "--out", str(out)]
     assert main(args) == 0
     rows = load_rows(out)
     assert len(rows) == 2 * 2 * 3 and set(rows["task"]) == {"drift", "multihop"}
@@ -141,7 +141,7 @@ def test_kvcomm_eval_scores_the_summary_task_by_rouge_l_with_its_own_decode_budg
     assert (summ["scoring"] == "rouge_l").all() and (rows[rows["task"] == "drift3"]["scoring"] == "exact").all()
     for r in summ.itertuples():
         assert r.f1 == rouge_l(r.prediction, r.answer)
-    # the summary's budget is its own (40 tokens), not the run's --max-new-tokens 2
+    # the summary's budget is its own (40 tokens), not the run's --max-tokens 2
     longest = max(len(tok(g, add_special_tokens=False)["input_ids"]) for g in summ["generated"])
     drift3_longest = max(len(tok(g, add_special_tokens=False)["input_ids"]) for g in rows[rows["task"] == "drift3"]["generated"])
     assert drift3_longest <= 4 and longest > 10, (drift3_longest, longest)  # re-tokenized text: a token or two either way

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,8 @@ def test_sweep_end_to_end_and_a_second_run_into_the_same_directory_is_refused(ti
     args = ["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "16,48", "--repeats", "3",
             "--protocols", "text,kv-rerotated,kv-rerotated+boundary,kv-blend", "--boundary-k", "4", "--ratio", "0.25",
             "--out", str(out), "--no-progress"]
-    assert main(args) == 0
+    assert main([*args, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # stdout is the JSON object alone
     for name in ("rows.jsonl", "summary.json", "summary.md", "ttft.png", "COMMAND"):
         assert (out / name).is_file(), name
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
@@ -29,6 +31,8 @@ def test_sweep_end_to_end_and_a_second_run_into_the_same_directory_is_refused(ti
     assert all(by[(n, k, "kv-rerotated+boundary k=4")]["num_recomputed"] == 4 for n in (16, 48) for k in range(3))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["protocols"] == labels and summary["cpu_model"]
+    assert printed["summary"] == summary["summary"] and printed["out_dir"] == str(out)
+    assert all(Path(f).is_file() for f in printed["files"])
     for s in summary["summary"]:
         n, label = s["num_imported"], s["protocol"]
         # the speedup is the median of same-round ratios, not a ratio of medians

@@ -175,7 +175,7 @@ def test_synthetic_same_across_processes(tmp_path):
     assert len(outs) == 1
 
 
-def test_several_hundred_swesmith_trajectories_replay_end_to_end(tmp_path):
+def test_several_hundred_swesmith_trajectories_replay_end_to_end(tmp_path, capsys):
     """A SWE-smith-format file of 400 trajectories (all three layouts) loads back with the
     statistics of the jobs it renders and replays end to end on the predictor."""
     import json
@@ -184,7 +184,9 @@ def test_several_hundred_swesmith_trajectories_replay_end_to_end(tmp_path):
     from scheduling.trace_synth import SWE_SMITH_TARGETS
 
     path = tmp_path / "trajs.parquet"
-    assert main(["trace", "swesmith", "--jobs", "400", "--out", str(path)]) == 0
+    assert main(["trace", "swesmith", "--jobs", "400", "--out", str(path), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written == {"out": str(path), "jobs": 400, "bytes": path.stat().st_size, "preset": "swe", "seed": 0}
     jobs = load_trace(path)
     assert len(jobs) == 400 and len({j.job_id for j in jobs}) == 400
     loaded, source = trace_stats(jobs), trace_stats(synthetic_jobs(400, 0))

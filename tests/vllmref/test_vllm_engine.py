@@ -43,9 +43,18 @@ def _batches(df: pd.DataFrame, scenario: str) -> list[list[list[int]]]:
 
 
 def test_generate_completes_a_prompt():
-    proc = gpubench("vllm", "generate", "The capital of France is", "--max-tokens", "4")
+    proc = gpubench("vllm", "generate", "The capital of France is", "--max-tokens", "4", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Paris" in proc.stdout
+    doc = json.loads(proc.stdout)  # stdout is the JSON object alone
+    assert "Paris" in doc["completion"] and doc["max_tokens"] == 4 and doc["prompt"] == "The capital of France is"
+
+
+def test_setup_of_a_ready_environment_keeps_it_and_says_so_in_json():
+    proc = gpubench("vllm", "setup", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)  # the stages' progress went to stderr
+    assert doc["ready"] is True and doc["vllm_version"] == "0.32.0" and doc["seconds"] > 0
+    assert "Paris" in proc.stderr  # the set-up's own check generation ran
 
 
 def test_decode_scenario_steps_are_the_requests_sent(tiny_rows):
