@@ -4,6 +4,7 @@ A registrar is ``register(subparsers)``: it adds parsers and sets ``func=callabl
 """
 import argparse
 import math
+import os
 import sys
 
 from gpubench import __version__
@@ -59,6 +60,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options naming a file or directory a command writes into (or, for --resume, appends to). `run --out`
+# is left out: it is a root under which every run makes a new directory, so nothing in it is rewritten.
+WRITTEN_OPTIONS = {"out": "--out", "output": "--out", "trace_out": "--trace-out", "csv": "--csv", "plot": "--plot",
+                   "resume": "--resume", "export": "--export"}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: refuse to rewrite committed files (outdir.refuse_committed) through any
+    option that names what the command writes."""
+    from gpubench.outdir import refuse_committed
+
+    command = getattr(args, "command", None)
+    for dest, option in WRITTEN_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None or (command == "run" and dest == "out") or not isinstance(value, (str, os.PathLike)):
+            continue
+        refuse_committed(value, option)
+    if command == "show" and getattr(args, "plots", False) and getattr(args, "out", None) is None:
+        refuse_committed(args.run_dir, "show --plots (next to the run)")
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,6 +88,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        check_outputs(args)
         return int(args.func(args) or 0)
     except GpubenchError as err:
         print(f"gpubench: error: {err}", file=sys.stderr)

@@ -10,6 +10,10 @@ goes away with the process, so a killed run never leaves a stale one.
 first line); a rerun of that same command keeps the notes below it (when and at what load the
 committed figures were taken), a different command replaces the file.
 
+``refuse_committed(path, option)``: a path that holds files a git checkout tracks (the repository's
+own committed results) is refused unless ``GPUBENCH_REGENERATE=1`` says the user means to
+regenerate them, so re-running a documented command cannot silently rewrite committed figures.
+
 ``write_text_atomic(path, text)``: a temporary file in the same directory, fsync, rename, fsync of
 the directory: a crash or a full disk leaves the old file or the new one, never a truncated one.
 """
@@ -25,6 +29,7 @@ from typing import Iterator
 from gpubench.errors import ConfigError
 
 LOCK_NAME = ".gpubench.lock"
+REGENERATE_ENV = "GPUBENCH_REGENERATE"
 
 
 @contextlib.contextmanager
@@ -48,6 +53,32 @@ def locked(directory: str | os.PathLike, what: str = "output directory") -> Iter
         yield d
     finally:
         os.close(fd)  # releases the lock
+
+
+def committed_files(path: str | os.PathLike) -> list[str]:
+    """The files under ``path`` (a file or a directory) that a git checkout tracks; [] when the path
+    does not exist, is in no checkout, or git is not installed."""
+    import shutil
+    import subprocess
+
+    p = Path(path).absolute()
+    if not p.exists() or shutil.which("git") is None:
+        return []
+    where = p if p.is_dir() else p.parent
+    proc = subprocess.run(["git", "-C", str(where), "ls-files", "-z", "--full-name", "--", str(p)], capture_output=True, timeout=30)
+    if proc.returncode != 0:  # not inside a work tree
+        return []
+    return [f for f in proc.stdout.decode("utf-8", "replace").split("\0") if f]
+
+
+def refuse_committed(path: str | os.PathLike, option: str) -> None:
+    """ConfigError when ``path`` holds committed files and the user did not ask to regenerate them."""
+    if os.environ.get(REGENERATE_ENV) == "1":
+        return
+    files = committed_files(path)
+    if files:
+        raise ConfigError(f"{option} {path}: holds {len(files)} file(s) committed to this checkout (e.g. {files[0]}); "
+                          f"set {REGENERATE_ENV}=1 to regenerate them in place, or choose another path")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -1,0 +1,70 @@
+"""Re-running a documented command cannot silently rewrite a checkout's committed results: an output
+option that names a path holding git-tracked files is one line, exit 2, before any work, unless
+GPUBENCH_REGENERATE=1 asks for it. Checked in a real git repository."""
+import subprocess
+
+import pytest
+
+from gpubench.cli import build_parser, check_outputs, main
+from gpubench.errors import ConfigError
+from gpubench.outdir import REGENERATE_ENV, committed_files
+
+FAST = ["--jobs", "2", "--jps", "1", "--step-cost", "constant:0.01", "--no-progress"]
+
+
+@pytest.fixture()
+def checkout(tmp_path, monkeypatch):
+    """A git repository with one committed replay directory and one untracked directory."""
+    monkeypatch.delenv(REGENERATE_ENV, raising=False)
+    repo = tmp_path / "repo"
+    (repo / "results" / "replay").mkdir(parents=True)
+    (repo / "results" / "replay" / "COMMAND").write_text("gpubench replay ...\n# taken at load 0.9\n")
+    (repo / "scratch").mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "results"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "results"], check=True)
+    return repo
+
+
+def test_a_replay_into_committed_results_is_refused_and_nothing_changes(checkout, capsys):
+    committed = checkout / "results" / "replay"
+    before = (committed / "COMMAND").read_text()
+    assert main(["replay", *FAST, "--out", str(committed)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results/replay/COMMAND" in err and REGENERATE_ENV in err
+    assert sorted(p.name for p in committed.iterdir()) == ["COMMAND"] and (committed / "COMMAND").read_text() == before
+
+
+def test_asked_for_it_regenerates_in_place(checkout, monkeypatch, capsys):
+    monkeypatch.setenv(REGENERATE_ENV, "1")
+    committed = checkout / "results" / "replay"
+    assert main(["replay", *FAST, "--out", str(committed)]) == 0
+    assert (committed / "summary.json").is_file()
+
+
+def test_untracked_and_outside_paths_are_written_as_before(checkout, tmp_path, capsys):
+    assert main(["replay", *FAST, "--out", str(checkout / "scratch" / "r")]) == 0
+    assert main(["replay", *FAST, "--out", str(tmp_path / "elsewhere")]) == 0
+    assert committed_files(tmp_path / "elsewhere") == []  # tmp_path is in no checkout
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["run", "--device", "cpu", "--out", "{c}"], False),  # a new run directory under the root
+    (["run", "--device", "cpu", "--resume", "{c}"], True),  # appends to the committed run
+    (["show", "{c}", "--plots"], True),  # PNGs next to the committed run
+    (["show", "{c}", "--plots", "--out", "{s}"], False),
+    (["fit", "{s}", "-o", "{c}/COMMAND"], True),  # a committed file itself
+    (["trace", "stats", "--plot", "{s}/t.png"], False),
+    (["kvcomm", "eval", "--out", "{c}"], True),
+    (["sweep", "--out", "{c}"], True),
+    (["view", "{s}", "--export", "{c}/COMMAND"], True),
+])
+def test_every_written_option_is_checked(checkout, argv, refused):
+    paths = {"c": str(checkout / "results" / "replay"), "s": str(checkout / "scratch")}
+    args = build_parser().parse_args([a.format(**paths) for a in argv])
+    if refused:
+        with pytest.raises(ConfigError, match="committed to this checkout"):
+            check_outputs(args)
+    else:
+        check_outputs(args)
