@@ -52,25 +52,31 @@ def register(sub) -> None:
 def _setup(args: argparse.Namespace) -> int:
     import time
 
-    from vllmref import VLLM_VERSION, env
+    from vllmref import env
 
     t0 = time.perf_counter()
     if args.json:  # stdout carries only the JSON object
         target = env.setup(force=args.force, log=lambda line: print(line, file=sys.stderr, flush=True))
-        print(json.dumps({"vllm_version": VLLM_VERSION, "ready": env.is_ready(), "env_dir": str(target),
-                          "python": str(env.env_python()), "smollm2": str(env.smollm2_dir()),
-                          "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+        print(json.dumps({**_env_info(), "env_dir": str(target), "seconds": round(time.perf_counter() - t0, 1)},
+                         indent=2))
         return 0
     target = env.setup(force=args.force)
     print(f"vLLM environment ready in {target} ({time.perf_counter() - t0:.0f} s)")
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
+def _env_info() -> dict:
+    """What `vllm status` reports and `vllm setup --json` ends with."""
     from vllmref import VLLM_VERSION, env
 
-    info = {"vllm_version": VLLM_VERSION, "ready": env.is_ready(), "python": str(env.env_python()),
+    return {"vllm_version": VLLM_VERSION, "ready": env.is_ready(), "python": str(env.env_python()),
             "smollm2": str(env.smollm2_dir()), "smollm2_converted": (env.smollm2_dir() / "model.safetensors").is_file()}
+
+
+def _status(args: argparse.Namespace) -> int:
+    from vllmref import env
+
+    info = _env_info()
     if args.json:
         print(json.dumps(info, indent=2))
     else:
