@@ -1,10 +1,14 @@
-"""The decode group: the replay engine's fast path for steady decoding (scheduling.engine).
+"""The decode group: how the replay engine decodes (scheduling.engine).
 
-Requests in the decode state (prompt computed, one token per step) keep their counters as offsets
-from the step index ``_g``, so a step touches only the members that need a new block or finish;
-``_decode_run`` goes further and runs whole stretches of pure-decode steps inline. The NOTE(perf)
-above ``Engine._schedule`` says when a step may take this path: only when it is provably the step
-the exact vLLM loop would take.
+Between steps every decoding request (prompt computed, one token per step) is a member of the
+group, its counters kept as offsets from the step index ``_g`` (``num_computed = lag + _g``), so a
+step touches only the members that need a new block or finish. A group decode is scheduled in one
+place, ``_group_step``: by the scheduling pass when the step is provably the one vLLM's loop would
+take (the NOTE(perf) above ``Engine._schedule`` says when), and by ``_decode_run`` for stretches of
+pure-decode steps in which nothing else happens. When a step cannot take it (a member would not get
+its token, or a block it needs is not free), the members are materialized and vLLM's loop schedules
+them like any running request, one new token each; at the end of that step they rejoin the group.
+The differential test against vLLM's scheduler runs the engine both ways.
 
 A mixin of :class:`scheduling.engine.Engine`, not an object of its own: these methods run in the
 replay's hot loop on the engine's own attributes, which stay one attribute lookup away.
@@ -43,8 +47,8 @@ class DecodeGroup:
     _dec_max_pos: int
     _dec_max_pos_dirty: bool
 
-    def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None:
-        raise NotImplementedError  # the engine's (scheduling.engine.Engine._cache_full_blocks)
+    if TYPE_CHECKING:  # another part of the engine defines these (no runtime stub can shadow them)
+        def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None: ...  # Engine
 
     def _decode_run(self, now_s: float, dur_s: float) -> float:
         """Run consecutive pure-decode steps inline; return the end of the step left in flight.
@@ -62,8 +66,8 @@ class DecodeGroup:
         next_event_s = heap[0][0] if heap else float("inf")  # nothing is pushed inside the run
         fin_due, alloc_due, pool = self._fin_due, self._alloc_due, self.pool
         num_decode_seqs = len(self._dec)
-        lag_sum = self._lag_sum
         quantum = self.step_cost.decode_quantum
+        group_step = self._group_step
         res, progress = self.result, self._progress
         t, end = now_s, now_s + dur_s
         dmax = -1
@@ -74,9 +78,7 @@ class DecodeGroup:
             # Step g ends with nothing to apply; step g + 1 starts at its end.
             g += 1
             t = end
-            if due is not None:
-                self._give_due_blocks(g)
-            decode_context_tokens = lag_sum + num_decode_seqs * g
+            decode_context_tokens = group_step(g)
             if decode_context_tokens > dmax:
                 dur_s, dmax = quantum(num_decode_seqs, decode_context_tokens)
             end = t + dur_s
@@ -87,15 +89,20 @@ class DecodeGroup:
         self._g = g
         return end
 
-    def _give_due_blocks(self, g: int) -> None:
-        """Step ``g`` of the decode group: a new block for each member whose next token starts one
-        (the caller checked they are free), and its next due step if it is still decoding then."""
-        alloc_due, get_new = self._alloc_due, self.pool.get_new_blocks
-        for r in alloc_due.pop(g):
-            r.blocks.extend(get_new(1))
-            nxt = g + self.block_size
-            if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then
-                alloc_due.setdefault(nxt, []).append(r)
+    def _group_step(self, g: int) -> int:
+        """Start step ``g`` of the decode group, the one place a group decode is scheduled (by the
+        scheduling pass and by ``_decode_run`` alike): every member gets its one token, and a new
+        block if that token starts one (the caller checked they are free). Returns the step's decode
+        context tokens (the members' computed tokens, summed)."""
+        alloc_due = self._alloc_due
+        due = alloc_due.pop(g, None)
+        if due is not None:
+            get_new, nxt = self.pool.get_new_blocks, g + self.block_size
+            for r in due:
+                r.blocks.extend(get_new(1))
+                if nxt <= r.output_tokens + r.prompt_tokens - 2 - r.lag:  # still decoding then: due again
+                    alloc_due.setdefault(nxt, []).append(r)
+        return self._lag_sum + len(self._dec) * g
 
     def _fast_plan(self) -> bool:
         """True when this step can run on the decode-group fast path (see the NOTE above)."""

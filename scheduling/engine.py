@@ -21,6 +21,7 @@ import time
 from typing import Callable, Sequence
 
 from gpubench.errors import ConfigError
+from scheduling.admission import Admission
 from scheduling.decode_group import DecodeGroup
 from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
 from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
@@ -29,12 +30,17 @@ from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineRe
 from scheduling.policies.base import KVPolicy
 from scheduling.request import JobState, Request, Status
 from scheduling.step_cost import StepCost
+from scheduling.step_output import StepOutput
 from scheduling.traces import Job
 
 
-class Engine(DecodeGroup):
-    """One replay: jobs in, records out. Not reusable: build a new engine per run. The decode
-    group's fast path is in :class:`scheduling.decode_group.DecodeGroup`.
+class Engine(Admission, StepOutput, DecodeGroup):
+    """One replay: jobs in, records out. Not reusable: build a new engine per run.
+
+    This module holds the event loop and the scheduling pass; its parts live beside it, on the same
+    state: admission of waiting requests (:class:`scheduling.admission.Admission`), applying a
+    finished step (:class:`scheduling.step_output.StepOutput`) and the decode group, the one
+    representation of decoding requests between steps (:class:`scheduling.decode_group.DecodeGroup`).
 
     Args:
         jobs: the workload (arrival times set; see ``traces.with_poisson_arrivals``).
@@ -203,13 +209,10 @@ class Engine(DecodeGroup):
         extra_s = 0.0
         num_preempted = hit_tokens = pool_tokens = 0
         reason = ""
-        if fast:
-            g = self._g
+        if fast:  # every decode-group member gets its token; the loop below sees the rest
             num_decode_seqs = len(self._dec)
-            decode_context_tokens = self._lag_sum + num_decode_seqs * g
+            decode_context_tokens = self._group_step(self._g)
             budget -= num_decode_seqs
-            if g in self._alloc_due:
-                self._give_due_blocks(g)
             running = self._prefilling
         else:
             running = self.running
@@ -264,13 +267,13 @@ class Engine(DecodeGroup):
             scheduled_reqs.append(r)
             scheduled_num_tokens.append(n)
             budget -= n
-            if r.num_output and n == 1 and c == r.num_tokens - 1:
+            # vLLM caches a request's full blocks when it allocates them (schedule time), so a
+            # request admitted later in this same pass can hit blocks this step computes.
+            self._cache_full_blocks(r, c + n)
+            if r.num_output and n == 1 and c == r.num_tokens - 1:  # a decode (priced as one)
                 num_decode_seqs += 1
                 decode_context_tokens += c
             else:
-                # vLLM caches a request's full blocks when it allocates them (schedule time), so a
-                # request admitted later in this same pass can hit blocks this step computes.
-                self._cache_full_blocks(r, c + n)
                 num_prefill_tokens += n
                 num_prefill_seqs += 1
                 prefill_context_tokens += c
@@ -351,141 +354,6 @@ class Engine(DecodeGroup):
         assert 0 <= budget <= self.config.max_num_batched_tokens, budget
         assert len(self.running) <= self.config.max_num_seqs, len(self.running)
 
-    def _admit(self, r: Request, budget: int, now_s: float) -> tuple[int, int, int, float] | None:
-        """Try to move the head of the waiting queue into the running batch.
-
-        Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
-        step)``, or None when the blocks it needs are not free (the request stays queued).
-        """
-        pool, policy, bs = self.pool, self.policy, self.block_size
-        h = e = 0
-        hit_blocks: list[int] = []
-        if r.status == Status.WAITING:
-            max_tokens = (r.num_tokens - 1) // bs * bs  # hit capped at known tokens - 1, whole blocks
-            hit_blocks = self._prefix_hit(r, max_tokens)
-            h = len(hit_blocks) * bs
-            e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
-            c0 = h + e
-            is_async = bool(e) and policy.asynchronous_load
-            n = 0 if is_async else min(r.num_tokens - c0, budget)
-            need = -(-(c0 + n) // bs) - len(hit_blocks)
-            # vLLM's admission gate (scheduler_reserve_full_isl, on by default): the free blocks must
-            # hold the request's whole known sequence, not only its first chunk.
-            gate = -(-r.num_tokens // bs) - len(hit_blocks) if self.config.reserve_full_sequence else need
-            if gate > pool.num_free_blocks:
-                return None
-            if not policy.holds_blocks(r.job_state):
-                # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
-                # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
-                # that rejects a queue head retried every step without counting its whole prefix.
-                used_max = min(len(hit_blocks), r.job_state.job.system_tokens // bs)
-                if gate + len(hit_blocks) - used_max > pool.num_free_blocks:
-                    return None
-            free_hits = pool.count_free(hit_blocks)  # touching takes them off the free queue
-            if gate + free_hits > pool.num_free_blocks:
-                return None
-            r.hit_memo = None  # admitted: the blocks become the request's own
-            self.queue.pop()
-            pool.touch(hit_blocks)
-            r.blocks = hit_blocks + pool.get_new_blocks(need)
-            r.num_cached_blocks = len(hit_blocks)
-            r.hit_tokens = min(h, r.prompt_tokens)
-            r.pool_hit_tokens = min(c0, r.prompt_tokens) - r.hit_tokens
-            r.prompt_computed_tokens = 0
-            r.num_computed = h
-            if not is_async:
-                self._cache_full_blocks(r, c0 + n)  # at schedule time, as vLLM (see the running loop)
-            if r.first_scheduled_s is None:
-                r.first_scheduled_s = now_s
-            load_s = 0.0
-            if e:
-                load = policy.load_external(r, h, e, now_s)
-                if is_async:
-                    r.status = Status.LOADING
-                    self.loading[r.seq] = r
-                    self.push(LoadDoneEvent, now_s + load.load_s, r, c0)
-                    return 0, h, e, 0.0
-                load_s = load.load_s
-                r.num_computed = c0
-        else:  # WAITING_LOADED: blocks are held; continue the prefill
-            c0 = r.num_computed
-            n = min(r.num_tokens - c0, budget)
-            need = -(-(c0 + n) // bs) - len(r.blocks)
-            if need > pool.num_free_blocks:
-                return None
-            self.queue.pop()
-            if need > 0:
-                r.blocks.extend(pool.get_new_blocks(need))
-            self._cache_full_blocks(r, c0 + n)
-            load_s = 0.0
-        r.status = Status.RUNNING
-        r.job_state.waiting_request = None
-        r.run_pos = next(self._run_pos)
-        self.running.append(r)
-        self._prefilling.append(r)
-        policy.on_admitted(r, now_s)
-        return n, h, e, load_s
-
-    def _release_loaded(self, num_running: int) -> bool:
-        """Nothing runs and the queue head cannot get blocks: free the blocks of the last queued
-        request that holds loaded KV (it looks its prefix up again later; its blocks stay cached).
-
-        NOTE: without this, requests that each hold loaded blocks and each need more would wait
-        for one another forever. With requests running, blocks come back when they finish.
-        """
-        if num_running:
-            return False
-        victim = None
-        for r in self.queue:
-            if r.status == Status.WAITING_LOADED:
-                victim = r
-        if victim is None:
-            return False
-        self.pool.free_blocks(victim.blocks, True)
-        victim.blocks = []
-        victim.num_computed = 0
-        victim.num_cached_blocks = 0
-        victim.status = Status.WAITING
-        victim.num_preemptions += 1
-        self.result.num_preemptions += 1
-        return True
-
-    def _prefix_hit(self, r: Request, max_tokens: int) -> list[int]:
-        """Cached blocks along the request's hash chain, from block 0 until the first miss.
-
-        NOTE(perf): a queue head that cannot be admitted is looked up again every step, and its
-        chain can be thousands of blocks. The last result is kept on the request with a position
-        in the pool's eviction log; a repeat lookup only truncates it at the first block evicted
-        since (a cached block is never replaced while cached, so the others are unchanged), then
-        extends it block by block as a fresh lookup would.
-        """
-        num = max_tokens // self.block_size
-        if num == 0:
-            return []
-        js = r.job_state
-        hashes = js.block_hashes(num)
-        pool = self.pool
-        num_evicted = pool.num_evictions
-        out = r.hit_memo
-        if out is None:
-            out = []
-        else:
-            if len(out) > num:
-                del out[num:]
-            if r.hit_log_pos < num_evicted and out:
-                index = js.hash_index
-                cut = len(out)
-                for h in pool.evicted_since(r.hit_log_pos):
-                    i = index.get(h)
-                    if i is not None and i < cut:
-                        cut = i
-                del out[cut:]
-        if len(out) < num:
-            out.extend(pool.lookup(hashes, len(out), num))
-        r.hit_memo = out
-        r.hit_log_pos = num_evicted
-        return out
-
     def _preempt(self, r: Request) -> None:
         """Preemption by recompute: free the blocks (they stay cached), requeue at the front."""
         self.pool.free_blocks(r.blocks, True)
@@ -506,96 +374,6 @@ class Engine(DecodeGroup):
         if full > r.num_cached_blocks:
             self.pool.cache_blocks(r.blocks, r.job_state.block_hashes(full), r.num_cached_blocks, full)
             r.num_cached_blocks = full
-
-    # --- step completion ----------------------------------------------------------------------
-    def _finish_step(self, now_s: float) -> None:
-        """Apply the step in flight: computed tokens, sampled tokens, finished turns."""
-        g = self._g
-        bs = self.block_size
-        finished = None
-        joined = None
-        for r, n in zip(self._sched_reqs, self._sched_n):
-            c = r.num_computed
-            if r.num_output and n == 1 and c == r.num_tokens - 1:
-                # A decode outside the group (exact mode): one token, a full block every bs steps.
-                c += 1
-                r.num_computed = c
-                r.num_admission_tokens += 1
-                if not c % bs:
-                    self._cache_full_blocks(r)
-            else:
-                p = r.prompt_tokens
-                if c < p:
-                    r.prompt_computed_tokens += (c + n if c + n < p else p) - c
-                c += n
-                r.num_computed = c
-                r.num_admission_tokens += n
-                # (its full blocks were hashed when the scheduler allocated them)
-                if c < r.num_tokens:
-                    continue  # a chunk of a longer prefill: nothing sampled yet
-            r.num_output += 1
-            r.num_tokens += 1
-            if r.first_token_s is None:
-                r.first_token_s = now_s
-            if r.num_output == r.output_tokens:
-                if finished is None:
-                    finished = []
-                finished.append(r)
-            elif self._step_fast:
-                if joined is None:
-                    joined = []
-                joined.append(r)
-        if self._step_fast:
-            for r in self._fin_due.pop(g, ()):
-                self._materialize(r, g + 1)
-                del self._dec[r.seq]
-                self._lag_sum -= r.lag
-                if r.run_pos == self._dec_max_pos:
-                    self._dec_max_pos_dirty = True
-                if finished is None:
-                    finished = []
-                finished.append(r)
-            if joined:
-                for r in joined:
-                    self._join_decode_group(r, g + 1)
-        if finished:
-            for r in finished:
-                self._finish_turn(r, now_s)
-            self.running[:] = [r for r in self.running if r.status == Status.RUNNING]
-        if not self._step_fast or finished or joined:
-            if not self._step_fast:  # exact mode: every decoding request joins the group
-                for r in self.running:
-                    if r.num_output and r.num_computed == r.num_tokens - 1:
-                        self._join_decode_group(r, g + 1)
-            dec = self._dec
-            self._prefilling = [r for r in self.running if r.seq not in dec]
-        self._g = g + 1
-        self._check_step(0)
-
-    def _finish_turn(self, r: Request, now_s: float) -> None:
-        r.status = Status.FINISHED
-        r.finish_s = now_s
-        if self.policy.on_turn_finish(r, now_s):
-            self.pool.free_blocks(r.blocks, True)
-        r.blocks = []
-        js = r.job_state
-        scheduled = r.num_recomputed_tokens + r.num_admission_tokens
-        # a finished turn was scheduled and generated its first token
-        assert r.first_token_s is not None and r.first_scheduled_s is not None
-        self.result.turns.append((
-            js.job.job_id, r.turn, r.arrival_s, r.first_scheduled_s, r.first_token_s, now_s,
-            r.first_token_s - r.arrival_s, r.first_scheduled_s - r.arrival_s, r.prompt_tokens, r.hit_tokens,
-            r.pool_hit_tokens, r.prompt_computed_tokens, r.output_tokens, r.num_preemptions,
-            r.num_recomputed_tokens, scheduled,
-        ))
-        turns = js.job.turns
-        if r.turn + 1 < len(turns):
-            self.push(ArrivalEvent, now_s + turns[r.turn].tool_s, js, r.turn + 1)
-        else:
-            js.finish_s = now_s
-            self._num_jobs_done += 1
-            self.result.jobs.append((js.job.job_id, js.job.prefix_group, js.job.arrival_s, now_s,
-                                     now_s - js.job.arrival_s, len(turns)))
 
     # --- estimates for policies ---------------------------------------------------------------
     def estimate_prefill_s(self, num_tokens: int) -> float:

@@ -8,8 +8,10 @@ scheduled request: job, turn, tokens scheduled, tokens computed before the step,
 order), the same preempted requests, the same number of free blocks after scheduling and the
 same free queue, block id by block id (both pools number their blocks alike and hand out the
 head of the queue first, so equal queues mean equal eviction order).
-The simulator runs its exact loop here (``fast_path=False``; the fast path is tested identical to
-it elsewhere), so every step is scheduled by the code that mirrors vLLM's ``schedule()``.
+The simulator runs twice: its exact loop alone (``fast_path=False``: every step scheduled by the
+code that mirrors vLLM's ``schedule()``) and as replays run it, with decoding requests in the decode
+group (``scheduling.decode_group``) whenever a step allows; both must match vLLM. A decode-group
+member is listed in the batch at its place in running order with its one token.
 """
 from __future__ import annotations
 
@@ -40,13 +42,17 @@ class StepRecord:
     preempted: list = field(default_factory=list)   # [job_id, turn]
     free_blocks: int = 0
     free_queue: list = field(default_factory=list)  # block ids, the next to be evicted first
+    fast: bool = False  # the simulator scheduled it with the decode group (never compared: vLLM has none)
 
 
 @dataclass
 class DiffResult:
     vllm: list[StepRecord]
-    sim: list[StepRecord]
+    sim: list[StepRecord]  # the exact loop alone
     mismatches: list[dict]
+    sim_fast: list[StepRecord] = field(default_factory=list)  # with the decode group, as replays run
+    fast_mismatches: list[dict] = field(default_factory=list)
+    num_fast_steps: int = 0  # steps the decode group took part in
 
     @property
     def num_mismatching_steps(self) -> int:
@@ -73,18 +79,26 @@ class _RecordingEngine(Engine):
         dur = super()._schedule(now_s)
         if dur is not None or self._victims:
             self.trace.append(StepRecord(
-                step=len(self.trace) + 1, t_start=now_s,
-                scheduled=[[r.job_id, r.turn, n, r.num_computed] for r, n in zip(self._sched_reqs, self._sched_n)],
+                step=len(self.trace) + 1, t_start=now_s, scheduled=self._batch(),
                 preempted=sorted(self._victims), free_blocks=self.pool.num_free_blocks,
-                free_queue=list(self.pool.free_queue_ids())))
+                free_queue=list(self.pool.free_queue_ids()), fast=self._step_fast and bool(self._dec)))
         return dur
 
+    def _batch(self) -> list:
+        """The step's batch in running order (vLLM's: running requests, then those admitted in the
+        pass), decode-group members included with their one token and computed tokens."""
+        rows = [(r.run_pos, [r.job_id, r.turn, n, r.num_computed]) for r, n in zip(self._sched_reqs, self._sched_n)]
+        if self._step_fast:
+            rows += [(r.run_pos, [r.job_id, r.turn, 1, r.lag + self._g]) for r in self._dec.values()]
+        return [row for _, row in sorted(rows, key=lambda pos_row: pos_row[0])]
 
-def sim_steps(jobs: Sequence[Job], settings: DiffSettings, **engine_overrides) -> list[StepRecord]:
-    """The simulator's steps (``engine_overrides``: other EngineConfig fields, e.g. to show that a
-    behaviour vLLM does not have is caught)."""
+
+def sim_steps(jobs: Sequence[Job], settings: DiffSettings, fast_path: bool = False, **engine_overrides) -> list[StepRecord]:
+    """The simulator's steps, by its exact loop alone or (``fast_path``) with the decode group as
+    replays run it (``engine_overrides``: other EngineConfig fields, e.g. to show that a behaviour
+    vLLM does not have is caught)."""
     config = EngineConfig(num_gpu_blocks=settings.num_gpu_blocks, max_num_batched_tokens=settings.max_num_batched_tokens,
-                          max_num_seqs=settings.max_num_seqs, block_size=settings.block_size, fast_path=False,
+                          max_num_seqs=settings.max_num_seqs, block_size=settings.block_size, fast_path=fast_path,
                           record_steps=True, **engine_overrides)
     engine = _RecordingEngine(jobs, config, make_policy("fcfs", {}), ConstantStepCost(1.0))
     engine.run()
@@ -149,7 +163,10 @@ def run_differentials(cases: Sequence[tuple[Sequence[Job], DiffSettings]]) -> li
     results = []
     for (jobs, settings), vllm in zip(cases, vllm_steps_many(cases)):
         sim = sim_steps(jobs, settings)
-        results.append(DiffResult(vllm=vllm, sim=sim, mismatches=compare_steps(sim, vllm)))
+        fast = sim_steps(jobs, settings, fast_path=True)
+        results.append(DiffResult(vllm=vllm, sim=sim, mismatches=compare_steps(sim, vllm), sim_fast=fast,
+                                  fast_mismatches=compare_steps(fast, vllm),
+                                  num_fast_steps=sum(s.fast for s in fast)))
     return results
 
 

@@ -42,7 +42,7 @@ def test_preemption_exactly_when_blocks_run_out():
     # 12 blocks: both hold 5 after step 2 and 6 after step 18 (used 12); at step 34 "a" needs a 7th
     # -> none is free, the last running request ("b") is preempted and "a" takes one of its blocks.
     first = next(row for row in res12.step_records() if row.num_preemptions)
-    assert first[0] == 34 and first[16] == 1 and first[15] == "preempted"
+    assert first.step == 34 and first.num_preemptions == 1 and first.break_reason == "preempted"
     assert all(row.num_preemptions == 0 for row in res12.step_records()[:33])
     b = [t for t in turn_dicts(res12) if t["job_id"] == "b"][0]
     assert b["num_preemptions"] >= 1 and b["recomputed_tokens"] > 0

@@ -23,7 +23,6 @@ import pytest
 
 from gpubench.errors import ResultsFormatError
 from scheduling.viewer.data import bin_steps, load_run
-from scheduling.viewer.sample_run import write_sample_run
 from scheduling.viewer.server import ViewerServer, export_html, render_page
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +32,25 @@ needs_browser = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER), reason="chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
 
 
+def write_replay_dir(out_dir: Path, *, seed: int = 0, num_jobs: int = 30, jps: float = 3.0) -> Path:
+    """A replay directory written by the real engine (the format ``gpubench replay`` writes): short
+    multi-turn agents of two prefix groups in a pool small enough to preempt, a constant step."""
+    from scheduling.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.traces import with_poisson_arrivals
+
+    params = SyntheticParams(turns_mean=6, turns_min=2, turns_max=10, system_tokens_min=400, system_tokens_max=800,
+                             obs_tokens_median=150, obs_tokens_max=1500, task_tokens_median=200,
+                             out_tokens_median=60, out_tokens_max=200, num_prefix_groups=2)
+    jobs = with_poisson_arrivals(synthetic_jobs(num_jobs, seed=seed, params=params), jps, seed=seed)
+    config = ReplayConfig(num_gpu_blocks=420, max_num_batched_tokens=512, max_num_seqs=10,
+                          step_cost="constant:0.02", seed=seed)
+    return write_outputs(run_replay(jobs, config), out_dir, command="tests/scheduling/test_viewer.py")
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return write_sample_run(tmp_path_factory.mktemp("replay") / "run")
+    return write_replay_dir(tmp_path_factory.mktemp("replay") / "run")
 
 
 def test_load_run_totals_match_files(run_dir):
@@ -405,8 +420,8 @@ def test_browser_compares_runs_side_by_side(browser, tmp_path):
 def test_compared_runs_with_one_name_are_labelled_by_their_parents(tmp_path):
     from scheduling.viewer.data import load_runs
 
-    a = write_sample_run(tmp_path / "a" / "run", seed=0)
-    b = write_sample_run(tmp_path / "b" / "run", seed=1)
+    a = write_replay_dir(tmp_path / "a" / "run", seed=0)
+    b = write_replay_dir(tmp_path / "b" / "run", seed=1)
     assert [r["label"] for r in load_runs([a, b])["runs"]] == ["a/run", "b/run"]
 
 

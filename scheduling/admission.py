@@ -1,0 +1,180 @@
+"""Admission: moving the head of the waiting queue into the running batch (scheduling.engine).
+
+What vLLM's ``Scheduler.schedule()`` does for a waiting request, in its order: look its prefix up
+in the GPU prefix cache (hit capped at known tokens - 1, whole blocks), ask the connector (the KV
+policy) for more, apply the admission gate (the free blocks must hold the whole known sequence by
+default), then take the hit blocks off the free queue and allocate the rest. A request whose load
+is asynchronous waits for it holding its blocks (``Status.LOADING``).
+
+A mixin of :class:`scheduling.engine.Engine`: these methods run inside the scheduling pass on the
+engine's own state.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from scheduling.events import LoadDoneEvent
+from scheduling.request import Request, Status
+
+if TYPE_CHECKING:
+    from scheduling.engine_config import EngineConfig
+    from scheduling.kv_cache import BlockPool
+    from scheduling.outputs import EngineResult
+    from scheduling.policies.base import KVPolicy, RequestQueue
+
+
+class Admission:
+    """The admission half of the scheduler (see the module docstring)."""
+
+    # the engine's state these methods use, set by Engine.__init__
+    config: EngineConfig
+    pool: BlockPool
+    policy: KVPolicy
+    queue: RequestQueue  # the policy's waiting queue (KVPolicy.make_queue)
+    running: list[Request]
+    loading: dict[int, Request]
+    result: EngineResult
+    block_size: int
+    _prefilling: list[Request]
+    _run_pos: itertools.count
+
+    if TYPE_CHECKING:  # another part of the engine defines these (no runtime stub can shadow them)
+        def push(self, event_cls, time_s: float, *payload) -> None: ...  # Engine
+        def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None: ...  # Engine
+
+    def _admit(self, r: Request, budget: int, now_s: float) -> tuple[int, int, int, float] | None:
+        """Try to move the head of the waiting queue into the running batch.
+
+        Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
+        step)``, or None when the blocks it needs are not free (the request stays queued).
+        """
+        pool, policy, bs = self.pool, self.policy, self.block_size
+        h = e = 0
+        hit_blocks: list[int] = []
+        if r.status == Status.WAITING:
+            max_tokens = (r.num_tokens - 1) // bs * bs  # hit capped at known tokens - 1, whole blocks
+            hit_blocks = self._prefix_hit(r, max_tokens)
+            h = len(hit_blocks) * bs
+            e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
+            c0 = h + e
+            is_async = bool(e) and policy.asynchronous_load
+            n = 0 if is_async else min(r.num_tokens - c0, budget)
+            need = -(-(c0 + n) // bs) - len(hit_blocks)
+            # vLLM's admission gate (scheduler_reserve_full_isl, on by default): the free blocks must
+            # hold the request's whole known sequence, not only its first chunk.
+            gate = -(-r.num_tokens // bs) - len(hit_blocks) if self.config.reserve_full_sequence else need
+            if gate > pool.num_free_blocks:
+                return None
+            if not policy.holds_blocks(r.job_state):
+                # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
+                # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
+                # that rejects a queue head retried every step without counting its whole prefix.
+                used_max = min(len(hit_blocks), r.job_state.job.system_tokens // bs)
+                if gate + len(hit_blocks) - used_max > pool.num_free_blocks:
+                    return None
+            free_hits = pool.count_free(hit_blocks)  # touching takes them off the free queue
+            if gate + free_hits > pool.num_free_blocks:
+                return None
+            r.hit_memo = None  # admitted: the blocks become the request's own
+            self.queue.pop()
+            pool.touch(hit_blocks)
+            r.blocks = hit_blocks + pool.get_new_blocks(need)
+            r.num_cached_blocks = len(hit_blocks)
+            r.hit_tokens = min(h, r.prompt_tokens)
+            r.pool_hit_tokens = min(c0, r.prompt_tokens) - r.hit_tokens
+            r.prompt_computed_tokens = 0
+            r.num_computed = h
+            if not is_async:
+                self._cache_full_blocks(r, c0 + n)  # at schedule time, as vLLM (see the running loop)
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = now_s
+            load_s = 0.0
+            if e:
+                load = policy.load_external(r, h, e, now_s)
+                if is_async:
+                    r.status = Status.LOADING
+                    self.loading[r.seq] = r
+                    self.push(LoadDoneEvent, now_s + load.load_s, r, c0)
+                    return 0, h, e, 0.0
+                load_s = load.load_s
+                r.num_computed = c0
+        else:  # WAITING_LOADED: blocks are held; continue the prefill
+            c0 = r.num_computed
+            n = min(r.num_tokens - c0, budget)
+            need = -(-(c0 + n) // bs) - len(r.blocks)
+            if need > pool.num_free_blocks:
+                return None
+            self.queue.pop()
+            if need > 0:
+                r.blocks.extend(pool.get_new_blocks(need))
+            self._cache_full_blocks(r, c0 + n)
+            load_s = 0.0
+        r.status = Status.RUNNING
+        r.job_state.waiting_request = None
+        r.run_pos = next(self._run_pos)
+        self.running.append(r)
+        self._prefilling.append(r)
+        policy.on_admitted(r, now_s)
+        return n, h, e, load_s
+
+    def _release_loaded(self, num_running: int) -> bool:
+        """Nothing runs and the queue head cannot get blocks: free the blocks of the last queued
+        request that holds loaded KV (it looks its prefix up again later; its blocks stay cached).
+
+        NOTE: without this, requests that each hold loaded blocks and each need more would wait
+        for one another forever. With requests running, blocks come back when they finish.
+        """
+        if num_running:
+            return False
+        victim = None
+        for r in self.queue:
+            if r.status == Status.WAITING_LOADED:
+                victim = r
+        if victim is None:
+            return False
+        self.pool.free_blocks(victim.blocks, True)
+        victim.blocks = []
+        victim.num_computed = 0
+        victim.num_cached_blocks = 0
+        victim.status = Status.WAITING
+        victim.num_preemptions += 1
+        self.result.num_preemptions += 1
+        return True
+
+    def _prefix_hit(self, r: Request, max_tokens: int) -> list[int]:
+        """Cached blocks along the request's hash chain, from block 0 until the first miss.
+
+        NOTE(perf): a queue head that cannot be admitted is looked up again every step, and its
+        chain can be thousands of blocks. The last result is kept on the request with a position
+        in the pool's eviction log; a repeat lookup only truncates it at the first block evicted
+        since (a cached block is never replaced while cached, so the others are unchanged), then
+        extends it block by block as a fresh lookup would.
+        """
+        num = max_tokens // self.block_size
+        if num == 0:
+            return []
+        js = r.job_state
+        hashes = js.block_hashes(num)
+        pool = self.pool
+        num_evicted = pool.num_evictions
+        out = r.hit_memo
+        if out is None:
+            out = []
+        else:
+            if len(out) > num:
+                del out[num:]
+            if r.hit_log_pos < num_evicted and out:
+                index = js.hash_index
+                cut = len(out)
+                for h in pool.evicted_since(r.hit_log_pos):
+                    i = index.get(h)
+                    if i is not None and i < cut:
+                        cut = i
+                del out[cut:]
+        if len(out) < num:
+            out.extend(pool.lookup(hashes, len(out), num))
+        r.hit_memo = out
+        r.hit_log_pos = num_evicted
+        return out
+
