@@ -137,11 +137,6 @@ class RunWriter:
         entry.update(info)
         _atomic_write_json(self.run_dir / MANIFEST, self.manifest)
 
-    def update_manifest(self, **fields) -> None:
-        self.manifest = read_manifest(self.run_dir)
-        self.manifest.update(fields)
-        _atomic_write_json(self.run_dir / MANIFEST, self.manifest)
-
 
 def read_manifest(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / MANIFEST
