@@ -17,7 +17,7 @@ DEFAULT_PROTOCOLS = "text,kv-verbatim,kv-rerotated,kv-rerotated+boundary,kv-blen
 
 def register(sub) -> None:
     """Add `kvcomm` with its `eval` sub-command."""
-    from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, TASK_NAMES as TASKS
+    from kvcomm.names import DEFAULT_ANCHOR_EXAMPLES, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, TASK_NAMES as TASKS
 
     kv = sub.add_parser("kvcomm", help="KV-cache communication between agents (evaluation on a real model)",
                         description="KV-cache communication between agents.")
@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     p.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
                    help="tokens recomputed at the start of each imported chunk, comma-separated")
+    p.add_argument("--anchor-examples", type=argtypes.positive_int, default=DEFAULT_ANCHOR_EXAMPLES,
+                   help="kv-anchored: examples its anchor pool is built from (another seed's, never scored)")
     # --max-tokens as in `gpubench vllm generate` and vLLM's SamplingParams; the HF spelling stays an alias.
     p.add_argument("--max-tokens", type=argtypes.positive_int, default=5, dest="max_new_tokens",
                    help="answer tokens decoded (greedy)")
@@ -124,9 +126,9 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
+def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_examples: int | None = None) -> tuple:
     """ProtocolSpecs for the comma lists (one per ratio / k for the parameterized protocols)."""
-    from kvcomm.names import BLEND_PROTOCOLS
+    from kvcomm.names import ANCHORED_PROTOCOLS, BLEND_PROTOCOLS, DEFAULT_ANCHOR_EXAMPLES
     from kvcomm.protocols import ProtocolSpec
 
     try:
@@ -144,6 +146,8 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str) -> tuple:
             specs += [ProtocolSpec(name, ratio=r) for r in ratio_values]
         elif name == "kv-rerotated+boundary":
             specs += [ProtocolSpec(name, boundary_k=k) for k in k_values]
+        elif name in ANCHORED_PROTOCOLS:
+            specs.append(ProtocolSpec(name, anchor_examples=anchor_examples or DEFAULT_ANCHOR_EXAMPLES))
         else:
             specs.append(ProtocolSpec(name))
     if not specs:
@@ -164,7 +168,7 @@ def cmd_eval(args) -> int:
     tasks = tuple(check_task(t) for t in _csv(args.tasks))
     if not tasks:
         raise KVCommError(f"--tasks names no task (got {args.tasks!r})")
-    specs = parse_protocols(args.protocols, args.ratio, args.boundary_k)
+    specs = parse_protocols(args.protocols, args.ratio, args.boundary_k, args.anchor_examples)
     _check_model(args.model)  # before run_eval creates --out
     cfg = EvalConfig(model=args.model, tasks=tasks, protocols=specs, n=args.n, out_dir=args.out, seed=args.seed,
                      max_new_tokens=args.max_new_tokens, num_threads=args.threads)

@@ -35,6 +35,7 @@ import pandas as pd
 
 from gpubench.errors import KVCommError
 from kvcomm.metrics import first_token_kl
+from kvcomm.names import ANCHORED_PROTOCOLS
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
@@ -176,15 +177,35 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
     if tokenizer is None:
         raise KVCommError(f"model '{cfg.model}' has no tokenizer: the tasks are text")
     rope = rope_info(model)
+    pools: dict = {}
     with _progress(progress, len(todo) * len(cfg.protocols)) as advance, results.open("a") as fh:
         for task, ex in todo:
-            for row in _run_example(model, tokenizer, rope, cfg, ex, done):
+            for row in _run_example(model, tokenizer, rope, cfg, ex, done, pools):
                 fh.write(json.dumps(asdict(row)) + "\n")
                 fh.flush()
                 advance(f"{task} {ex.index} {row.protocol}")
 
 
-def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[Row]:
+# Anchor examples come from this seed offset, so they are never among the scored examples of the run.
+ANCHOR_SEED_OFFSET = 1_000_003
+
+
+def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict):
+    """kv-anchored's pool for ``task`` (built once per run): ``(pool, build seconds)``, or
+    ``(None, 0.0)`` when the task has a single sender (nothing to offset)."""
+    from kvcomm.anchors import build_anchor_pool
+
+    key = (task, num_examples)
+    if key not in pools:
+        examples = generate(task, num_examples, cfg.seed + ANCHOR_SEED_OFFSET)
+        t0 = time.perf_counter()
+        pool = build_anchor_pool(model, tokenizer, examples, rope) if len(examples[0].messages) > 1 else None
+        pools[key] = (pool, time.perf_counter() - t0)
+    return pools[key]
+
+
+def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict | None = None) -> Iterable[Row]:
+    pools = {} if pools is None else pools
     t0 = time.perf_counter()
     senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
     sender_s = time.perf_counter() - t0
@@ -200,7 +221,13 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done) -> Iterable[
     for spec in specs:
         if (ex.task, ex.index, spec.label) in done and (spec.name != "text" or text_logits is not None):
             continue
-        rec = receive(model, spec, layout, senders, prefix, rope)
+        anchors, anchors_s = None, 0.0
+        if spec.name in ANCHORED_PROTOCOLS:
+            anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools)
+        rec = receive(model, spec, layout, senders, prefix, rope, anchors)
+        if anchors is not None:  # built once per run and task, before any example: not B's time
+            rec.extra["anchor_pool"] = {"examples": anchors.num_examples, "tokens": anchors.num_tokens,
+                                        "neighbours": anchors.neighbours, "build_s": anchors_s}
         if spec.name == "text":
             text_logits = rec.last_logits
             if (ex.task, ex.index, spec.label) in done:

@@ -47,6 +47,9 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
   one more prefill of frame + message (``SenderState.reencode_s``), off B's critical path.
 - ``kv-reencoded+blend``: CacheBlend over the re-encoded spans: a later sender's chunk, the one that
   missed the earlier chunks, is where the deviation is and what the recompute goes to.
+- ``kv-anchored``: kv-reencoded plus KVComm-style anchor offsets (``kvcomm.anchors``): a later
+  sender's span gets the deviation that its k nearest anchor tokens (from examples never scored)
+  showed between their re-encoded K/V and B's exact prefill, estimated by B at import time.
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -60,8 +63,17 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from gpubench.errors import KVCommError, suggest
+from kvcomm.anchors import anchored_span
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
-from kvcomm.names import BLEND_PROTOCOLS, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, REENCODED_PROTOCOLS  # noqa: F401 - defined there
+from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
+    ANCHORED_PROTOCOLS,
+    BLEND_PROTOCOLS,
+    DEFAULT_ANCHOR_EXAMPLES,
+    DEFAULT_BOUNDARY_K,
+    DEFAULT_RATIO,
+    PROTOCOLS,
+    REENCODED_PROTOCOLS,
+)
 from kvcomm.rope import reposition
 from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
 
@@ -75,6 +87,7 @@ class ProtocolSpec:
     name: str
     boundary_k: int = DEFAULT_BOUNDARY_K
     ratio: float = DEFAULT_RATIO
+    anchor_examples: int = DEFAULT_ANCHOR_EXAMPLES  # kv-anchored: examples its anchor pool is built from
 
     def __post_init__(self) -> None:
         if self.name not in PROTOCOLS:
@@ -83,6 +96,8 @@ class ProtocolSpec:
             raise KVCommError(f"boundary k must be >= 0 (got {self.boundary_k})")
         if not 0.0 <= self.ratio <= 1.0:
             raise KVCommError(f"blend ratio must be in [0, 1] (got {self.ratio})")
+        if self.anchor_examples < 1:
+            raise KVCommError(f"the anchor example count must be >= 1 (got {self.anchor_examples})")
 
     @property
     def label(self) -> str:
@@ -91,6 +106,8 @@ class ProtocolSpec:
             return f"{self.name} k={self.boundary_k}"
         if self.name in BLEND_PROTOCOLS:
             return f"{self.name} r={self.ratio:g}"
+        if self.name in ANCHORED_PROTOCOLS:
+            return f"{self.name} a={self.anchor_examples}"
         return self.name
 
     @property
@@ -277,7 +294,7 @@ def _shipped_span(spec: ProtocolSpec, sender: SenderState) -> KVCache:
     return sender.reencoded
 
 
-def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) -> tuple[list[_Span], int]:
+def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, anchors=None) -> tuple[list[_Span], int]:
     """Turn the layout into compute/import steps (adjacent computes merged); returns (steps, recomputed)."""
     steps: list[_Span] = []
     recomputed = 0
@@ -298,6 +315,8 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) 
             recomputed += n if seg.kind == "import" else 0
         else:
             span = _shipped_span(spec, senders[seg.sender])
+            if spec.name in ANCHORED_PROTOCOLS:
+                span = anchored_span(anchors, seg.sender, span, pos, rope)
             k = min(spec.boundary_k, n) if spec.name == "kv-rerotated+boundary" else 0
             compute(seg.ids[:k], pos)
             recomputed += k
@@ -312,12 +331,14 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope) 
 
 @torch.no_grad()
 def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
-            rope=None) -> Reception:
+            rope=None, anchors=None) -> Reception:
     """B takes in the senders' messages and the question under protocol ``spec``; timed.
 
     Args:
         rope: ``kvcomm.models.rope_info(model)`` (computed from ``model`` when None; pass it to keep
             that lookup out of the timing).
+        anchors: the ``kvcomm.anchors.AnchorPool`` kv-anchored estimates its offsets from (inside
+            the timing: B applies them at import time).
     """
     if rope is None:
         from kvcomm.models import rope_info
@@ -327,7 +348,7 @@ def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState
     if spec.name in BLEND_PROTOCOLS:
         reception = _receive_blend(model, spec, layout, senders, prefix, rope)
     else:
-        steps, recomputed = _plan(spec, layout, senders, rope)
+        steps, recomputed = _plan(spec, layout, senders, rope, anchors)
         cache, logits = prefix, None
         for step in steps:
             if step.cache is not None:

@@ -1,0 +1,125 @@
+"""Anchor offsets for composing several senders' caches (KVComm-style).
+
+A later sender's message, re-encoded in B's frame (``protocols.reencode_in_receiver_frame``), did not
+attend to the earlier senders' messages that precede it in B's prompt, so its K/V deviate from what
+B's own prefill would compute. KVComm's observation is that such deviations are similar for similar
+tokens in similar places, so they can be estimated from *anchors*: examples, never the scored ones,
+for which both the re-encoded span and B's exact prefill were computed once.
+
+The pool keeps, per layer and KV head, every anchor token's re-encoded key and its exact deviation
+(key deviation and key both rotated back to position 0, so that anchors at other positions compare;
+values are not rotated). For a span to import, each token's deviation is the softmax-weighted mean
+of its ``k`` nearest anchor tokens' deviations (L2 distance between keys at position 0; temperature:
+the median distance of those neighbours), added to the re-encoded K/V at B's positions. Layer 0 has
+no deviation (its K/V depend on the token alone) and gets none. The first sender's span needs no
+offset: B's frame is exactly what precedes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpubench.errors import KVCommError
+from kvcomm.cache import KVCache, prefill
+from kvcomm.rope import reposition, rerotate
+
+DEFAULT_NEIGHBOURS = 8
+
+
+@dataclass(frozen=True)
+class AnchorPool:
+    """Anchor tokens per layer: keys at position 0 [kv_heads, M, d], their key and value deviations."""
+
+    keys: list[torch.Tensor | None]  # None at layer 0
+    key_offsets: list[torch.Tensor | None]
+    value_offsets: list[torch.Tensor | None]
+    num_examples: int
+    num_tokens: int
+    neighbours: int = DEFAULT_NEIGHBOURS
+
+
+def _span_deviation(model, layout, senders, rope):
+    """For each sender after the first: (re-encoded keys at position 0, key deviation at position 0,
+    value deviation), per layer, against B's exact prefill of ``layout``."""
+    exact, _ = prefill(model, layout.ids)
+    out = []
+    for i, sender in enumerate(senders[1:], start=1):
+        if sender.reencoded is None:
+            raise KVCommError("anchors need the senders' re-encoded spans (reencode_in_receiver_frame)")
+        start, n = layout.import_starts[i], len(sender.message_ids)
+        truth = exact.slice(start, start + n)
+        placed = reposition(sender.reencoded, start, rope)
+        back = -torch.arange(start, start + n)  # rotate to position 0
+        out.append(([rerotate(k, back, rope)[0] for k in placed.keys],
+                    [rerotate(t - k, back, rope)[0] for t, k in zip(truth.keys, placed.keys)],
+                    [t[0] - v[0] for t, v in zip(truth.values, placed.values)]))
+    return out
+
+
+@torch.no_grad()
+def build_anchor_pool(model, tokenizer, examples, rope, neighbours: int = DEFAULT_NEIGHBOURS) -> AnchorPool:
+    """The pool from ``examples`` (each with two or more senders; single-sender ones add nothing)."""
+    from kvcomm.protocols import encode_sender, receiver_layout, reencode_in_receiver_frame
+
+    spans = []
+    for ex in examples:
+        senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
+        layout = receiver_layout(tokenizer, ex, senders)
+        spans += _span_deviation(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+    return pool_from_spans(spans, len(examples), neighbours)
+
+
+def pool_from_spans(spans, num_examples: int, neighbours: int = DEFAULT_NEIGHBOURS) -> AnchorPool:
+    """Concatenate per-span (keys, key deviations, value deviations) into a pool."""
+    if neighbours < 1:
+        raise KVCommError(f"the anchor neighbour count must be >= 1 (got {neighbours})")
+    if not spans:
+        raise KVCommError("no anchor spans: anchors come from examples with two or more senders")
+    num_layers = len(spans[0][0])
+
+    def cat(part: int, layer: int):
+        return None if layer == 0 else torch.cat([s[part][layer] for s in spans], dim=1)
+
+    return AnchorPool(keys=[cat(0, layer) for layer in range(num_layers)],
+                      key_offsets=[cat(1, layer) for layer in range(num_layers)],
+                      value_offsets=[cat(2, layer) for layer in range(num_layers)],
+                      num_examples=num_examples, num_tokens=sum(s[0][0].shape[1] for s in spans), neighbours=neighbours)
+
+
+def _neighbours(queries: torch.Tensor, anchors: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query token [H, n, d]: its k nearest anchors' indices [H, n, k] and softmax weights."""
+    k = min(k, anchors.shape[1])
+    dist, idx = torch.cdist(queries, anchors).topk(k, dim=-1, largest=False)
+    return idx, torch.softmax(-dist / dist.median().clamp_min(1e-12), dim=-1)
+
+
+def _weighted(offsets: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The weighted mean of the picked anchors' offsets [H, M, d] -> [H, n, d]."""
+    heads, n, k = idx.shape
+    picked = torch.gather(offsets, 1, idx.reshape(heads, n * k, 1).expand(-1, -1, offsets.shape[-1]))
+    return (weights.unsqueeze(-1) * picked.reshape(heads, n, k, -1)).sum(dim=2)
+
+
+@torch.no_grad()
+def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache, start: int, rope) -> KVCache:
+    """The re-encoded span placed at B's positions from ``start``, with the anchors' offset added
+    (none for the first sender)."""
+    placed = reposition(reencoded, start, rope)
+    if sender_index == 0:
+        return placed
+    if pool is None:
+        raise KVCommError("kv-anchored needs an anchor pool for every sender after the first (kvcomm eval builds it)")
+    if len(pool.keys) != placed.num_layers:
+        raise KVCommError(f"the anchor pool has {len(pool.keys)} layers, the span {placed.num_layers}")
+    positions = torch.arange(start, start + placed.num_tokens)
+    keys, values = [placed.keys[0]], [placed.values[0]]
+    for layer in range(1, placed.num_layers):
+        anchor_keys, key_offsets, value_offsets = pool.keys[layer], pool.key_offsets[layer], pool.value_offsets[layer]
+        assert anchor_keys is not None and key_offsets is not None and value_offsets is not None  # layer > 0
+        at_zero = rerotate(placed.keys[layer], -positions, rope)[0]
+        idx, weights = _neighbours(at_zero, anchor_keys, pool.neighbours)  # one search for K and V
+        key_offset, value_offset = _weighted(key_offsets, idx, weights), _weighted(value_offsets, idx, weights)
+        keys.append(placed.keys[layer] + rerotate(key_offset.unsqueeze(0), positions, rope))
+        values.append(placed.values[layer] + value_offset.unsqueeze(0))
+    return KVCache(keys=keys, values=values, positions=placed.positions, token_ids=placed.token_ids)
