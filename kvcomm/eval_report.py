@@ -114,21 +114,19 @@ def _kl_cell(r) -> str:
 
 def markdown_table(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table (the README pastes this file, never retypes it)."""
-    head = ("| task | protocol | n | EM [95% CI] | F1 (summary: ROUGE-L) | EM rel. text [95% CI] | F1 rel. text [95% CI] | "
-            "text-only / protocol-only right | McNemar p | KL to text, median [95% CI] | same answer as text | "
-            "receiver TTFT median ms | speedup vs text | recomputed / imported | drift, tokens (mean) | seams aligned | "
-            "moved per example, KiB (KV fp32 / bf16 / int8) | goal |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in summary.itertuples():
-        lines.append(
-            f"| {r.task} | {r.protocol} | {r.n} | {r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}] | {r.f1:.3f} | "
-            f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}] | {r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}] | "
-            f"{r.text_only_right} / {r.protocol_only_right} | {r.mcnemar_p:.3g} | {_kl_cell(r)} | {r.agree_text:.3f} | "
-            f"{1e3 * r.ttft_median_s:.1f} | {r.speedup_median:.2f}x | {r.recompute_fraction:.3f} | "
-            f"{'not recorded' if not np.isfinite(r.drift_mean) else f'{r.drift_mean:.0f}'} | "
-            f"{r.seam_aligned_share:.2f} | {_transfer_cell(r)} | {r.goal}{_goal_note(r)} |")
-    return head + "\n".join(lines) + "\n"
+    from gpubench.mdtable import markdown_table as layout
+
+    header = ["task", "protocol", "n", "EM [95% CI]", "F1 (summary: ROUGE-L)", "EM rel. text [95% CI]", "F1 rel. text [95% CI]",
+              "text-only / protocol-only right", "McNemar p", "KL to text, median [95% CI]", "same answer as text",
+              "receiver TTFT median ms", "speedup vs text", "recomputed / imported", "drift, tokens (mean)", "seams aligned",
+              "moved per example, KiB (KV fp32 / bf16 / int8)", "goal"]
+    rows = [[r.task, r.protocol, r.n, f"{r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}]", f"{r.f1:.3f}",
+             f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}]", f"{r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}]",
+             f"{r.text_only_right} / {r.protocol_only_right}", f"{r.mcnemar_p:.3g}", _kl_cell(r), f"{r.agree_text:.3f}",
+             f"{1e3 * r.ttft_median_s:.1f}", f"{r.speedup_median:.2f}x", f"{r.recompute_fraction:.3f}",
+             "not recorded" if not np.isfinite(r.drift_mean) else f"{r.drift_mean:.0f}",
+             f"{r.seam_aligned_share:.2f}", _transfer_cell(r), f"{r.goal}{_goal_note(r)}"] for r in summary.itertuples()]
+    return layout(header, rows) + "\n"
 
 
 def plot_summary(summary: pd.DataFrame, path: Path) -> None:

@@ -136,12 +136,15 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(summary: list[dict]) -> str:
-    head = ("| imported tokens | protocol | rounds | B's TTFT median ms [IQR] | speedup vs text, median [IQR] | "
-            "recomputed / imported |\n|---|---|---|---|---|---|\n")
-    lines = [f"| {s['num_imported']} | {s['protocol']} | {s['rounds']} | {1e3 * s['ttft_median_s']:.1f} "
-             f"[{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}] | {s['speedup_median']:.2f}x "
-             f"[{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}] | {s['recompute_fraction']:.3f} |" for s in summary]
-    return head + "\n".join(lines) + "\n"
+    from gpubench.mdtable import markdown_table as layout
+
+    header = ["imported tokens", "protocol", "rounds", "B's TTFT median ms [IQR]", "speedup vs text, median [IQR]",
+              "recomputed / imported"]
+    rows = [[s["num_imported"], s["protocol"], s["rounds"],
+             f"{1e3 * s['ttft_median_s']:.1f} [{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}]",
+             f"{s['speedup_median']:.2f}x [{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}]",
+             f"{s['recompute_fraction']:.3f}"] for s in summary]
+    return layout(header, rows) + "\n"
 
 
 def plot(summary: list[dict], path: Path) -> None:

@@ -21,9 +21,9 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
             return "" if np.isnan(v) else format(v, floatfmt)
         return str(v)
 
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    from gpubench.mdtable import markdown_table as layout
+
+    return layout(list(df.columns), ([cell(v) for v in row] for row in df.itertuples(index=False)))
 
 
 def _pooled(metrics_df: pd.DataFrame, split: str, phase: str, rows: str) -> pd.DataFrame:

@@ -152,11 +152,12 @@ def _fmt(v) -> str:
 
 
 def to_markdown(result: dict) -> str:
+    from gpubench.mdtable import markdown_table
+
     a, b = result["a"]["label"], result["b"]["label"]
-    lines = [f"| metric | {a} | {b} | rel. error |", "|---|---|---|---|"]
-    for r in result["metrics"]:
-        err = "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"
-        lines.append(f"| {r['metric']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {err} |")
+    rows = [[r["metric"], _fmt(r["a"]), _fmt(r["b"]), "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"]
+            for r in result["metrics"]]
+    lines = [markdown_table(["metric", a, b, "rel. error"], rows)]
     pt = result["per_turn"]
     lines += ["", f"{result['num_jobs']} jobs, {result['num_turns']} turns. Per turn: median |TTFT error| "
               f"{_fmt(pt['ttft_median_abs_rel_err'] * 100 if pt['ttft_median_abs_rel_err'] is not None else None)} %; "

@@ -119,11 +119,11 @@ def _format_cell(value: float, fmt: str) -> str:
 
 
 def _pivot_lines(pivot: pd.DataFrame, title: str, fmt: str) -> str:
-    head = "| SKU | policy | " + " | ".join(f"{j:g} jobs/s" for j in pivot.columns) + " |"
-    lines = [title, "", head, "|" + "---|" * (len(pivot.columns) + 2)]
-    for (sku, policy), row in pivot.iterrows():
-        lines.append(f"| {sku} | {policy} | " + " | ".join(_format_cell(v, fmt) for v in row) + " |")
-    return "\n".join(lines)
+    from gpubench.mdtable import markdown_table
+
+    header = ["SKU", "policy", *(f"{j:g} jobs/s" for j in pivot.columns)]
+    rows = ([sku, policy, *(_format_cell(v, fmt) for v in row)] for (sku, policy), row in pivot.iterrows())
+    return "\n".join([title, "", markdown_table(header, rows)])
 
 
 def markdown_tables(frame: pd.DataFrame) -> str:

@@ -85,12 +85,13 @@ def load_stats(args: argparse.Namespace) -> tuple[str, list]:
 
 def stats_table(stats: dict, targets: dict) -> str:
     """Markdown table: statistic, this workload, the SWE-smith target range."""
-    lines = ["| statistic | this workload | public SWE-smith target |", "|---|---|---|"]
+    from gpubench.mdtable import markdown_table
+
+    rows = []
     for key, label, fmt in STAT_ROWS:
         target = targets.get(key)
-        target_text = "" if target is None else f"{fmt.format(target[0])} – {fmt.format(target[1])}"
-        lines.append(f"| {label} | {fmt.format(stats[key])} | {target_text} |")
-    return "\n".join(lines)
+        rows.append([label, fmt.format(stats[key]), "" if target is None else f"{fmt.format(target[0])} – {fmt.format(target[1])}"])
+    return markdown_table(["statistic", "this workload", "public SWE-smith target"], rows)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
