@@ -51,8 +51,11 @@ class RunSummary:
 
 
 def valid_rows(df):
-    """The rows a figure may use: those whose check passed (all rows when there is no check)."""
-    return df[df["valid"].astype(bool)] if "valid" in df else df
+    """The rows a figure or a fit may use: those whose golden-value check passed (all rows when the
+    frame has no ``valid`` column; a row with no value there never passed a check, so it is left out)."""
+    if df is None or len(df) == 0 or "valid" not in df.columns:
+        return df
+    return df[df["valid"].fillna(False).astype(bool)]
 
 
 def _rate(row, work_field: str, scale: float, unit: str, probe: str, label: str, **kw) -> Headline:

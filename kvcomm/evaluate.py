@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpubench.errors import KVCommError
+from gpubench.jsonio import iter_jsonl
 from kvcomm.metrics import first_token_kl
 from kvcomm.names import ANCHORED_PROTOCOLS
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
@@ -96,16 +97,12 @@ def _read_done(path: Path) -> set[tuple[str, int, str]]:
     done: set[tuple[str, int, str]] = set()
     if not path.exists():
         return done
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    # a run killed mid-write leaves at most a torn last line (no newline); anything else is corruption
+    for line_no, row in iter_jsonl(path, error=KVCommError, objects_only=True, torn_tail_ok=True):
         try:
-            row = json.loads(line)
             done.add((row["task"], int(row["index"]), row["protocol"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            # NOTE(H): a run killed mid-write leaves at most a torn last line; anything else is corruption.
-            if line_no != len(path.read_text().splitlines()):
-                raise KVCommError(f"{path}:{line_no}: malformed result row") from None
+        except (KeyError, TypeError, ValueError):
+            raise KVCommError(f"{path}:{line_no}: malformed result row (needs task, index and protocol)") from None
     return done
 
 
@@ -290,10 +287,4 @@ def load_rows(out_dir: Path) -> pd.DataFrame:
     path = Path(out_dir) / RESULTS_FILE
     if not path.exists():
         raise KVCommError(f"no {RESULTS_FILE} in {out_dir}")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for _, row in iter_jsonl(path, error=KVCommError, objects_only=True, torn_tail_ok=True)])

@@ -12,18 +12,10 @@ import math
 
 import numpy as np
 
+from gpubench.report import valid_rows
 from predictor import efficiency as eff
 from predictor.calibration_model import Curve, Param
 from predictor.hardware import HardwareSpec
-
-
-def valid_rows(df):
-    """Rows whose golden-value check passed (rows without a 'valid' field are kept)."""
-    if df is None or len(df) == 0:
-        return df
-    if "valid" in df.columns:
-        df = df[df["valid"].fillna(False).astype(bool)]
-    return df
 
 
 def finite_or_none(x) -> float | None:

@@ -220,3 +220,20 @@ def test_rows_record_the_bytes_each_transfer_moves(tiny_chat_model, tmp_path):
     assert s.loc["kv-rerotated", "transfer_fp32_bytes"] == np.median([t["fp32"] for t in rows.transfer_bytes])
     table = markdown_table(summarize(rows))
     assert "(text)" in table and "moved per example, KiB" in table
+
+
+def test_result_rows_are_read_by_the_one_jsonl_reader(tmp_path):
+    from kvcomm.evaluate import _read_done, load_rows
+
+    path = tmp_path / "results.jsonl"
+    good = '{"task": "keycode", "index": 0, "protocol": "text", "em": 1.0}'
+    path.write_text(good + "\n" + good.replace('"index": 0', '"index": 1') + "\n" + '{"task": "keyc')  # torn tail
+    assert _read_done(path) == {("keycode", 0, "text"), ("keycode", 1, "text")}
+    assert len(load_rows(tmp_path)) == 2
+    path.write_text(good + "\nnot json\n" + good + "\n")  # a bad line in the middle is corruption, said once
+    for read in (lambda: _read_done(path), lambda: load_rows(tmp_path)):
+        with pytest.raises(KVCommError, match=r"results.jsonl:2: malformed JSON"):
+            read()
+    path.write_text('{"task": "keycode"}\n')
+    with pytest.raises(KVCommError, match=r"results.jsonl:1: malformed result row"):
+        _read_done(path)
