@@ -22,7 +22,8 @@ import torch
 
 from gpubench.errors import KVCommError
 from kvcomm.cache import KVCache, prefill
-from kvcomm.rope import reposition, rerotate
+from kvcomm.models import RopeInfo, rope_info
+from kvcomm.rope import reposition, rerotate, rotate_keys, rotation_tables
 
 DEFAULT_NEIGHBOURS = 8
 
@@ -112,14 +113,20 @@ def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache
         raise KVCommError("kv-anchored needs an anchor pool for every sender after the first (kvcomm eval builds it)")
     if len(pool.keys) != placed.num_layers:
         raise KVCommError(f"the anchor pool has {len(pool.keys)} layers, the span {placed.num_layers}")
+    # Every layer rotates by the same angles: the tables are built once per span, not twice per layer
+    # (reposition above already checked that this rope type allows re-rotation).
     positions = torch.arange(start, start + placed.num_tokens)
+    inv_freq = rope.inv_freq if isinstance(rope, RopeInfo) else rope_info(rope).inv_freq if isinstance(rope, torch.nn.Module) else rope
+    device = placed.keys[0].device
+    to_zero = [t.to(device) for t in rotation_tables(-positions, inv_freq.cpu())]
+    to_place = [t.to(device) for t in rotation_tables(positions, inv_freq.cpu())]
     keys, values = [placed.keys[0]], [placed.values[0]]
     for layer in range(1, placed.num_layers):
         anchor_keys, key_offsets, value_offsets = pool.keys[layer], pool.key_offsets[layer], pool.value_offsets[layer]
         assert anchor_keys is not None and key_offsets is not None and value_offsets is not None  # layer > 0
-        at_zero = rerotate(placed.keys[layer], -positions, rope)[0]
+        at_zero = rotate_keys(placed.keys[layer], *to_zero)[0]
         idx, weights = _neighbours(at_zero, anchor_keys, pool.neighbours)  # one search for K and V
         key_offset, value_offset = _weighted(key_offsets, idx, weights), _weighted(value_offsets, idx, weights)
-        keys.append(placed.keys[layer] + rerotate(key_offset.unsqueeze(0), positions, rope))
+        keys.append(placed.keys[layer] + rotate_keys(key_offset.unsqueeze(0), *to_place))
         values.append(placed.values[layer] + value_offset.unsqueeze(0))
     return KVCache(keys=keys, values=values, positions=placed.positions, token_ids=placed.token_ids)
