@@ -16,8 +16,6 @@ from scheduling.sweep import CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_tab
 from scheduling.sweep_table import SweepTable
 
 REPO = Path(__file__).resolve().parents[2]
-HAS_REPLAY = importlib.util.find_spec("scheduling.replay") is not None
-needs_replay = pytest.mark.skipif(not HAS_REPLAY, reason="scheduling.replay (engineer E) not present yet")
 
 
 def test_grid_and_keys():
@@ -94,7 +92,6 @@ def _metric_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return metrics[sorted(metrics.columns)].sort_values("key").reset_index(drop=True)
 
 
-@needs_replay
 def test_sweep_end_to_end_pool_equals_serial_and_resumes(tmp_path):
     spec = SweepSpec(**SMALL)
     serial = run_sweep(spec, tmp_path / "serial", workers=1, progress=False, plots=False)
@@ -114,7 +111,6 @@ def test_sweep_end_to_end_pool_equals_serial_and_resumes(tmp_path):
         run_sweep(SweepSpec(**{**SMALL, "num_jobs": 5}), tmp_path / "serial", workers=1, progress=False)
 
 
-@needs_replay
 def test_sweep_ray_or_pool_same_as_serial(tmp_path):
     """On a local Ray instance when ray is importable, else the process pool: same rows as serial."""
     spec = SweepSpec(policies=("fcfs",), skus=("h100-sxm",), jps=(3.0,), seeds=(0, 1), num_jobs=4)
@@ -134,7 +130,6 @@ def test_ray_missing_is_a_clear_error(tmp_path):
         run_sweep(spec, tmp_path / "r", ray_address="local", progress=False, plots=False)
 
 
-@needs_replay
 def test_sweep_cli(tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, "-m", "gpubench.cli", "sweep", "--policies", "fcfs,continuum", "--skus", "h100-sxm",
@@ -152,7 +147,6 @@ def test_sweep_cli(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "h1000" in bad.stderr
 
 
-@needs_replay
 def test_plots_only_redraws_from_table(tmp_path):
     out = tmp_path / "p"
     run_sweep(SweepSpec(policies=("fcfs",), skus=("h100-sxm",), jps=(1.0, 3.0), num_jobs=2), out, workers=1,

@@ -6,7 +6,6 @@ only when chromium/chromedriver are missing. Screenshots land in pytest's tmp di
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -260,7 +259,6 @@ def test_browser_exported_file(browser, run_dir, tmp_path):
 
 
 @needs_browser
-@pytest.mark.skipif(importlib.util.find_spec("scheduling.replay") is None, reason="scheduling.replay not present yet")
 def test_browser_on_real_replay_output(browser, tmp_path):
     """The viewer on what the real engine writes (not the fixture)."""
     from scheduling.replay import ReplayConfig, run_replay, write_outputs
