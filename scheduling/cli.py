@@ -88,7 +88,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV block (default 16, vLLM's GPU default; 128 with --engine vllm, its CPU default)")
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the computed KV pool size")
     g.add_argument("--step-cost", default="predictor",
-                   help="'predictor' (predictor.StepModel, default) or 'constant:SECONDS'")
+                   help="'predictor' (predictor.StepModel, default), 'constant:SECONDS', or 'measured:DIR': the step times "
+                        "a replay recorded in DIR/steps.csv (e.g. a live vLLM run; a diagnostic, not a prediction)")
     g.add_argument("--calibration", default=None, help="calibration.json from gpubench fit (default: published)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="predict steps without CUDA graphs")
     g.add_argument("--no-async-scheduling", action="store_true",

@@ -25,7 +25,7 @@ from scheduling.metrics import summarize
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
 from scheduling.replay import ReplayResult
 from scheduling.traces import Job, job_to_dict
-from vllmref.settings import EngineSettings
+from vllmref.settings import EngineSettings, max_model_len
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
         if job.total_tokens() > pool_tokens:
             raise ConfigError(f"job {job.job_id} needs {job.total_tokens()} tokens of KV cache, more than the whole "
                               f"pool ({config.num_gpu_blocks} blocks x {config.block_size} = {pool_tokens} tokens)")
+    # vLLM refuses, after a minute of start-up, a pool that cannot hold one sequence of max_model_len.
+    model_len = max_model_len(max(j.total_tokens() for j in jobs), config.block_size)
+    if pool_tokens < model_len:
+        raise ConfigError(f"vLLM needs the pool to hold one sequence of its max_model_len ({model_len} tokens): "
+                          f"--num-gpu-blocks >= {-(-model_len // config.block_size)} with blocks of {config.block_size} "
+                          f"(got {config.num_gpu_blocks})")
 
 
 def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,

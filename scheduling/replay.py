@@ -56,7 +56,8 @@ class ReplayConfig:
         max_num_batched_tokens, max_num_seqs: scheduler limits; None (default) takes what
             ``vllm serve`` picks for the SKU (:func:`vllm_server_defaults`).
         num_gpu_blocks: override the computed pool size (tests, what-if studies).
-        step_cost: ``predictor`` (predictor.StepModel, memoized) or ``constant:SECONDS``.
+        step_cost: ``predictor`` (predictor.StepModel, memoized), ``constant:SECONDS`` or
+            ``measured:DIR`` (the step times DIR/steps.csv recorded; a diagnostic).
         calibration: calibration.json for the predictor (None: published defaults, then spec).
         cuda_graphs: whether the predicted engine replays decode steps as CUDA graphs.
         async_scheduling: vLLM V1's default on GPUs: the host schedules step n+1 while the device

@@ -5,6 +5,8 @@ nothing): prefill tokens and sequences, the cached context those prefills attend
 sequences and their summed context. A :class:`StepCost` maps that to seconds.
 
 - :class:`ConstantStepCost` and :class:`TableStepCost` are for tests and hand-checkable scenarios.
+- :class:`MeasuredStepCost` takes the step times a replay directory recorded (a live vLLM replay's
+  ``steps.csv``): not a prediction, a way to tell the scheduler's logic from the predictor's timing.
 - :class:`PredictorStepCost` asks ``predictor.StepModel`` for the SKU and model, memoized on a
   quantized key (see :func:`quantize`), so a replay of millions of steps calls the predictor only a
   few thousand times.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -127,6 +130,90 @@ class TableStepCost(StepCost):
         return f"table:{dict(zip(self._keys, self._vals))}"
 
 
+class MeasuredStepCost(StepCost):
+    """Step time looked up in the steps a replay recorded: the median measured duration of its steps
+    with the same ``(prefill tokens, prefill sequences, decode sequences)``.
+
+    A composition the recording never ran takes the recorded one with the same sequence counts and
+    the nearest prefill token count (or, with no such step, the nearest total token count), scaled
+    by the ratio of scheduled tokens. Contexts are not keyed: a replay's ``steps.csv`` does not record
+    them, and within one small replay they move step time far less than the token counts do.
+
+    Why: under eviction pressure a closed-loop replay is sensitive to timing (a turn that arrives a
+    step later finds other blocks cached), so comparing a simulator driven by the predictor with a
+    live run mixes the predictor's timing error with any difference in scheduling. Replaying the
+    live run's own step times isolates the second. Never a prediction: it is fitted on the run it
+    is compared with.
+    """
+
+    def __init__(self, steps, source: str = "steps") -> None:
+        by_key: dict[tuple[int, int, int], list[float]] = {}
+        for prefill_tokens, prefill_seqs, decode_seqs, seconds in steps:
+            if not seconds > 0:
+                continue  # a recorded step always took time; a zero is a missing value
+            by_key.setdefault((int(prefill_tokens), int(prefill_seqs), int(decode_seqs)), []).append(float(seconds))
+        if not by_key:
+            raise ValueError(f"no timed steps in {source}")
+        self._median = {k: statistics.median(v) for k, v in by_key.items()}
+        self._by_counts: dict[tuple[int, int], list[int]] = {}
+        for prefill_tokens, prefill_seqs, decode_seqs in sorted(self._median):
+            self._by_counts.setdefault((prefill_seqs, decode_seqs), []).append(prefill_tokens)
+        self.source = source
+        self.num_recorded_steps = sum(len(v) for v in by_key.values())
+
+    @classmethod
+    def from_replay_dir(cls, path) -> "MeasuredStepCost":
+        """From ``DIR/steps.csv`` (or that file itself), as ``gpubench replay`` writes it."""
+        import csv
+        from pathlib import Path
+
+        from gpubench.errors import ConfigError
+
+        path = Path(path)
+        csv_path = path / "steps.csv" if path.is_dir() else path
+        if not csv_path.is_file():
+            raise ConfigError(f"measured step cost: no steps.csv at {path}")
+        with csv_path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            need = {"dur_s", "num_prefill_tokens", "num_prefill_seqs", "num_decode_seqs"}
+            if not need <= set(reader.fieldnames or ()):
+                raise ConfigError(f"{csv_path} lacks the columns {sorted(need - set(reader.fieldnames or ()))}")
+            try:
+                rows = [(int(r["num_prefill_tokens"]), int(r["num_prefill_seqs"]), int(r["num_decode_seqs"]),
+                         float(r["dur_s"])) for r in reader]
+            except ValueError as e:
+                raise ConfigError(f"{csv_path}: {e}") from None
+        try:
+            return cls(rows, source=str(csv_path))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def _lookup(self, prefill_tokens: int, prefill_seqs: int, decode_seqs: int) -> float:
+        exact = self._median.get((prefill_tokens, prefill_seqs, decode_seqs))
+        if exact is not None:
+            return exact
+        candidates = self._by_counts.get((prefill_seqs, decode_seqs))
+        if candidates:
+            i = bisect.bisect_left(candidates, prefill_tokens)
+            near = min(candidates[max(0, i - 1): i + 1], key=lambda t: abs(t - prefill_tokens))
+            key = (near, prefill_seqs, decode_seqs)
+        else:
+            total = prefill_tokens + decode_seqs
+            key = min(self._median, key=lambda k: (abs(k[0] + k[2] - total), k))
+        scheduled = max(1, key[0] + key[2])
+        return self._median[key] * max(1, prefill_tokens + decode_seqs) / scheduled
+
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        return self._lookup(num_prefill_tokens, num_prefill_seqs, num_decode_seqs)
+
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        return self._lookup(0, 0, num_decode_seqs), sys.maxsize  # the context is not keyed
+
+    def describe(self) -> str:
+        return f"measured:{self.source} ({len(self._median)} compositions from {self.num_recorded_steps} steps)"
+
+
 class PredictorStepCost(StepCost):
     """``predictor.StepModel`` for a SKU and model, memoized on a quantized batch key.
 
@@ -206,7 +293,8 @@ class PredictorStepCost(StepCost):
 
 def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None = None,
                    cuda_graphs: bool = True, async_scheduling: bool = True) -> StepCost:
-    """Build a step cost from a picklable spec: ``predictor`` or ``constant:SECONDS``."""
+    """Build a step cost from a picklable spec: ``predictor``, ``constant:SECONDS`` or
+    ``measured:DIR`` (the step times ``DIR/steps.csv`` recorded)."""
     from gpubench.errors import ConfigError
 
     if spec == "predictor":
@@ -217,4 +305,6 @@ def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None =
             return ConstantStepCost(float(spec.split(":", 1)[1]))
         except ValueError as e:
             raise ConfigError(f"bad step cost '{spec}': {e}") from None
-    raise ConfigError(f"unknown step cost '{spec}' (use 'predictor' or 'constant:SECONDS')")
+    if spec.startswith("measured:"):
+        return MeasuredStepCost.from_replay_dir(spec.split(":", 1)[1])
+    raise ConfigError(f"unknown step cost '{spec}' (use 'predictor', 'constant:SECONDS' or 'measured:DIR')")

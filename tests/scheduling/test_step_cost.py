@@ -1,5 +1,6 @@
 """Step costs: the quantized memo key, the pure-decode quantum, the per-process shared memo."""
 import random
+import sys
 
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost, quantize
 
@@ -45,3 +46,47 @@ def test_instances_built_from_names_share_a_memo_that_gives_fresh_answers():
     assert b._memo is a._memo and other._memo is not a._memo and fresh._memo is not a._memo
     assert b.step_s(**kw) == t and b.num_predictor_calls == 0  # warm from a
     assert fresh.step_s(**kw) == t and fresh.num_predictor_calls == 1
+
+
+def _recorded_steps(tmp_path, rows):
+    path = tmp_path / "steps.csv"
+    path.write_text("step,dur_s,num_prefill_tokens,num_prefill_seqs,num_decode_seqs\n"
+                    + "".join(f"{i},{d},{p},{ps},{ds}\n" for i, (p, ps, ds, d) in enumerate(rows)))
+    return tmp_path
+
+
+def test_measured_step_cost_takes_the_median_of_a_composition_and_scales_the_nearest(tmp_path):
+    from scheduling.step_cost import MeasuredStepCost
+
+    rows = [(0, 0, 2, 0.10), (0, 0, 2, 0.30), (0, 0, 2, 0.12),  # median 0.12, not the mean 0.173
+            (500, 1, 2, 1.00), (0, 0, 4, 0.20), (0, 0, 3, 0.0)]  # a zero duration is a missing value
+    cost = MeasuredStepCost.from_replay_dir(_recorded_steps(tmp_path, rows))
+    kw = dict(prefill_context_tokens=0, decode_context_tokens=10)
+    assert cost.step_s(num_prefill_tokens=0, num_prefill_seqs=0, num_decode_seqs=2, **kw) == 0.12
+    assert cost.decode_quantum(2, 12345) == (0.12, sys.maxsize)  # the context is not keyed
+    # same sequence counts, nearest prefill count, scaled by scheduled tokens: 1.0 * 1002 / 502
+    assert abs(cost.step_s(num_prefill_tokens=1000, num_prefill_seqs=1, num_decode_seqs=2, **kw) - 1002 / 502) < 1e-12
+    # never recorded with 3 decodes (the zero was dropped): the nearest total, 2 or 4 tokens -> 2 (ties: smaller key)
+    assert cost.step_s(num_prefill_tokens=0, num_prefill_seqs=0, num_decode_seqs=3, **kw) == 0.12 * 3 / 2
+    assert cost.num_recorded_steps == 5 and "5 steps" in cost.describe()
+
+
+def test_measured_step_cost_refuses_a_directory_without_timed_steps(tmp_path):
+    from gpubench.errors import ConfigError
+    from scheduling.step_cost import MeasuredStepCost, make_step_cost
+
+    for target, needle in ((tmp_path / "none", "no steps.csv"),
+                           (_recorded_steps(tmp_path, [(0, 0, 1, 0.0)]), "no timed steps")):
+        try:
+            make_step_cost(f"measured:{target}", sku="cpu", model="smollm2-135m")
+        except ConfigError as e:
+            assert needle in str(e)
+        else:
+            raise AssertionError(f"{target} accepted")
+    (tmp_path / "steps.csv").write_text("step,t_s\n1,0.5\n")
+    try:
+        MeasuredStepCost.from_replay_dir(tmp_path)
+    except ConfigError as e:
+        assert "lacks the columns" in str(e)
+    else:
+        raise AssertionError("a steps.csv without durations accepted")

@@ -94,15 +94,17 @@ def test_rows_carry_engine_settings_and_host_state(tiny_rows):
     assert tiny_rows["key"].is_unique
 
 
+LIVE_JOBS = ["--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
+             "--block-size", "128", "--max-num-batched-tokens", "4096", "--no-progress"]
+SIM_ENGINE = ["--sku", "cpu", "--model", "smollm2-135m", "--no-cuda-graphs"]
+
+
 @pytest.fixture(scope="module")
 def live_and_sim(tmp_path_factory):
     root = tmp_path_factory.mktemp("live")
-    common = ["--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
-              "--block-size", "128", "--max-num-batched-tokens", "4096", "--no-progress"]
-    live = gpubench("replay", "--engine", "vllm", *common, "--out", str(root / "live"))
+    live = gpubench("replay", "--engine", "vllm", *LIVE_JOBS, "--out", str(root / "live"))
     assert live.returncode == 0, live.stderr[-2000:]
-    sim = gpubench("replay", *common, "--sku", "cpu", "--model", "smollm2-135m", "--no-cuda-graphs",
-                   "--out", str(root / "sim"))
+    sim = gpubench("replay", *LIVE_JOBS, *SIM_ENGINE, "--out", str(root / "sim"))
     assert sim.returncode == 0, sim.stderr[-2000:]
     return root / "live", root / "sim"
 
@@ -160,6 +162,22 @@ def test_compare_replay_puts_sim_next_to_live(live_and_sim, tmp_path):
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
 
 
+def test_simulator_on_the_live_runs_own_step_times_follows_it(live_and_sim, tmp_path):
+    # --step-cost measured:LIVE replays the live run's measured step times (median per batch
+    # composition): what is left is the scheduler's logic, not the predictor's timing.
+    live, _ = live_and_sim
+    sim = gpubench("replay", *LIVE_JOBS, *SIM_ENGINE, "--step-cost", f"measured:{live}", "--out", str(tmp_path / "sim"))
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["metrics"]["step_cost"].startswith(f"measured:{live}")
+    proc = gpubench("compare-replay", str(tmp_path / "sim"), str(live), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = {m["metric"]: m for m in json.loads(proc.stdout)["metrics"]}
+    assert abs(metrics["JCT mean (s)"]["a"] / metrics["JCT mean (s)"]["b"] - 1) < 0.05, metrics["JCT mean (s)"]
+    assert abs(metrics["step duration mean (s)"]["a"] / metrics["step duration mean (s)"]["b"] - 1) < 0.05
+    assert abs(metrics["engine steps"]["a"] - metrics["engine steps"]["b"]) <= 2
+
+
 def test_missing_environment_is_one_line(tmp_path):
     proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--out", str(tmp_path / "r.parquet"),
                     env_extra={"GPUBENCH_VLLM_PYTHON": str(tmp_path / "no-such-python")})
@@ -185,6 +203,7 @@ def test_model_vllm_cannot_load_is_one_line(tmp_path):
 
 def test_bad_settings_fail_before_the_engine_starts(tmp_path):
     for args, needle in ((["--block-size", "48"], "multiple of 32"), (["--num-gpu-blocks", "0"], ">= 1"),
+                         (["--num-gpu-blocks", "10"], "--num-gpu-blocks >= 16"),
                          (["--policy", "continuum"], "simulator-only")):
         proc = gpubench("replay", "--engine", "vllm", "--jobs", "1", "--preset", "scaled-cpu", "--jps", "1",
                         *args, "--out", str(tmp_path / "x"))
