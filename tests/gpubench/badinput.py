@@ -162,6 +162,7 @@ OTHER_CASES = [
     ["replay", "--jobs", "2", "--jps", "1", "--policy", "fcfs", "--cpu-gib", "8", "--out", "{o}"],
     ["replay", "--jobs", "2", "--jps", "1", "--policy", "fcfs", "--ttl-s", "3", "--out", "{o}"],
     ["replay", "--jobs", "2", "--jps", "1", "--step-cost", "nope", "--out", "{o}"],
+    ["replay", "--jobs", "2", "--jps", "1", "--step-cost", "measured:{d}/nothere", "--out", "{o}"],
     ["replay", "--jobs", "2", "--jps", "1", "--trace-out", "{d}/afile/x.json", "--out", "{o}"],
     ["show", "{d}/nothere"], ["show", "{d}/afile"], ["show", "{d}"], ["compare", "{d}/run_ok", "{d}/nothere"],
     ["compare", "{d}/nothere", "{d}/run_ok"], ["fit", "{d}/nothere"], ["fit", "{d}/afile"],
