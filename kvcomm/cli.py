@@ -35,15 +35,16 @@ def register(sub) -> None:
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated task names")
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
                    help="comma-separated protocols; kv-blend and kv-reencoded+blend take one run per --ratio value, "
-                        "kv-rerotated+boundary one per --boundary-k value")
+                        "kv-rerotated+boundary and kv-anchored+boundary one per --boundary-k value")
     p.add_argument("--n", type=argtypes.positive_int, default=200, help="examples per task")
     p.add_argument("--out", required=True, type=Path, help="run directory, e.g. results/kvcomm/NAME/")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     p.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
-                   help="tokens recomputed at the start of each imported chunk, comma-separated")
+                   help="tokens recomputed at the start of each imported chunk (kv-anchored+boundary: of each "
+                        "later sender's), comma-separated")
     p.add_argument("--anchor-examples", type=argtypes.positive_int, default=DEFAULT_ANCHOR_EXAMPLES,
-                   help="kv-anchored: examples its anchor pool is built from (another seed's, never scored)")
+                   help="kv-anchored(+boundary): examples its anchor pool is built from (another seed's, never scored)")
     # --max-tokens as in `gpubench vllm generate` and vLLM's SamplingParams; the HF spelling stays an alias.
     p.add_argument("--max-tokens", type=argtypes.positive_int, default=5, dest="max_new_tokens",
                    help="answer tokens decoded (greedy)")
@@ -128,7 +129,7 @@ def _csv(text: str) -> list[str]:
 
 def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_examples: int | None = None) -> tuple:
     """ProtocolSpecs for the comma lists (one per ratio / k for the parameterized protocols)."""
-    from kvcomm.names import ANCHORED_PROTOCOLS, BLEND_PROTOCOLS, DEFAULT_ANCHOR_EXAMPLES
+    from kvcomm.names import ANCHORED_PROTOCOLS, BLEND_PROTOCOLS, BOUNDARY_PROTOCOLS, DEFAULT_ANCHOR_EXAMPLES
     from kvcomm.protocols import ProtocolSpec
 
     try:
@@ -144,8 +145,9 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_exampl
     for name in _csv(protocols):
         if name in BLEND_PROTOCOLS:
             specs += [ProtocolSpec(name, ratio=r) for r in ratio_values]
-        elif name == "kv-rerotated+boundary":
-            specs += [ProtocolSpec(name, boundary_k=k) for k in k_values]
+        elif name in BOUNDARY_PROTOCOLS:
+            anchors = anchor_examples or DEFAULT_ANCHOR_EXAMPLES
+            specs += [ProtocolSpec(name, boundary_k=k, anchor_examples=anchors) for k in k_values]
         elif name in ANCHORED_PROTOCOLS:
             specs.append(ProtocolSpec(name, anchor_examples=anchor_examples or DEFAULT_ANCHOR_EXAMPLES))
         else:

@@ -50,6 +50,11 @@ Protocols (how an import segment enters B's cache; B's own segments are always c
 - ``kv-anchored``: kv-reencoded plus KVComm-style anchor offsets (``kvcomm.anchors``): a later
   sender's span gets the deviation that its k nearest anchor tokens (from examples never scored)
   showed between their re-encoded K/V and B's exact prefill, estimated by B at import time.
+- ``kv-anchored+boundary``: kv-anchored, and B recomputes the first ``boundary_k`` tokens of each
+  later sender's span (EPIC's boundary recompute; the first sender's span is already exact, so it
+  recomputes nothing there). The recomputed head attends to the earlier senders' spans as B's own
+  prefill would; the rest of the span keeps its anchored K/V. With ``boundary_k`` >= every later
+  span's length this is exactly ``text``.
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -68,6 +73,7 @@ from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
     ANCHORED_PROTOCOLS,
     BLEND_PROTOCOLS,
+    BOUNDARY_PROTOCOLS,
     DEFAULT_ANCHOR_EXAMPLES,
     DEFAULT_BOUNDARY_K,
     DEFAULT_RATIO,
@@ -102,6 +108,8 @@ class ProtocolSpec:
     @property
     def label(self) -> str:
         """Name with its parameter, e.g. ``kv-blend r=0.15``: the key of result rows."""
+        if self.name == "kv-anchored+boundary":
+            return f"{self.name} a={self.anchor_examples} k={self.boundary_k}"
         if self.name == "kv-rerotated+boundary":
             return f"{self.name} k={self.boundary_k}"
         if self.name in BLEND_PROTOCOLS:
@@ -294,6 +302,14 @@ def _shipped_span(spec: ProtocolSpec, sender: SenderState) -> KVCache:
     return sender.reencoded
 
 
+def _recomputes_head(spec: ProtocolSpec, sender_index: int) -> bool:
+    """Whether B recomputes the head of this sender's span: every span under kv-rerotated+boundary;
+    under kv-anchored+boundary only a later sender's (the first sender's re-encoded span is exact)."""
+    if spec.name not in BOUNDARY_PROTOCOLS:
+        return False
+    return spec.name == "kv-rerotated+boundary" or sender_index > 0
+
+
 def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, anchors=None) -> tuple[list[_Span], int]:
     """Turn the layout into compute/import steps (adjacent computes merged); returns (steps, recomputed)."""
     steps: list[_Span] = []
@@ -317,7 +333,7 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, 
             span = _shipped_span(spec, senders[seg.sender])
             if spec.name in ANCHORED_PROTOCOLS:
                 span = anchored_span(anchors, seg.sender, span, pos, rope)
-            k = min(spec.boundary_k, n) if spec.name == "kv-rerotated+boundary" else 0
+            k = min(spec.boundary_k, n) if _recomputes_head(spec, seg.sender) else 0
             compute(seg.ids[:k], pos)
             recomputed += k
             if k < n:

@@ -83,3 +83,45 @@ def test_kvcomm_eval_builds_the_pool_from_unscored_examples(tiny_chat_model, tmp
     # the anchors are other examples than the scored ones
     scored = {e.question for e in generate("multihop", 2, 0)}
     assert not scored & {e.question for e in generate("multihop", 3, ANCHOR_SEED_OFFSET)}
+
+
+def test_anchored_boundary_recomputes_the_head_of_later_spans_only(tiny_model):
+    # Offsets from other examples (not exact), then B recomputes the first k tokens of the later
+    # sender's span: k >= that span is B's own prefill exactly; k = 0 is kv-anchored; in between
+    # the recomputed head is B's own K/V and the first sender's span is untouched.
+    rope = rope_info(tiny_model)
+    anchors = []
+    for a_prefix, b_prefix in ((9, 5), (13, 8)):
+        other, other_senders, _ = _setup(tiny_model, a_prefix=a_prefix, b_prefix=b_prefix)
+        anchors += _span_deviation(tiny_model, other, other_senders, rope)
+    pool = pool_from_spans(anchors, 2)
+    layout, senders, prefix = _setup(tiny_model)
+    later_len = len(senders[1].message_ids)
+    start = layout.import_starts[1]
+    text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
+    anchored = receive(tiny_model, ProtocolSpec("kv-anchored"), layout, senders, prefix, rope, pool)
+    full = receive(tiny_model, ProtocolSpec("kv-anchored+boundary", boundary_k=later_len), layout, senders, prefix, rope, pool)
+    none = receive(tiny_model, ProtocolSpec("kv-anchored+boundary", boundary_k=0), layout, senders, prefix, rope, pool)
+    head = receive(tiny_model, ProtocolSpec("kv-anchored+boundary", boundary_k=2), layout, senders, prefix, rope, pool)
+    assert full.num_recomputed == later_len and none.num_recomputed == 0 and head.num_recomputed == 2
+    torch.testing.assert_close(full.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(none.last_logits, anchored.last_logits, atol=0, rtol=0)
+    assert float((anchored.last_logits - text.last_logits).abs().max()) > 1e-3
+    last = tiny_model.config.num_hidden_layers - 1
+    # the recomputed head attends to the first sender's span as in B's own prefill: text's K/V there
+    torch.testing.assert_close(head.cache.values[last][:, :, start:start + 2], text.cache.values[last][:, :, start:start + 2],
+                               atol=2e-5, rtol=1e-4)
+    # the rest of the later span keeps the anchored K/V, the first span is exact either way
+    torch.testing.assert_close(head.cache.values[last][:, :, start + 2:start + later_len],
+                               anchored.cache.values[last][:, :, start + 2:start + later_len], atol=0, rtol=0)
+    first = slice(layout.import_starts[0], start)
+    torch.testing.assert_close(head.cache.values[last][:, :, first], text.cache.values[last][:, :, first], atol=2e-5, rtol=1e-4)
+    assert ProtocolSpec("kv-anchored+boundary", boundary_k=16, anchor_examples=40).label == "kv-anchored+boundary a=40 k=16"
+
+
+def test_the_cli_expands_anchored_boundary_per_k():
+    from kvcomm.cli import parse_protocols
+
+    specs = parse_protocols("text,kv-anchored,kv-anchored+boundary", "0.15", "8,16", 12)
+    assert [s.label for s in specs] == ["text", "kv-anchored a=12", "kv-anchored+boundary a=12 k=8",
+                                        "kv-anchored+boundary a=12 k=16"]
