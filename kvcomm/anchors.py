@@ -40,7 +40,7 @@ class AnchorPool:
     neighbours: int = DEFAULT_NEIGHBOURS
 
 
-def _span_deviation(model, layout, senders, rope):
+def span_deviations(model, layout, senders, rope):
     """For each sender after the first: (re-encoded keys at position 0, key deviation at position 0,
     value deviation), per layer, against B's exact prefill of ``layout``."""
     exact, _ = prefill(model, layout.ids)
@@ -67,7 +67,7 @@ def build_anchor_pool(model, tokenizer, examples, rope, neighbours: int = DEFAUL
     for ex in examples:
         senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
         layout = receiver_layout(tokenizer, ex, senders)
-        spans += _span_deviation(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+        spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
     return pool_from_spans(spans, len(examples), neighbours)
 
 

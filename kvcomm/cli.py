@@ -112,6 +112,10 @@ def register(sub) -> None:
     t.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     t.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),
                    help="tokens recomputed at the start of the imported message, comma-separated")
+    t.add_argument("--senders", type=argtypes.positive_int, default=1,
+                   help="split each imported length over this many senders' messages (B composes them)")
+    t.add_argument("--anchor-examples", type=argtypes.positive_int, default=8,
+                   help="kv-anchored(+boundary) with --senders > 1: exchanges of another seed in the anchor pool")
     t.add_argument("--repeats", type=argtypes.positive_int, default=7, help="timed rounds per length")
     t.add_argument("--seed", type=int, default=0, help="message seed")
     t.add_argument("--threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
@@ -315,7 +319,8 @@ def cmd_ttft(args) -> int:
     except ValueError:
         raise KVCommError(f"--lengths must be comma-separated token counts (got {args.lengths!r})") from None
     cfg = TtftConfig(model=args.model, lengths=lengths, protocols=parse_protocols(args.protocols, args.ratio,
-                     args.boundary_k), repeats=args.repeats, seed=args.seed, num_threads=args.threads)
+                     args.boundary_k, args.anchor_examples), repeats=args.repeats, seed=args.seed,
+                     num_threads=args.threads, num_senders=args.senders, anchor_examples=args.anchor_examples)
     cfg.check()
     _check_model(args.model)
     if (args.out / ROWS_FILE).exists():
@@ -331,7 +336,8 @@ def cmd_ttft(args) -> int:
         command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["kvcomm"] else \
             " ".join(shlex.quote(p) for p in ["gpubench", "kvcomm", "ttft", "--model", args.model, "--lengths",
                                               args.lengths, "--protocols", args.protocols, "--ratio", args.ratio,
-                                              "--boundary-k", args.boundary_k, "--repeats", str(args.repeats),
+                                              "--boundary-k", args.boundary_k, "--senders", str(args.senders),
+                                              "--anchor-examples", str(args.anchor_examples), "--repeats", str(args.repeats),
                                               "--out", str(args.out)])
         summary = write_outputs(args.out, cfg, rows, command, load_before)
     if args.json:

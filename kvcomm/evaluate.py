@@ -36,7 +36,7 @@ import pandas as pd
 from gpubench.errors import KVCommError
 from gpubench.jsonio import iter_jsonl
 from kvcomm.metrics import first_token_kl
-from kvcomm.names import ANCHORED_PROTOCOLS
+from kvcomm.names import ANCHOR_SEED_OFFSET, ANCHORED_PROTOCOLS  # noqa: F401 - the offset is imported from here too
 from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
@@ -183,8 +183,6 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
                 advance(f"{task} {ex.index} {row.protocol}")
 
 
-# Anchor examples come from this seed offset, so they are never among the scored examples of the run.
-ANCHOR_SEED_OFFSET = 1_000_003
 
 
 def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict):

@@ -14,4 +14,6 @@ BOUNDARY_PROTOCOLS = ("kv-rerotated+boundary", "kv-anchored+boundary")
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool: examples of another seed, never scored
+# Anchor examples come from the run's seed plus this offset, so they are never among the scored examples.
+ANCHOR_SEED_OFFSET = 1_000_003
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")

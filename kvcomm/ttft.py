@@ -9,7 +9,11 @@ taking in the message and the question, under each protocol:
 - ``kv-rerotated``: B appends the sender's KV re-rotated to its positions, prefills the question;
 - ``kv-rerotated+boundary k``: the same, recomputing the first k message tokens;
 - ``kv-reencoded``: as kv-rerotated, with the span the sender re-encoded in B's frame;
-- ``kv-blend r``: CacheBlend, recomputing the share r of imported tokens that deviate most.
+- ``kv-blend r``: CacheBlend, recomputing the share r of imported tokens that deviate most;
+- ``kv-anchored`` (``+boundary k``), with ``--senders S`` > 1: the length split over S senders, each
+  later sender's re-encoded span offset from a pool of ``--anchor-examples`` exchanges of the same
+  shape and another seed (built before the rounds; the neighbour search is B's time), the first k
+  tokens of each later span recomputed. With one sender every reencoded protocol is kv-reencoded.
 
 Repetitions are interleaved (every protocol once per round, in a rotated order, after an untimed
 warm-up round), and the speedup is the median over rounds of TTFT(text) / TTFT(protocol) taken in
@@ -46,17 +50,24 @@ class TtftConfig:
     repeats: int = 7
     seed: int = 0
     num_threads: int = 1
+    num_senders: int = 1  # the imported length split over this many senders' messages
+    anchor_examples: int = 8  # kv-anchored(+boundary) with several senders: exchanges of another seed in its pool
 
     def check(self) -> None:
         if not self.lengths or any(n < 1 for n in self.lengths):
             raise KVCommError(f"--lengths must be positive token counts (got {list(self.lengths)})")
         if self.repeats < 1:
             raise KVCommError(f"--repeats must be >= 1 (got {self.repeats})")
+        if self.num_senders < 1:
+            raise KVCommError(f"--senders must be >= 1 (got {self.num_senders})")
+        if any(n < self.num_senders for n in self.lengths):
+            raise KVCommError(f"every length must give each of the {self.num_senders} senders a token "
+                              f"(got {list(self.lengths)})")
         if "text" not in [p.name for p in self.protocols]:
             raise KVCommError("--protocols must include 'text': the speedup is TTFT(text) / TTFT(protocol)")
 
 
-def _message(tokenizer, num_tokens: int, rng: random.Random):
+def _message(tokenizer, num_tokens: int, rng: random.Random, agent: str = "A"):
     """A sender's message (an access log) and its ids, exactly ``num_tokens`` tokens."""
     from kvcomm.agent_tasks import access_log
     from kvcomm.tasks import SENDER_SYSTEM, AgentMessage
@@ -67,9 +78,43 @@ def _message(tokenizer, num_tokens: int, rng: random.Random):
         log += "\n" + access_log(rng, [("main door", str(rng.randint(1000, 9999)))], num_routine=8)
         ids = tokenizer(log, add_special_tokens=False)["input_ids"]
     ids = list(ids[:num_tokens])
-    message = AgentMessage(agent="A", system_prompt=SENDER_SYSTEM.format(agent="A"),
+    message = AgentMessage(agent=agent, system_prompt=SENDER_SYSTEM.format(agent=agent),
                            instruction="Copy today's access log for the other agents.", text=tokenizer.decode(ids))
     return message, ids
+
+
+def _exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random):
+    """``num_senders`` messages of ``length`` tokens in all (the first ones one longer where it does not
+    divide), each encoded in its sender's chat: ``(layout, senders)``."""
+    from kvcomm.protocols import encode_sender_ids, receiver_layout_ids, sender_layout
+    from kvcomm.tasks import Example
+
+    base, extra = divmod(length, num_senders)
+    agents = ["A"] if num_senders == 1 else [f"A{i + 1}" for i in range(num_senders)]
+    messages, ids, senders = [], [], []
+    for i, agent in enumerate(agents):
+        message, msg_ids = _message(tokenizer, base + (1 if i < extra else 0), rng, agent)
+        prefix_ids, _, suffix_ids = sender_layout(tokenizer, message)
+        messages.append(message)
+        ids.append(msg_ids)
+        senders.append(encode_sender_ids(model, agent, prefix_ids, msg_ids, suffix_ids))
+    example = Example(task="ttft", index=length, messages=tuple(messages), question=QUESTION, answer="")
+    return receiver_layout_ids(tokenizer, example, ids), senders
+
+
+def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope):
+    """kv-anchored's pool for exchanges of this shape: ``cfg.anchor_examples`` of another seed (what
+    is timed is the search over a pool of that size; the messages timed are never in it)."""
+    from kvcomm.anchors import pool_from_spans, span_deviations
+    from kvcomm.names import ANCHOR_SEED_OFFSET
+    from kvcomm.protocols import reencode_in_receiver_frame
+
+    rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)
+    spans = []
+    for _ in range(cfg.anchor_examples):
+        layout, senders = _exchange(model, tokenizer, length, cfg.num_senders, rng)
+        spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+    return pool_from_spans(spans, cfg.anchor_examples)
 
 
 def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]:
@@ -77,35 +122,35 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
     import torch
 
     from kvcomm.models import rope_info
-    from kvcomm.protocols import encode_sender_ids, receive, receiver_layout_ids, receiver_prefix, reencode_in_receiver_frame, sender_layout
-    from kvcomm.tasks import Example
+    from kvcomm.names import ANCHORED_PROTOCOLS
+    from kvcomm.protocols import receive, receiver_prefix, reencode_in_receiver_frame
 
     torch.set_num_threads(cfg.num_threads)
     rope = rope_info(model)
     rng = random.Random(cfg.seed)
     rows: list[dict] = []
     for length in cfg.lengths:
-        message, msg_ids = _message(tokenizer, length, rng)
-        prefix_ids, _, suffix_ids = sender_layout(tokenizer, message)
-        sender = encode_sender_ids(model, "A", prefix_ids, msg_ids, suffix_ids)
-        example = Example(task="ttft", index=length, messages=(message,), question=QUESTION, answer="")
-        layout = receiver_layout_ids(tokenizer, example, [msg_ids])
+        layout, senders = _exchange(model, tokenizer, length, cfg.num_senders, rng)
         prefix = receiver_prefix(model, layout)
         if any(p.ships_reencoded for p in cfg.protocols):
-            (sender,) = reencode_in_receiver_frame(model, layout, [sender])
+            senders = reencode_in_receiver_frame(model, layout, senders)
+        anchors = None
+        if cfg.num_senders > 1 and any(p.name in ANCHORED_PROTOCOLS for p in cfg.protocols):
+            anchors = _anchor_pool(model, tokenizer, cfg, length, rope)  # built before the rounds: not B's time
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed
-            receive(model, spec, layout, [sender], prefix, rope)
+            receive(model, spec, layout, senders, prefix, rope, anchors)
         first_row = len(rows)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for rnd in range(cfg.repeats):
             order = specs[rnd % len(specs):] + specs[:rnd % len(specs)]
             load = os.getloadavg()[0]
             for spec in order:
-                rec = receive(model, spec, layout, [sender], prefix, rope)
+                rec = receive(model, spec, layout, senders, prefix, rope, anchors)
                 rows.append({"num_imported": rec.num_imported, "round": rnd, "protocol": spec.label,
                              "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
-                             "num_prompt_tokens": len(layout.ids), "loadavg_1m": load})
+                             "num_prompt_tokens": len(layout.ids), "loadavg_1m": load, "num_senders": cfg.num_senders,
+                             "anchor_tokens": anchors.num_tokens if anchors is not None and spec.name in ANCHORED_PROTOCOLS else 0})
         share = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
         for row in rows[first_row:]:
             row["cpu_share"] = share

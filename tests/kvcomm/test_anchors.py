@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gpubench.errors import KVCommError
-from kvcomm.anchors import _span_deviation, anchored_span, pool_from_spans
+from kvcomm.anchors import anchored_span, pool_from_spans, span_deviations
 from kvcomm.models import rope_info
 from kvcomm.protocols import ProtocolSpec, receive, reencode_in_receiver_frame
 
@@ -22,7 +22,7 @@ def test_a_pool_holding_the_example_itself_gives_texts_cache_and_logits(tiny_mod
     # itself (distance 0), so the estimate is the exact deviation: B's own prefill, every layer.
     rope = rope_info(tiny_model)
     layout, senders, prefix = _setup(tiny_model)
-    pool = pool_from_spans(_span_deviation(tiny_model, layout, senders, rope), 1, neighbours=1)
+    pool = pool_from_spans(span_deviations(tiny_model, layout, senders, rope), 1, neighbours=1)
     text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
     got = receive(tiny_model, ProtocolSpec("kv-anchored"), layout, senders, prefix, rope, pool)
     reenc = receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, senders, prefix)
@@ -40,7 +40,7 @@ def test_offsets_from_other_examples_move_the_later_span_only(tiny_model):
     anchors = []
     for a_prefix, b_prefix in ((9, 5), (13, 8), (15, 6)):  # other examples: other chats and frames
         layout, senders, _ = _setup(tiny_model, a_prefix=a_prefix, b_prefix=b_prefix)
-        anchors += _span_deviation(tiny_model, layout, senders, rope)
+        anchors += span_deviations(tiny_model, layout, senders, rope)
     pool = pool_from_spans(anchors, 3)
     assert pool.keys[0] is None and pool.num_tokens == sum(a[0][1].shape[1] for a in anchors)
     layout, senders, _ = _setup(tiny_model)
@@ -93,7 +93,7 @@ def test_anchored_boundary_recomputes_the_head_of_later_spans_only(tiny_model):
     anchors = []
     for a_prefix, b_prefix in ((9, 5), (13, 8)):
         other, other_senders, _ = _setup(tiny_model, a_prefix=a_prefix, b_prefix=b_prefix)
-        anchors += _span_deviation(tiny_model, other, other_senders, rope)
+        anchors += span_deviations(tiny_model, other, other_senders, rope)
     pool = pool_from_spans(anchors, 2)
     layout, senders, prefix = _setup(tiny_model)
     later_len = len(senders[1].message_ids)

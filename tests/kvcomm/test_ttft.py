@@ -49,11 +49,28 @@ def test_sweep_end_to_end_and_a_second_run_into_the_same_directory_is_refused(ti
     assert len((out / "rows.jsonl").read_text().splitlines()) == len(rows)  # and nothing was lost
 
 
+def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later_heads(tiny_chat_model_dir, tmp_path, capsys):
+    out = tmp_path / "ttft2"
+    assert main(["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "33", "--repeats", "2",
+                 "--senders", "3", "--anchor-examples", "2", "--boundary-k", "4",
+                 "--protocols", "text,kv-reencoded,kv-anchored,kv-anchored+boundary", "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert {r["num_imported"] for r in rows} == {33} and all(r["num_senders"] == 3 for r in rows)  # 11 + 11 + 11
+    by = {r["protocol"]: r for r in rows if r["round"] == 0}
+    # two later senders' heads of 4 tokens; the first sender's re-encoded span is exact already
+    assert by["kv-anchored+boundary a=2 k=4"]["num_recomputed"] == 8 and by["kv-anchored a=2"]["num_recomputed"] == 0
+    # the pool: 2 exchanges of another seed, the two later spans of each (22 tokens apiece)
+    assert by["kv-anchored a=2"]["anchor_tokens"] == 2 * 22 and by["kv-reencoded"]["anchor_tokens"] == 0
+    assert "--senders" in (out / "COMMAND").read_text().splitlines()[0]
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--lengths", "0,64"], "positive token counts"),
     (["--lengths", "64,lots"], "comma-separated token counts"),
     (["--protocols", "kv-rerotated"], "must include 'text'"),
     (["--ratio", "2"], "within [0, 1]"),
+    (["--senders", "3", "--lengths", "2"], "each of the 3 senders"),
     (["--model", "smollm2-135n"], "unknown model"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(bad, message, tmp_path, capsys):
