@@ -175,7 +175,13 @@ def test_simulator_on_the_live_runs_own_step_times_follows_it(live_and_sim, tmp_
     metrics = {m["metric"]: m for m in json.loads(proc.stdout)["metrics"]}
     assert abs(metrics["JCT mean (s)"]["a"] / metrics["JCT mean (s)"]["b"] - 1) < 0.05, metrics["JCT mean (s)"]
     assert abs(metrics["step duration mean (s)"]["a"] / metrics["step duration mean (s)"]["b"] - 1) < 0.05
-    assert abs(metrics["engine steps"]["a"] - metrics["engine steps"]["b"]) <= 2
+    # Step counts agree to a few: each step's duration is its composition's median, not its own, so in
+    # the closed loop a turn's arrival (its previous turn's finish plus the tool time) can land one
+    # step earlier or later and merge or split a step at the turn boundary (CI saw 90 vs 87).
+    live_steps = metrics["engine steps"]["b"]
+    assert abs(metrics["engine steps"]["a"] - live_steps) <= max(2, 0.05 * live_steps), metrics["engine steps"]
+    # what the scheduler decides, not when, is exact: the same prefix-cache hits
+    assert metrics["prefix-hit tokens (sum)"]["a"] == metrics["prefix-hit tokens (sum)"]["b"]
 
 
 def test_missing_environment_is_one_line(tmp_path):
