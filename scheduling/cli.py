@@ -148,6 +148,11 @@ def register(sub) -> None:
         formatter_class=DefaultsHelpFormatter)
     c.add_argument("replay", metavar="REPLAY", help="replay directory to score (e.g. the simulator's)")
     c.add_argument("reference", metavar="REFERENCE", help="reference replay directory (e.g. live vLLM)")
+    c.add_argument("--repeat", metavar="TAKE", action="append", default=[],
+                   help="another take of REFERENCE (same engine, settings and jobs; repeatable): every metric "
+                        "gets the range and mean over the takes, REPLAY's error against that mean and whether it "
+                        "lies within the range, and each take is scored against REFERENCE as REPLAY is (a live "
+                        "engine does not repeat its step times, and under eviction pressure not its hits either)")
     c.add_argument("--out", default=None, help="also write comparison.json/.md, joined turns.csv/jobs.csv and a plot here")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.set_defaults(func=cmd_compare_replay)
@@ -298,12 +303,14 @@ def cmd_compare_replay(args: argparse.Namespace) -> int:
 
     from scheduling import compare
 
-    result = compare.compare(compare.load_replay(args.replay), compare.load_replay(args.reference))
+    scored, reference = compare.load_replay(args.replay), compare.load_replay(args.reference)
+    repeats = [compare.load_replay(r) for r in args.repeat]
+    result = compare.with_repeats(compare.compare(scored, reference), reference, repeats, scored)
     if args.out:
         command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
         compare.write(result, args.out, command=command)
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k not in ("turns", "jobs")}, indent=2))
+        print(json.dumps({k: v for k, v in result.items() if k not in compare.FRAMES}, indent=2))
     else:
         print(f"{result['a']['label']} ({args.replay}) vs {result['b']['label']} ({args.reference})")
         print(compare.to_markdown(result), end="")

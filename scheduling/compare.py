@@ -8,6 +8,12 @@ Per turn: TTFT (first token - arrival), TPOT (finish - first token over output t
 mean inter-token latency of the turn), prefix-hit tokens, preemptions; per job: JCT. KV usage is
 the time-weighted mean share of the pool held by requests over the replay, and its peak. Every
 relative error is ``(A - B) / B``: B (the second directory, e.g. live vLLM) is the reference.
+
+A real engine replayed twice does not repeat itself: its step times carry the machine's noise, and
+under eviction pressure a turn that arrives one step later finds other blocks cached. So the error
+of A against one take of B means little without B's own take-to-take spread. ``with_repeats`` scores
+other takes of B (same engine, settings and jobs) against B exactly as A is scored, and says per
+metric whether A's difference from B is within the largest difference of a repeat from B.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ResultsFormatError
+from gpubench.errors import ConfigError, ResultsFormatError
 
 
 @dataclass
@@ -143,6 +149,61 @@ def compare(a: Replay, b: Replay) -> dict:
     }
 
 
+def _check_repeats(reference: Replay, repeats: list[Replay], scored: Replay | None) -> None:
+    """Repeats must be other takes of the reference: distinct directories, the same settings."""
+    seen = {reference.path.resolve(): "the reference"} | ({scored.path.resolve(): "the scored replay"} if scored else {})
+    for r in repeats:
+        where = seen.get(r.path.resolve())
+        if where:
+            raise ConfigError(f"--repeat {r.path} is {where} itself: a repeat is another take of the reference")
+        seen[r.path.resolve()] = "given twice as --repeat"
+        want, got = reference.summary.get("config", {}), r.summary.get("config", {})
+        differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        if differ:
+            k = differ[0]
+            raise ConfigError(f"--repeat {r.path} is not a take of the reference's settings: {k} is "
+                              f"{got.get(k)!r} there and {want.get(k)!r} in {reference.path}")
+
+
+def with_repeats(result: dict, reference: Replay, repeats: list[Replay], scored: Replay | None = None) -> dict:
+    """``result`` (``compare(scored, reference)``) with the reference's take-to-take spread added.
+
+    Every repeat is scored against the reference as ``compare`` scored the replay. Per metric, over
+    all takes (the reference and its repeats): ``takes_min``, ``takes_max``, ``takes_mean``, the
+    scored replay's ``rel_err_vs_takes_mean``, and ``within_takes_range``: whether its value lies
+    between the lowest and the highest take's, as another take's might (n takes bracket a further
+    one with probability (n - 1) / (n + 1)). ``repeat_values`` and ``repeat_rel_errs`` keep each
+    repeat's. Per turn: each repeat's share of turns whose hits are within one block of the
+    reference's, its largest hit difference and its median |TTFT difference|.
+    """
+    if not repeats:
+        return result
+    _check_repeats(reference, repeats, scored)
+    takes = [compare(r, reference) for r in repeats]
+    for i, row in enumerate(result["metrics"]):
+        row["repeat_values"] = [t["metrics"][i]["a"] for t in takes]
+        row["repeat_rel_errs"] = [t["metrics"][i]["rel_err"] for t in takes]
+        values = [v for v in [row["b"], *row["repeat_values"]] if v is not None]
+        if not values:
+            row |= {"takes_min": None, "takes_max": None, "takes_mean": None, "rel_err_vs_takes_mean": None,
+                    "within_takes_range": None}
+            continue
+        lo, hi, mean = min(values), max(values), float(np.mean(values))
+        row |= {"takes_min": lo, "takes_max": hi, "takes_mean": mean, "rel_err_vs_takes_mean": _rel(row["a"], mean),
+                "within_takes_range": None if row["a"] is None else bool(lo - 1e-12 <= row["a"] <= hi + 1e-12)}
+    result["reference_repeats"] = [{"path": str(r.path), "per_turn": t["per_turn"]} for r, t in zip(repeats, takes)]
+    shares = [t["per_turn"]["turns_hit_within_one_block"] for t in takes]
+    result["per_turn"]["hit_within_one_block_within_spread"] = bool(
+        result["per_turn"]["turns_hit_within_one_block"] >= min(shares) - 1e-12)
+    result["repeat_turns"] = [t["turns"] for t in takes]
+    result["repeat_jobs"] = [t["jobs"] for t in takes]
+    return result
+
+
+def _range_cell(row: dict) -> str:
+    return "-" if row["takes_min"] is None else f"{_fmt(row['takes_min'])} .. {_fmt(row['takes_max'])}"
+
+
 def _fmt(v) -> str:
     if v is None:
         return "-"
@@ -155,15 +216,43 @@ def to_markdown(result: dict) -> str:
     from gpubench.mdtable import markdown_table
 
     a, b = result["a"]["label"], result["b"]["label"]
-    rows = [[r["metric"], _fmt(r["a"]), _fmt(r["b"]), "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"]
-            for r in result["metrics"]]
-    lines = [markdown_table(["metric", a, b, "rel. error"], rows)]
+    repeats = result.get("reference_repeats") or []
+    header = ["metric", a, b, "rel. error"]
+    if repeats:
+        header += [f"{b}, {len(repeats) + 1} takes: range", "rel. error vs the takes' mean", "within the takes' range"]
+    rows = []
+    for r in result["metrics"]:
+        row = [r["metric"], _fmt(r["a"]), _fmt(r["b"]), "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"]
+        if repeats:
+            rel = r["rel_err_vs_takes_mean"]
+            row += [_range_cell(r), "-" if rel is None else f"{rel:+.1%}",
+                    {None: "-", True: "yes", False: "no"}[r["within_takes_range"]]]
+        rows.append(row)
+    lines = [markdown_table(header, rows)]
     pt = result["per_turn"]
     lines += ["", f"{result['num_jobs']} jobs, {result['num_turns']} turns. Per turn: median |TTFT error| "
               f"{_fmt(pt['ttft_median_abs_rel_err'] * 100 if pt['ttft_median_abs_rel_err'] is not None else None)} %; "
               f"prefix-hit tokens within one block ({result['block_size']} tokens) on "
               f"{pt['turns_hit_within_one_block']:.0%} of turns, largest difference {pt['hit_tokens_max_abs_diff']} tokens."]
+    if repeats:
+        takes = [rep["per_turn"] for rep in repeats]
+        inside = [r["within_takes_range"] for r in result["metrics"] if r["within_takes_range"] is not None]
+        shares = ", ".join(f"{t['turns_hit_within_one_block']:.0%}" for t in takes)
+        largest = ", ".join(str(t["hit_tokens_max_abs_diff"]) for t in takes)
+        ttft = ", ".join(f"{t['ttft_median_abs_rel_err'] * 100:.1f} %" for t in takes if t["ttft_median_abs_rel_err"] is not None)
+        hits_inside = pt["hit_within_one_block_within_spread"]
+        closeness = "as close to the reference's as" if hits_inside else "further from the reference's than"
+        lines += ["", f"{b} against itself ({len(repeats)} other take{'s' if len(repeats) > 1 else ''} of the same jobs "
+                  "and settings, each scored against the reference as the replay is): prefix-hit tokens within one "
+                  f"block on {shares} of turns, largest difference {largest} tokens; median |TTFT difference| {ttft}. "
+                  f"{a} is within the takes' range on {sum(inside)} of {len(inside)} metrics, and its per-turn hits are "
+                  f"{closeness} the other takes' are "
+                  f"(turns within a block: {pt['turns_hit_within_one_block']:.0%}, "
+                  f"{'at least' if hits_inside else 'below'} the lowest take's)."]
     return "\n".join(lines) + "\n"
+
+
+FRAMES = ("turns", "jobs", "repeat_turns", "repeat_jobs")  # tables: CSV files and the plot, not comparison.json
 
 
 def write(result: dict, out: str | Path, *, command: str | None = None) -> Path:
@@ -172,7 +261,7 @@ def write(result: dict, out: str | Path, *, command: str | None = None) -> Path:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {k: v for k, v in result.items() if k not in ("turns", "jobs")} | {"command": command}
+    doc = {k: v for k, v in result.items() if k not in FRAMES} | {"command": command}
     write_text_atomic(out / "comparison.json", json.dumps(doc, indent=2) + "\n")
     write_text_atomic(out / "comparison.md", (f"<!-- {command} -->\n" if command else "") + to_markdown(result))
     write_text_atomic(out / "turns.csv", result["turns"].to_csv(index=False))
@@ -193,14 +282,22 @@ def _plot(result: dict, path: Path) -> None:
     for ax, (xa, xb, title) in zip(axes, ((turns["ttft_s_b"], turns["ttft_s_a"], "TTFT per turn (s)"),
                                           (jobs["jct_s_b"], jobs["jct_s_a"], "JCT per job (s)"),
                                           (turns["hit_tokens_b"], turns["hit_tokens_a"], "prefix-hit tokens per turn"))):
-        ax.scatter(xa, xb, s=18, alpha=0.75)
+        ax.scatter(xa, xb, s=18, alpha=0.75, label=a)
         hi = float(max(xa.max(), xb.max(), 1e-9)) * 1.05
+        for k, (rt, rj) in enumerate(zip(result.get("repeat_turns", []), result.get("repeat_jobs", []))):
+            # another take of B against B: the spread a perfect replay of B would still show
+            src, col = (rj, "jct") if title.startswith("JCT") else (rt, "ttft" if title.startswith("TTFT") else "hit")
+            ra, rb = (src[f"{col}_s_b"], src[f"{col}_s_a"]) if col != "hit" else (src["hit_tokens_b"], src["hit_tokens_a"])
+            ax.scatter(ra, rb, s=14, marker="x", color="grey", alpha=0.7, label=f"{b}, another take" if k == 0 else None)
+            hi = max(hi, float(max(ra.max(), rb.max())) * 1.05)
         ax.plot([0, hi], [0, hi], color="grey", lw=1, ls="--")
         ax.set_xlim(0, hi)
         ax.set_ylim(0, hi)
         ax.set_xlabel(b)
         ax.set_ylabel(a)
         ax.set_title(title)
+        if result.get("repeat_turns"):
+            ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{a} vs {b}: {result['num_jobs']} jobs, {result['num_turns']} turns (dashed: equal)")
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")

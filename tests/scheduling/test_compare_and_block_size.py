@@ -76,6 +76,76 @@ def test_compare_replay_cli_errors_are_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a replay directory" in proc.stderr
 
 
+def _take(tmp_path, name, seconds, jobs):
+    """A take of one replay's settings whose steps ran at another speed, as a live engine's do from run
+    to run (the recorded settings are the same: the step cost is the object passed, not the label)."""
+    cfg = ReplayConfig(num_gpu_blocks=60, block_size=128, max_num_batched_tokens=4096, step_cost="constant:0.01")
+    return write_outputs(run_replay(jobs, cfg, step_cost=ConstantStepCost(seconds)), tmp_path / name)
+
+
+def test_compare_with_repeats_scores_each_take_against_the_reference(tmp_path):
+    jobs = with_poisson_arrivals(synthetic_jobs(4, seed=0, params=scaled_cpu_params()), 0.5, seed=0)
+    ref = compare.load_replay(_take(tmp_path, "ref", 0.010, jobs))
+    takes = [compare.load_replay(_take(tmp_path, n, s, jobs)) for n, s in (("r1", 0.011), ("r2", 0.0095))]
+    close = compare.load_replay(_take(tmp_path, "close", 0.0105, jobs))
+    far = compare.load_replay(_take(tmp_path, "far", 0.02, jobs))
+
+    def tpot(result):
+        return next(r for r in result["metrics"] if r["metric"] == "TPOT mean (s)")
+
+    near = compare.with_repeats(compare.compare(close, ref), ref, takes, close)
+    # every decode step is 10 % / -5 % / +5 % / +100 % longer: so is every turn's inter-token time
+    row = tpot(near)
+    assert row["repeat_rel_errs"] == pytest.approx([0.10, -0.05])
+    assert row["takes_min"] == pytest.approx(0.0095) and row["takes_max"] == pytest.approx(0.011)
+    assert row["takes_mean"] == pytest.approx((0.010 + 0.011 + 0.0095) / 3)
+    assert row["rel_err_vs_takes_mean"] == pytest.approx(0.0105 / row["takes_mean"] - 1)
+    assert row["within_takes_range"] is True  # 0.0105 s lies between 0.0095 and 0.011
+    wide = compare.with_repeats(compare.compare(far, ref), ref, takes, far)
+    assert tpot(wide)["rel_err"] == pytest.approx(1.0) and tpot(wide)["within_takes_range"] is False
+    assert [t["path"] for t in wide["reference_repeats"]] == [str(t.path) for t in takes]
+    text = compare.to_markdown(wide)
+    assert "3 takes: range" in text and "0.010 .. 0.011" in text
+    assert "against itself (2 other takes" in text
+    # a count of 0 in every take compares as a value, not as a relative error
+    pre = next(r for r in wide["metrics"] if r["metric"] == "preemptions (sum)")
+    assert pre["b"] == 0 and pre["within_takes_range"] is True and pre["rel_err_vs_takes_mean"] is None
+    compare.write(wide, tmp_path / "cmp", command="test")
+    doc = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert len(doc["reference_repeats"]) == 2 and "repeat_turns" not in doc
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
+
+
+def test_compare_refuses_repeats_that_are_not_other_takes_of_the_reference(tmp_path):
+    jobs = with_poisson_arrivals(synthetic_jobs(3, seed=0, params=scaled_cpu_params()), 0.5, seed=0)
+    ref = compare.load_replay(_take(tmp_path, "ref", 0.01, jobs))
+    take = compare.load_replay(_take(tmp_path, "take", 0.012, jobs))
+    other = compare.load_replay(_replay(tmp_path, "other", 0.012, jobs))  # step_cost constant:0.012 recorded
+    result = compare.compare(take, ref)
+    with pytest.raises(ConfigError, match="the reference itself"):
+        compare.with_repeats(result, ref, [ref], take)
+    with pytest.raises(ConfigError, match="the scored replay itself"):
+        compare.with_repeats(result, ref, [take], take)
+    with pytest.raises(ConfigError, match="given twice"):
+        compare.with_repeats(compare.compare(other, ref), ref, [take, take])
+    with pytest.raises(ConfigError, match="step_cost is 'constant:0.012' there"):
+        compare.with_repeats(result, ref, [other], take)
+    diff_jobs = compare.load_replay(_take(tmp_path, "more", 0.01, synthetic_jobs(4, seed=0, params=scaled_cpu_params())))
+    with pytest.raises(ResultsFormatError, match="not replays of the same jobs"):
+        compare.with_repeats(result, ref, [diff_jobs], take)
+
+
+def test_compare_replay_cli_with_repeats(tmp_path):
+    jobs = with_poisson_arrivals(synthetic_jobs(3, seed=0, params=scaled_cpu_params()), 0.5, seed=0)
+    dirs = [str(_take(tmp_path, n, s, jobs)) for n, s in (("a", 0.0105), ("ref", 0.01), ("r1", 0.011))]
+    cmd = [sys.executable, "-m", "gpubench.cli", "compare-replay", dirs[0], dirs[1], "--repeat", dirs[2]]
+    ok = subprocess.run(cmd + ["--out", str(tmp_path / "cmp")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "within the takes' range" in ok.stdout and (tmp_path / "cmp" / "comparison.png").is_file()
+    bad = subprocess.run(cmd + ["--repeat", dirs[1]], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "reference itself" in bad.stderr
+
+
 def test_summary_has_tpot_percentiles_and_goodput():
     from scheduling.metrics import SLO_TPOT_S, SLO_TTFT_S
 
