@@ -34,6 +34,9 @@ def register(sub) -> None:
     v.add_argument("--block-size", type=argtypes.positive_int, default=128, help="KV block size (vLLM's CPU default; a multiple of 32)")
     v.add_argument("--max-num-batched-tokens", type=argtypes.positive_int, default=4096, help="token budget per step (vLLM's CPU default)")
     v.add_argument("--max-num-seqs", type=argtypes.positive_int, default=256, help="most running requests")
+    v.add_argument("--retake-contended", type=argtypes.nonneg_int, default=2, metavar="N",
+                   help="run a scenario with a step taken under contention (CPU share or load) again, up to N times, "
+                        "and keep the take with fewer contended steps; 0: keep the first take")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
@@ -153,7 +156,8 @@ def _profile_vllm(args, cfg) -> int:
         raise ConfigError("profile: --out ROWS.parquet is required (or --list to print the scenarios)")
     pc = VllmProfileConfig(model=args.model, grid=args.grid, threads=2 if args.threads is None else args.threads,
                            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                           max_num_seqs=args.max_num_seqs, command=("gpubench", *sys.argv[1:]))
+                           max_num_seqs=args.max_num_seqs, retake_contended=args.retake_contended,
+                           command=("gpubench", *sys.argv[1:]))
     before = _num_rows(args.out)
     rows = _with_progress("profile vllm", cfg.name, "starting the engine",
                           lambda progress: run_vllm_profile(cfg, pc, args.out, progress=progress), json_out=args.json)

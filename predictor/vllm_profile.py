@@ -14,6 +14,11 @@ process_cpu_s / (wall * threads). A row is ``contended`` when its CPU share is b
 :data:`MIN_CPU_SHARE` or the 1-minute load average exceeded the core count by more than one: such
 rows are not ground truth, and ``gpubench evaluate`` refuses them unless told otherwise.
 
+Retakes: a scenario with a contended step is run again, after the others, up to
+``retake_contended`` times, and its rows are replaced by a take with fewer contended steps. A
+scenario is retaken whole, never step by step: its steps share one engine's state (the running
+batch, the KV blocks). Rerunning the command on a complete file retakes what is still contended.
+
 Resume: the worker appends its records to ``<out>.vllm.partial.jsonl``; a scenario with a
 ``scenario_done`` record there is not run again. At the end all rows go to ``<out>`` (parquet).
 """
@@ -69,6 +74,7 @@ class VllmProfileConfig(EngineSettings):
     """What ``profile --engine vllm`` runs: the engine settings, a model and a grid."""
     model: str = "smollm2-135m"
     grid: str = "quick"
+    retake_contended: int = 2  # times a scenario with a contended step is run again
     command: tuple[str, ...] = ()
 
 
@@ -215,19 +221,25 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     done = {r["scenario"] for r in records if r.get("kind") == "scenario_done"}
     done |= {k.split("|")[3] for k in done_keys if k.count("|") >= 4}
     todo = [s for s in scenarios if s["name"] not in done or s["name"] == "warmup"]
-    if len(todo) > 1:  # more than the warm-up
-        longest = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in todo for r in s["requests"])
-        spec = {"vocab_size": cfg.vocab_size, "scenarios": todo, "reference": reference_spec(),
+    by_name = {s["name"]: s for s in scenarios}
+
+    def take(names: list[str], what: str, out_path: Path | None) -> list[dict]:
+        """The worker's records for the warm-up and the scenarios ``names``."""
+        chosen = [by_name["warmup"], *(by_name[n] for n in names if n != "warmup")]
+        longest = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in chosen for r in s["requests"])
+        spec = {"vocab_size": cfg.vocab_size, "scenarios": chosen, "reference": reference_spec(),
                 "engine": pc.engine_spec(model_dir, real_weights=real_weights, longest_tokens=longest)}
-        total = len(todo)
 
         def on_line(line: str) -> None:
             if progress:
                 num, _, rest = line.partition(" ")
-                progress(int(num.split("/")[0]), total, rest)
+                progress(int(num.split("/")[0]), len(chosen), f"{what}{rest}")
 
-        records += env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
-                                  on_line=on_line, out_path=partial)
+        return env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
+                              on_line=on_line, out_path=out_path)
+
+    if len(todo) > 1:  # more than the warm-up
+        records += take([s["name"] for s in todo], "", partial)
     facts: dict = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
@@ -241,12 +253,37 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     }
     # A scenario cut short by a kill and run again records its steps twice: the last run wins.
     by_key = {r["key"]: r for r in step_rows(records, cfg, static) if r["key"] not in done_keys}
-    new_rows = list(by_key.values())
-    rows = existing + new_rows
+    rows = existing + list(by_key.values())
+    # the partial file has served: the rows so far are kept, whatever the retakes do
     write_parquet(rows, out)
     if partial.exists():
         partial.unlink()
+    for attempt in range(1, pc.retake_contended + 1):
+        contended = contended_by_scenario(rows)
+        names = sorted(n for n, count in contended.items() if count and n in by_name)
+        if not names:
+            break
+        retaken = step_rows(take(names, f"retake {attempt}/{pc.retake_contended} (contended): ", None), cfg,
+                            {**static, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        rows = keep_quieter_takes(rows, retaken)
+        write_parquet(rows, out)
     return rows
+
+
+def contended_by_scenario(rows: list[dict]) -> dict[str, int]:
+    """Contended steps per scenario (0 for a quiet one)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["scenario"]] = out.get(r["scenario"], 0) + bool(r.get("contended"))
+    return out
+
+
+def keep_quieter_takes(rows: list[dict], retaken: list[dict]) -> list[dict]:
+    """``rows`` with each scenario of ``retaken`` replaced, whole, where the retake has fewer
+    contended steps (a take is kept or dropped as one: its steps share one engine's state)."""
+    before, after = contended_by_scenario(rows), contended_by_scenario(retaken)
+    better = {n for n, count in after.items() if n in before and count < before[n]}
+    return [r for r in rows if r["scenario"] not in better] + [r for r in retaken if r["scenario"] in better]
 
 
 def contention_summary(rows: list[dict]) -> tuple[int, int]:

@@ -49,8 +49,21 @@ def tiny_probe_run(out: Path, probes: str, sets: list[str], timeout: int = 900) 
     for s in sets:
         args += ["--set", s]
     proc = run_cli(*args, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, (failed_probes(out), proc.stdout[-3000:], proc.stderr[-2000:])
     return next(out.glob("cpu/*"))
+
+
+def failed_probes(root: Path) -> dict:
+    """What the manifests under ``root`` say of each probe that did not finish (its reason), so a
+    failed run in CI says why without the run directory."""
+    import json
+
+    out = {}
+    for manifest in root.glob("*/*/manifest.json"):
+        for name, info in (json.loads(manifest.read_text()).get("probes") or {}).items():
+            if isinstance(info, dict) and info.get("status") != "done":
+                out[name] = {k: info.get(k) for k in ("status", "reason", "num_rows", "num_invalid")}
+    return out
 
 
 def only_run_dir(root: Path) -> Path:

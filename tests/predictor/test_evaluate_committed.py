@@ -57,7 +57,7 @@ def _run(command: str, here: Path, *, replace: dict[str, str] | None = None) -> 
     assert argv[0] == "gpubench", command
     proc = subprocess.run([sys.executable, "-m", "gpubench", *argv[1:]], env=env, capture_output=True, text=True,
                           timeout=3600)
-    assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-2000:])
 
 
 def _regenerate_here(ec: EvalConfig, here: Path) -> EvalConfig:

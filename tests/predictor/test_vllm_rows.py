@@ -73,3 +73,22 @@ def test_evaluate_refuses_contended_rows_unless_allowed(tmp_path):
         load_rows([path])
     df = load_rows([path], allow_contended=True)
     assert len(df) == 1 and not df["contended"].any()
+
+
+def test_a_retake_replaces_a_scenario_only_when_it_is_quieter():
+    from predictor.vllm_profile import contended_by_scenario, keep_quieter_takes
+
+    def rows(scenario, flags, wall):
+        return [{"key": f"m|vllm|fp32|{scenario}|step{i}", "scenario": scenario, "contended": f, "wall_s": wall}
+                for i, f in enumerate(flags)]
+
+    first = rows("a", [True, False], 1.0) + rows("b", [True, True], 1.0) + rows("c", [False], 1.0)
+    retake = rows("a", [False, False], 2.0) + rows("b", [True, True], 2.0)
+    kept = keep_quieter_takes(first, retake)
+    assert contended_by_scenario(kept) == {"a": 0, "b": 2, "c": 0}
+    walls = {r["key"]: r["wall_s"] for r in kept}
+    assert sorted(walls) == sorted(r["key"] for r in first)  # every step once
+    # a is quieter: replaced whole; b is no quieter: the first take stays whole; c was not retaken
+    assert [walls[f"m|vllm|fp32|a|step{i}"] for i in range(2)] == [2.0, 2.0]
+    assert [walls[f"m|vllm|fp32|b|step{i}"] for i in range(2)] == [1.0, 1.0]
+    assert walls["m|vllm|fp32|c|step0"] == 1.0

@@ -184,6 +184,37 @@ def test_simulator_on_the_live_runs_own_step_times_follows_it(live_and_sim, tmp_
     assert metrics["prefix-hit tokens (sum)"]["a"] == metrics["prefix-hit tokens (sum)"]["b"]
 
 
+def test_a_scenario_with_contended_steps_is_retaken_whole(tiny_rows, tmp_path):
+    # Rows of one scenario marked contended (as a noisy neighbour would have made them): running the
+    # command again retakes that scenario in the real engine, whole, and keeps the quieter take;
+    # the other scenarios' rows are left as they were.
+    flagged = "decode-b3-c128"
+    rows = tiny_rows.copy()
+    rows["contended"] = rows["scenario"] == flagged
+    out = tmp_path / "rows.parquet"
+    rows.to_parquet(out, index=False)
+    proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
+                    "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after = pd.read_parquet(out)
+    assert sorted(after["key"]) == sorted(tiny_rows["key"])  # the same steps, none doubled
+    retaken, kept = after[after["scenario"] == flagged], after[after["scenario"] != flagged]
+    assert retaken["contended"].sum() < (rows["scenario"] == flagged).sum()
+    assert (retaken["created_utc"] > tiny_rows["created_utc"].max()).all() or retaken["wall_s"].tolist() != \
+        tiny_rows[tiny_rows["scenario"] == flagged]["wall_s"].tolist()
+    # the retake is the same engine work: the batches vLLM scheduled are the same
+    assert _batches(after, flagged) == _batches(tiny_rows, flagged)
+    before_kept = tiny_rows[tiny_rows["scenario"] != flagged].set_index("key")["wall_s"]
+    assert kept.set_index("key")["wall_s"].sort_index().equals(before_kept.sort_index())
+    # with retakes off, a contended file is left as it is
+    rows.to_parquet(out, index=False)
+    proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
+                    "--retake-contended", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(pd.read_parquet(out)["contended"].sum()) == int(rows["contended"].sum())
+    assert "taken under contention" in proc.stdout
+
+
 def test_missing_environment_is_one_line(tmp_path):
     proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--out", str(tmp_path / "r.parquet"),
                     env_extra={"GPUBENCH_VLLM_PYTHON": str(tmp_path / "no-such-python")})
