@@ -70,7 +70,7 @@ class CpuTableStep:
         self.num_layers = cfg.num_layers
         vllm_engine = engine_cost and self.linear_engine == "vllm"
         self.engine = self._engine_curve(tables) if vllm_engine else None
-        self.layer_engine = self._layer_engine_curve(tables, cfg.hidden_size) if vllm_engine else None
+        self.layer_rest = self._layer_rest_curve(tables, cfg.hidden_size) if vllm_engine else None
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
         # vLLM's layout runs vLLM's paged-attention kernel (the vllm_ops attention rows, ``attn_vllm``)
@@ -91,23 +91,35 @@ class CpuTableStep:
 
     def _engine_curve(self, tables: CpuOpTables):
         """vLLM's per-step engine cost by number of sequences: the probe's tiny-model engine steps
-        minus what these tables price that model's own ops at (None without engine_step rows)."""
+        minus what these tables price that model's own layers and ops at (None without engine_step
+        rows)."""
         from predictor.config import load_model_config
         from predictor.cpu_tables import Curve1D
 
         eng = tables.d.get("engine_vllm")
         if not eng:
             return None
-        tiny = CpuTableStep(tables, load_model_config(eng["model"]), "fused", engine_cost=False)
+        tiny_cfg = load_model_config(eng["model"])
+        tiny = CpuTableStep(tables, tiny_cfg, "fused", engine_cost=False)
+        # tiny's layers priced as this model's are: vLLM's measured rest of a layer in place of the
+        # torch segment tables (else a batch's overpriced segments would hide the engine's cost)
+        tiny.layer_rest = tiny._layer_rest_curve(tables, tiny_cfg.hidden_size)
         residual = [max(0.0, s - tiny.predict_time([(1, int(c))] * int(b)))
                     for b, s, c in zip(eng["num_seqs"], eng["s"], eng["context_mean"])]
         return Curve1D(tuple(int(b) for b in eng["num_seqs"]), tuple(residual))
 
-    def _layer_engine_curve(self, tables: CpuOpTables, width: int):
-        """vLLM's cost per layer outside the ops, by number of sequences, at this model's width:
-        at each probed width, the measured step time per added layer of the synthetic models minus
-        what these tables price their added layers at (clipped at zero), interpolated in log width
-        and clamped to the probed widths (None without engine_layers rows)."""
+    def _layer_rest_curve(self, tables: CpuOpTables, width: int):
+        """What a vLLM layer costs besides its projections and attention, per layer, by number of
+        sequences, at this model's width (None without engine_layers rows).
+
+        At each probed width: the measured step time per added layer of the synthetic models, less
+        what these tables price an added layer's projections and attention at (clipped at zero).
+        That rest is vLLM's own: its norm, RoPE and SiLU kernels, its Python layer code, custom-op
+        dispatch and attention metadata, with the caches cold after the layer's weights. The torch
+        segment tables do not describe it: they time torch's composite ops after an MKL GEMM, and
+        on some hosts a small op after an MKL GEMM of two or more rows costs ~200 us where vLLM's
+        decode steps stay flat in the batch. Interpolated in log width, clamped to the probed widths.
+        """
         from predictor.config import from_dict
         from predictor.cpu_tables import Curve1D, _bracket
 
@@ -119,14 +131,15 @@ class CpuTableStep:
             (shallow, deep), added = node["depths"][:2], node["depths"][1] - node["depths"][0]
             lo, hi = (CpuTableStep(tables, from_dict(node["configs"][i], name=f"layers-w{node['width']}-l{d}"),
                                    "fused", engine_cost=False) for i, d in enumerate((shallow, deep)))
-            residual = []
+            rest = []
             for j, b in enumerate(node["num_seqs"]):
                 measured = node["s"][1][j] - node["s"][0][j]
                 batch_lo = [(1, int(node["context_mean"][0][j]))] * b
                 batch_hi = [(1, int(node["context_mean"][1][j]))] * b
-                priced = hi.predict_time(batch_hi) - lo.predict_time(batch_lo)
-                residual.append(max(0.0, measured - priced) / added)
-            curves[node["width"]] = Curve1D(tuple(node["num_seqs"]), tuple(residual))
+                # an added layer's projections and attention: the priced difference less its segments
+                priced = hi.predict_time(batch_hi) - lo.predict_time(batch_lo) - added * hi.segments_s(b)
+                rest.append(max(0.0, measured - priced) / added)
+            curves[node["width"]] = Curve1D(tuple(node["num_seqs"]), tuple(rest))
         widths = sorted(curves)
         i, j, w = _bracket(widths, width)
         a, b = curves[widths[i]], curves[widths[j]]
@@ -134,14 +147,32 @@ class CpuTableStep:
         return Curve1D(tuple(xs), tuple((1 - w) * a.at(x, proportional_past_end=False)
                                         + w * b.at(x, proportional_past_end=False) for x in xs))
 
-    def engine_s(self, num_seqs: int) -> float:
-        """vLLM's engine cost for ``num_seqs`` sequences: per step, plus per layer where the probe
-        run measured it (0 for the torch engine). Past the probed numbers of sequences the per-layer
-        cost stays at the last one's (it is not work that grows with the batch's tokens)."""
-        t = 0.0 if self.engine is None else self.engine.at(num_seqs)
-        if self.layer_engine is not None:
-            t += self.num_layers * self.layer_engine.at(num_seqs, proportional_past_end=False)
+    def segments_s(self, num_new: int) -> float:
+        """One layer's segments (norms, RoPE, KV write, residual adds, SiLU) at ``num_new`` rows,
+        as the torch segment tables price them."""
+        t = (self.norm_in.at(num_new) + self.norm_post.at(num_new) + self.rope_q.at(num_new)
+             + self.rope_kv.at(num_new) + self.kv_write.at(num_new) + self.residual_attn.at(num_new)
+             + self.residual_mlp.at(num_new) + self.silu_mul.at(num_new))
+        for c in self.qk_norms:
+            t += c.at(num_new)
         return t
+
+    def layer_extra_s(self, num_new: int, num_seqs: int, segments_new: float | None = None) -> float:
+        """Per layer, what vLLM's measured rest of a layer adds to (or, negative, takes from) the
+        torch-priced segments at ``num_new`` rows: the rest at ``num_seqs`` sequences replaces the
+        segments' price at as many rows (a decode step: all of it), and rows past them (a prefill
+        chunk's) keep the tables' growth. 0 without engine_layers rows (and for the torch engine).
+        ``segments_new``: ``segments_s(num_new)`` when the caller has it."""
+        if self.layer_rest is None:
+            return 0.0
+        rest = self.layer_rest.at(num_seqs, proportional_past_end=False)
+        seg_new = self.segments_s(num_new) if segments_new is None else segments_new
+        seg_seqs = seg_new if num_seqs == num_new else self.segments_s(num_seqs)
+        return max(rest - seg_seqs, -seg_new)
+
+    def engine_s(self, num_seqs: int) -> float:
+        """vLLM's per-step engine cost for ``num_seqs`` sequences (0 for the torch engine)."""
+        return 0.0 if self.engine is None else self.engine.at(num_seqs)
 
     def attention_s(self, batch) -> float:
         """One layer's attention: the decode group (one call) plus one call per prefill sequence.
@@ -170,29 +201,37 @@ class CpuTableStep:
         return t
 
     def op_times(self, batch) -> dict:
-        """Seconds per step-graph op (summed over layers) for ``batch`` [(num_new, num_cached), ...]."""
+        """Seconds per step-graph op (summed over layers) for ``batch`` [(num_new, num_cached), ...].
+
+        With vLLM's measured rest of a layer (``layer_extra_s``): a rest above the torch-priced
+        segments is charged as engine cost (work no op table sees); one below scales the segment
+        ops down to it."""
         num_new = sum(n for n, _ in batch)
         num_seqs = len(batch)
         layers = self.num_layers
-        qk = {"qk_norm": layers * sum(c.at(num_new) for c in self.qk_norms)} if self.qk_norms else {}
+        seg = self.segments_s(num_new)
+        extra = self.layer_extra_s(num_new, num_seqs, seg)
+        scale = (seg + extra) / seg if extra < 0 and seg > 0 else 1.0
+        per_layer = layers * scale
+        qk = {"qk_norm": per_layer * sum(c.at(num_new) for c in self.qk_norms)} if self.qk_norms else {}
         return {
             "embed": self.embed.at(num_new),
-            "input_norm": layers * self.norm_in.at(num_new),
+            "input_norm": per_layer * self.norm_in.at(num_new),
             "qkv_proj": layers * sum(c.at(num_new) for c in self.projections["qkv_proj"]),
             **qk,
-            "rope": layers * (self.rope_q.at(num_new) + self.rope_kv.at(num_new)),
-            "attention": layers * (self.kv_write.at(num_new) + self.attention_s(batch)),
+            "rope": per_layer * (self.rope_q.at(num_new) + self.rope_kv.at(num_new)),
+            "attention": per_layer * self.kv_write.at(num_new) + layers * self.attention_s(batch),
             "o_proj": layers * self.projections["o_proj"][0].at(num_new),
-            "residual": layers * self.residual_attn.at(num_new),
-            "post_norm": layers * self.norm_post.at(num_new),
+            "residual": per_layer * self.residual_attn.at(num_new),
+            "post_norm": per_layer * self.norm_post.at(num_new),
             "gate_up": layers * sum(c.at(num_new) for c in self.projections["gate_up"]),
-            "act_mul": layers * self.silu_mul.at(num_new),
+            "act_mul": per_layer * self.silu_mul.at(num_new),
             "down": layers * self.projections["down"][0].at(num_new),
-            "residual2": layers * self.residual_mlp.at(num_new),
+            "residual2": per_layer * self.residual_mlp.at(num_new),
             "final_norm": self.norm_final.at(num_seqs),
             "lm_head": self.lm_head.at(num_seqs),
             "sample": self.argmax.at(num_seqs),
-            "engine": self.engine_s(num_seqs),
+            "engine": self.engine_s(num_seqs) + layers * max(0.0, extra),
         }
 
     def predict_time(self, batch) -> float:
@@ -201,11 +240,10 @@ class CpuTableStep:
         for n, _ in batch:
             num_new += n
         num_seqs = len(batch)
-        per_layer = (self.norm_in.at(num_new) + self.norm_post.at(num_new) + self.rope_q.at(num_new)
-                     + self.rope_kv.at(num_new) + self.kv_write.at(num_new) + self.residual_attn.at(num_new)
-                     + self.residual_mlp.at(num_new) + self.silu_mul.at(num_new) + self.attention_s(batch))
-        for c in self.qk_norms:
-            per_layer += c.at(num_new)
+        seg = self.segments_s(num_new)
+        per_layer = seg + self.attention_s(batch)
+        if self.layer_rest is not None:
+            per_layer += self.layer_extra_s(num_new, num_seqs, seg)
         for curves in self.projections.values():
             for c in curves:
                 per_layer += c.at(num_new)

@@ -35,10 +35,13 @@ model subtracts what its tables price tiny-llama's ops at and charges the rest, 
 engine cost, to every vLLM step. One engine start per B (``vllmref.worker_profile``).
 
 ``family = "engine_layers"``: the same engine steps for synthetic Llamas of width 384 and 1024 at
-2 and 6 layers (random weights, B = 1 and 8; quick: B = 1). The time per added layer, less what
-the op tables price a layer at, is vLLM's per-layer cost outside the ops (its Python layer code,
-custom-op dispatch and attention metadata, with the caches cold after the layer's weights), which
-``gpubench fit`` keeps as ``layers_vllm`` and the step model charges once per layer.
+2 and 6 layers (random weights, B = 1 and 8; quick: B = 1). ``gpubench fit`` keeps them as
+``layers_vllm``. The time per added layer, less what the op tables price an added layer's
+projections and attention at, is the rest of a vLLM layer: its own norm, RoPE and SiLU kernels,
+its Python layer code, custom-op dispatch and attention metadata, with the caches cold after the
+layer's weights. The step model charges that rest once per layer in place of the torch segment
+tables' price at as many rows as sequences (those tables time torch's composite ops after an MKL
+GEMM, which vLLM never runs).
 
 Skipped, with the reason, on a host without the vLLM environment.
 """

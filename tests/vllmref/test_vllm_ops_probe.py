@@ -91,12 +91,14 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
 
     eng = every[every.family == "engine_step"].sort_values("batch")
     tiny = CpuTableStep(tables, load_model_config("tiny-llama"), "fused", engine_cost=False)
+    # its layers priced with vLLM's measured rest of a layer, as the model's own are
+    tiny.layer_rest = tiny._layer_rest_curve(tables, tiny.model.hidden_size)
     b, t, ctx = int(eng.batch.iloc[-1]), float(eng.t_median_s.iloc[-1]), float(eng.context_mean.iloc[-1])
     priced = tiny.predict_time([(1, int(ctx))] * b)
     p = fused.predict([(1, 100)] * b)
     # clipped at zero: on a noisy host the short tiny-run grid can price the tiny model's ops above
     # its measured step, so whether this run's residual is positive depends on the host
-    per_layer = fused.cpu_table.layer_engine.at(b, proportional_past_end=False)
+    per_layer = max(0.0, fused.cpu_table.layer_extra_s(b, b))
     assert p.host_s == pytest.approx(max(0.0, t - priced) + fused.model.num_layers * per_layer, rel=1e-9)
     assert p.total_s == pytest.approx(sum(op.t_s for op in p.ops.values()) + p.host_s, rel=1e-12)
     assert separate.predict([(1, 100)] * b).host_s == 0.0
@@ -167,13 +169,66 @@ def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
         a = StepModel("cpu", model, calibration=once, gemm_layout="fused")
         b = StepModel("cpu", model, calibration=twice, gemm_layout="fused")
         assert a.model.hidden_size == width
-        per_layer = [m.cpu_table.layer_engine.at(1, proportional_past_end=False) for m in (a, b)]
+        per_layer = [m.cpu_table.layer_rest.at(1, proportional_past_end=False) for m in (a, b)]
         assert per_layer[1] - per_layer[0] == pytest.approx(0.1, rel=1e-9)
         pa, pb = a.predict([(1, 100)]), b.predict([(1, 100)])
         assert pb.host_s - pa.host_s == pytest.approx(a.model.num_layers * 0.1, rel=1e-9)
         assert pb.total_s - pb.host_s == pytest.approx(pa.total_s - pa.host_s, rel=1e-12)
     # the torch engine's layout pays no vLLM engine cost
     assert StepModel("cpu", "llama-60m", calibration=twice, gemm_layout="separate").predict([(1, 100)]).host_s == 0
+
+
+def test_a_layer_rest_below_the_torch_segment_prices_replaces_them(tiny_run, tmp_path):
+    """vLLM's own kernels can cost less than the torch segment tables say (after an MKL GEMM of
+    several rows a small torch op is slow on some hosts): with the deeper rows set to cost exactly the
+    added layers' projections and attention, a layer's rest is zero, so a decode step pays no segment
+    cost, and a prefill chunk pays only the tables' growth past one row."""
+    from predictor.calibrate import fit_run
+    from predictor.config import from_dict
+    from predictor.cpu_step import CpuTableStep
+    from predictor.step import StepModel
+
+    run_dir, _ = tiny_run
+    base_path = tmp_path / "base.json"
+    fit_run(run_dir, argv=["test"], allow_contended=True).save(base_path)
+    tables = StepModel("cpu", "llama-60m", calibration=base_path, gemm_layout="fused").cpu_table.tables
+    flat_dir = tmp_path / "rest-zero"
+    shutil.copytree(run_dir, flat_dir)
+    ops_file = flat_dir / "vllm_ops.jsonl"
+    rows = [json.loads(line) for line in ops_file.read_text().splitlines()]
+    shallow = {(r["width"], r["batch"]): r for r in rows if r.get("family") == "engine_layers" and r["layers"] == 2}
+    for r in rows:
+        if r.get("family") == "engine_layers" and r["layers"] == 6:
+            lo = shallow[(r["width"], r["batch"])]
+            lo_step, hi_step = (CpuTableStep(tables, from_dict(x["config"], name=f"l{x['layers']}"), "fused",
+                                             engine_cost=False) for x in (lo, r))
+            b = int(r["batch"])
+            # the deeper model's step: the shallow one's plus what its 4 more layers' projections and
+            # attention are priced at (segments left out), less 1 us so the rest clips to zero
+            added = (hi_step.predict_time([(1, int(r["context_mean"]))] * b)
+                     - lo_step.predict_time([(1, int(lo["context_mean"]))] * b) - 4 * hi_step.segments_s(b))
+            r["t_median_s"] = lo["t_median_s"] + added - 1e-6
+            r["times_s"] = [r["t_median_s"]] * len(r["times_s"])
+    ops_file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    flat_path = tmp_path / "flat.json"
+    fit_run(flat_dir, argv=["test"], allow_contended=True).save(flat_path)
+    model = StepModel("cpu", "llama-60m", calibration=flat_path, gemm_layout="fused")
+    table = model.cpu_table
+    assert table.layer_rest.at(1, proportional_past_end=False) == 0.0
+    segment_ops = ("input_norm", "rope", "residual", "post_norm", "act_mul", "residual2")
+    decode = table.op_times([(1, 100)])
+    assert sum(decode[k] for k in segment_ops) == pytest.approx(0.0, abs=1e-12)
+    assert decode["engine"] == pytest.approx(table.engine_s(1), rel=1e-12)
+    layers = model.model.num_layers
+    prefill = table.op_times([(64, 0)])
+    grown = layers * (table.segments_s(64) - table.segments_s(1))
+    kv_write = layers * table.kv_write.at(64) * grown / (layers * table.segments_s(64))
+    assert sum(prefill[k] for k in segment_ops) + kv_write == pytest.approx(grown, rel=1e-9)
+    for batch in ([(1, 100)], [(1, 100)] * 3, [(64, 0)], [(1, 50), (32, 10)]):
+        assert table.predict_time(batch) == pytest.approx(sum(table.op_times(batch).values()), rel=1e-12)
+    # the torch engine's layout prices its segments from the torch tables whatever vLLM measured
+    separate = StepModel("cpu", "llama-60m", calibration=flat_path, gemm_layout="separate").cpu_table
+    assert sum(separate.op_times([(1, 100)])[k] for k in segment_ops) > 0
 
 
 def test_attention_rows_time_vllms_paged_kernel_and_count_what_it_computes(tiny_run):
