@@ -25,7 +25,7 @@ class CpuTableStep:
     """
 
     def __init__(self, tables: CpuOpTables, model: ModelConfig, layout: str = "separate",
-                 padded_decode: bool = False, engine_cost: bool = True):
+                 padded_decode: bool = False, engine_cost: bool = True, layer_rest: bool = True):
         if layout not in LAYOUTS:
             raise ConfigError(f"unknown GEMM layout '{layout}' (choose from: {', '.join(LAYOUTS)})")
         if model.is_moe:
@@ -68,9 +68,11 @@ class CpuTableStep:
         # Qwen3: q_norm and k_norm, one RMSNorm call each over T rows of q's and k's width
         self.qk_norms = (seg("rmsnorm", q, 0), seg("rmsnorm", kv, 0)) if cfg.qk_norm else ()
         self.num_layers = cfg.num_layers
-        vllm_engine = engine_cost and self.linear_engine == "vllm"
-        self.engine = self._engine_curve(tables) if vllm_engine else None
-        self.layer_rest = self._layer_rest_curve(tables, cfg.hidden_size) if vllm_engine else None
+        # vLLM's layout: its per-step engine cost (``engine_cost``) and its measured rest of a layer
+        # in place of the torch segment tables (``layer_rest``), where the probe run has them
+        vllm_engine = self.linear_engine == "vllm"
+        self.engine = self._engine_curve(tables) if engine_cost and vllm_engine else None
+        self.layer_rest = self._layer_rest_curve(tables, cfg.hidden_size) if layer_rest and vllm_engine else None
         hd = cfg.head_dim
         heads = (cfg.num_heads, cfg.num_kv_heads, hd)
         # vLLM's layout runs vLLM's paged-attention kernel (the vllm_ops attention rows, ``attn_vllm``)
@@ -99,11 +101,9 @@ class CpuTableStep:
         eng = tables.d.get("engine_vllm")
         if not eng:
             return None
-        tiny_cfg = load_model_config(eng["model"])
-        tiny = CpuTableStep(tables, tiny_cfg, "fused", engine_cost=False)
-        # tiny's layers priced as this model's are: vLLM's measured rest of a layer in place of the
-        # torch segment tables (else a batch's overpriced segments would hide the engine's cost)
-        tiny.layer_rest = tiny._layer_rest_curve(tables, tiny_cfg.hidden_size)
+        # tiny's layers priced as this model's are, with vLLM's measured rest of a layer (else a
+        # batch's overpriced torch segments would hide the engine's cost)
+        tiny = CpuTableStep(tables, load_model_config(eng["model"]), "fused", engine_cost=False)
         residual = [max(0.0, s - tiny.predict_time([(1, int(c))] * int(b)))
                     for b, s, c in zip(eng["num_seqs"], eng["s"], eng["context_mean"])]
         return Curve1D(tuple(int(b) for b in eng["num_seqs"]), tuple(residual))
@@ -130,7 +130,7 @@ class CpuTableStep:
         for node in nodes:
             (shallow, deep), added = node["depths"][:2], node["depths"][1] - node["depths"][0]
             lo, hi = (CpuTableStep(tables, from_dict(node["configs"][i], name=f"layers-w{node['width']}-l{d}"),
-                                   "fused", engine_cost=False) for i, d in enumerate((shallow, deep)))
+                                   "fused", engine_cost=False, layer_rest=False) for i, d in enumerate((shallow, deep)))
             rest = []
             for j, b in enumerate(node["num_seqs"]):
                 measured = node["s"][1][j] - node["s"][0][j]

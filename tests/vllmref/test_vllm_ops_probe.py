@@ -90,9 +90,8 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     from predictor.cpu_step import CpuTableStep
 
     eng = every[every.family == "engine_step"].sort_values("batch")
-    tiny = CpuTableStep(tables, load_model_config("tiny-llama"), "fused", engine_cost=False)
     # its layers priced with vLLM's measured rest of a layer, as the model's own are
-    tiny.layer_rest = tiny._layer_rest_curve(tables, tiny.model.hidden_size)
+    tiny = CpuTableStep(tables, load_model_config("tiny-llama"), "fused", engine_cost=False)
     b, t, ctx = int(eng.batch.iloc[-1]), float(eng.t_median_s.iloc[-1]), float(eng.context_mean.iloc[-1])
     priced = tiny.predict_time([(1, int(ctx))] * b)
     p = fused.predict([(1, 100)] * b)
@@ -201,7 +200,7 @@ def test_a_layer_rest_below_the_torch_segment_prices_replaces_them(tiny_run, tmp
         if r.get("family") == "engine_layers" and r["layers"] == 6:
             lo = shallow[(r["width"], r["batch"])]
             lo_step, hi_step = (CpuTableStep(tables, from_dict(x["config"], name=f"l{x['layers']}"), "fused",
-                                             engine_cost=False) for x in (lo, r))
+                                             engine_cost=False, layer_rest=False) for x in (lo, r))
             b = int(r["batch"])
             # the deeper model's step: the shallow one's plus what its 4 more layers' projections and
             # attention are priced at (segments left out), less 1 us so the rest clips to zero
