@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
+
+from vllmref import thread_clock
 
 MAX_HANDLERS = 2048   # the smallest weights stay below the pool size rather than allocating ~10^4 handlers
 EPS = {"fp32": 2.0**-23, "bf16": 2.0**-7}
@@ -75,22 +76,11 @@ def _pool_for(state: _State, req: dict) -> None:
     state.shape, state.cursor = shape, 0
 
 
-def repeat_timed(call, req: dict, before=None) -> list[float]:
-    """Thread-CPU seconds of ``call()``, at least ``min_reps`` times and more until ``min_timed_s`` was
-    timed (at most ``max_reps``; the first repetition is the warm-up); ``before()`` runs untimed
-    ahead of each (the rule of every torch_ops row, which this environment cannot import)."""
-    times: list[float] = []
-    timed = 0.0
-    while len(times) < req["min_reps"] or (timed < req["min_timed_s"] and len(times) < req["max_reps"]):
-        if before is not None:
-            before()
-        t0 = time.thread_time()
-        call()
-        dt = time.thread_time() - t0
-        times.append(dt)
-        if len(times) > 1:
-            timed += dt
-    return times
+def repeat_timed(call, req: dict, before=None) -> tuple[list[float], int]:
+    """Thread-CPU seconds of ``call()`` by the request's repetition rule (``thread_clock.repeat``: the
+    loop every torch_ops row is timed with), and the zero readings retaken."""
+    return thread_clock.repeat(call, min_reps=req["min_reps"], max_reps=req["max_reps"],
+                               min_timed_s=req["min_timed_s"], before=before)
 
 
 def reference_gemv_times(state: _State, req: dict) -> list[float]:
@@ -108,9 +98,7 @@ def reference_gemv_times(state: _State, req: dict) -> list[float]:
             state.ref_cursor = 0
         w = state.ref_pool[state.ref_cursor:state.ref_cursor + n * k].view(n, k)
         state.ref_cursor += n * k
-        t0 = time.thread_time()
-        F.linear(x, w)
-        times.append(time.thread_time() - t0)
+        times.append(thread_clock.time_once(lambda: F.linear(x, w))[0])
     return times
 
 
@@ -133,7 +121,7 @@ def measure(state: _State, req: dict) -> dict:
         last["y"] = ops.onednn_mm(state.handlers[last["handler"]], x, None)
 
     with torch.inference_mode():
-        times = repeat_timed(call, req, before=before)
+        times, zero_reads = repeat_timed(call, req, before=before)
     handler_index, y = last["handler"], last["y"]
     w = state.weights[handler_index]
     rows = torch.arange(0, m, max(1, m // 4))[:4]
@@ -142,7 +130,7 @@ def measure(state: _State, req: dict) -> dict:
     err = (y[rows][:, cols].double() - ref).abs()
     bound = k * EPS[req["dtype"]] * (x[rows].double().abs() @ w[cols].double().abs().T) + 1e-30
     ok = bool((err <= bound).all())
-    out = {"times_s": times, "ref_times_s": ref_times, "valid": ok, "max_abs_err": float(err.max()),
+    out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": ok, "max_abs_err": float(err.max()),
            "num_weights": len(state.handlers)}
     if not ok:
         out["invalid_reason"] = f"max |y - y_ref| = {float(err.max()):.3e} exceeds the K*eps*|x||W| bound"
@@ -264,10 +252,11 @@ def measure_attention(state: _AttentionState, req: dict) -> dict:
                                            req, isa)
 
     with torch.inference_mode():
-        times = repeat_timed(lambda: prepared["call"](), req, before=before)
+        times, zero_reads = repeat_timed(lambda: prepared["call"](), req, before=before)
     err = state.checked[config]
     bound = 1e-4 if req["dtype"] == "fp32" else 3e-2
-    out = {"times_s": times, "ref_times_s": ref_times, "valid": bool(err <= bound) and bool(torch.isfinite(output).all()),
+    valid = bool(err <= bound) and bool(torch.isfinite(output).all())
+    out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": valid,
            "max_abs_err": err, "isa": isa, "pool_blocks": pool_blocks}
     if not out["valid"]:
         out["invalid_reason"] = f"attention output off by {err:.3e} from the float64 reference (bound {bound:g})"

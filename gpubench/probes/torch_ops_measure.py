@@ -9,7 +9,6 @@ also calls so that its step rows carry the same yardstick.
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from typing import Any
 
@@ -26,6 +25,7 @@ from gpubench.probes.torch_ops_grid import (
     linear_bytes,
     linear_flops,
 )
+from vllmref import thread_clock
 
 
 class _Pool:
@@ -69,23 +69,13 @@ def _eps(name: str) -> float:
     return {"fp32": 2.0**-23, "bf16": 2.0**-7}[name]
 
 
-def _repeat(run, *, before=None) -> list[float]:
-    """Thread-CPU seconds of ``run()`` per repetition (first = warm-up, kept: the stats discard it).
+def _repeat(run, *, before=None) -> tuple[list[float], int]:
+    """Thread-CPU seconds of ``run()`` per repetition (first = warm-up, kept: the stats discard it)
+    and how many zero readings of the thread clock were retaken (``vllmref.thread_clock`` says why).
 
     ``before()`` runs untimed ahead of each repetition (the cold context).
     """
-    times: list[float] = []
-    total = 0.0
-    while len(times) < MIN_REPS or (total < MIN_TIMED_S and len(times) < MAX_REPS):
-        if before is not None:
-            before()
-        t0 = time.thread_time()
-        run()
-        dt = time.thread_time() - t0
-        times.append(dt)
-        if len(times) > 1:
-            total += dt
-    return times
+    return thread_clock.repeat(run, min_reps=MIN_REPS, max_reps=MAX_REPS, min_timed_s=MIN_TIMED_S, before=before)
 
 
 def _rng(spec: MeasurementSpec):
@@ -101,13 +91,12 @@ def reference_times(dtype_name: str, pool_elements: int) -> list[float]:
 
     n, k = REFERENCE_SHAPE
     x = torch.ones(1, k, dtype=_torch_dtype(dtype_name))
-    times = []
-    for _ in range(REFERENCE_REPS):
-        w = _POOL.take(dtype_name, n * k, pool_elements).view(n, k)
-        t0 = time.thread_time()
-        F.linear(x, w)
-        times.append(time.thread_time() - t0)
-    return times
+    state = {}
+
+    def before():
+        state["w"] = _POOL.take(dtype_name, n * k, pool_elements).view(n, k)
+
+    return [thread_clock.time_once(lambda: F.linear(x, state["w"]), before)[0] for _ in range(REFERENCE_REPS)]
 
 
 def measure_linear(spec: MeasurementSpec) -> dict:
@@ -127,7 +116,7 @@ def measure_linear(spec: MeasurementSpec) -> dict:
     def run():
         state["y"] = F.linear(x, state["w"])
 
-    times = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before)
     y, w = state["y"], state["w"]
     rows = torch.arange(0, m, max(1, m // 4))[:4]
     cols = torch.arange(0, n, max(1, n // 16))[:16]
@@ -136,7 +125,7 @@ def measure_linear(spec: MeasurementSpec) -> dict:
     bound = k * _eps(dt) * (x[rows].double().abs() @ w[cols].double().abs().T) + 1e-30
     ok = bool((err <= bound).all())
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    out = {"times_s": times, "ref_times_s": ref_times, "valid": ok, "flops": linear_flops(m, n, k),
+    out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": ok, "flops": linear_flops(m, n, k),
            "bytes": linear_bytes(m, n, k, itemsize),
            "weight_bytes": n * k * itemsize, "max_abs_err": float(err.max())}
     if not ok:
@@ -178,10 +167,10 @@ def measure_decode(spec: MeasurementSpec) -> dict:
         out[:] = o.squeeze(2)
         state["o"] = out
 
-    times = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before)
     ok, err = _check_attention(q.unsqueeze(2), state["k"], state["v"], state["o"].unsqueeze(2))
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    out = {"times_s": times, "ref_times_s": ref_times, "valid": ok, "max_abs_err": err,
+    out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": ok, "max_abs_err": err,
            "flops": 4 * b * h * ctx * d, "bytes": 2 * numel * itemsize + 2 * b * h * d * itemsize}
     if not ok:
         out["invalid_reason"] = f"attention output off by {err:.3e} from the float64 reference"
@@ -211,12 +200,12 @@ def measure_prefill(spec: MeasurementSpec) -> dict:
         state["o"] = F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=mask,
                                                     is_causal=mask is None, enable_gqa=True)
 
-    times = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before)
     row0 = torch.arange(kv_len)[None, :] <= (torch.arange(n)[:, None] + c)
     ok, err = _check_attention(q, state["k"], state["v"], state["o"], row0)
     pairs = n * c + n * (n + 1) // 2
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    out = {"times_s": times, "valid": ok, "max_abs_err": err, "pairs": pairs, "masked": mask is not None,
+    out = {"times_s": times, "zero_reads": zero_reads, "valid": ok, "max_abs_err": err, "pairs": pairs, "masked": mask is not None,
            "flops": 4 * h * d * pairs, "bytes": (2 * numel + 2 * h * n * d) * itemsize}
     if not ok:
         out["invalid_reason"] = f"attention output off by {err:.3e} from the float64 reference"
@@ -311,9 +300,9 @@ def measure_segment(spec: MeasurementSpec) -> dict:
         check = lambda: int(state["y"][0]) == int(logits[0].float().argmax()) or float(logits[0, state["y"][0]]) == float(logits[0].max())  # noqa: E731
     else:
         raise ValueError(f"unknown segment '{seg}'")
-    times = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before)
     ok = bool(check())
-    out = {"times_s": times, "valid": ok, "bytes": nbytes}
+    out = {"times_s": times, "zero_reads": zero_reads, "valid": ok, "bytes": nbytes}
     if not ok:
         out["invalid_reason"] = f"{seg} output differs from its definition"
     return out
