@@ -3,9 +3,10 @@
 #
 # The baselines are the pytest-benchmark JSON files committed next to the figures they back
 # (results/predictor/bench.json, results/scheduling/bench/bench.json,
-# results/kvcomm/toolkit/toolkit_bench.json; BENCH_BASELINES overrides the list). A baseline is a
-# timing of the machine it was taken on: on another machine the script warns, and the ratios then
-# compare machines as much as commits.
+# results/kvcomm/toolkit/toolkit_bench.json), plus one file per machine kind holding every benchmark
+# (results/bench-baselines/*.json); BENCH_BASELINES overrides the list. A baseline is a timing of the
+# machine it was taken on: each benchmark is judged against the baseline from this run's machine when
+# one exists; otherwise the script warns, and the ratios then compare machines as much as commits.
 #
 # Usage:
 #   scripts/bench_compare.sh [PCT]                 time the benchmark files the baselines cover (minutes),
@@ -24,7 +25,16 @@ fi
 PY=$PYTHON
 PCT=${1:-10}
 CURRENT=${2:-}
-read -r -a BASELINES <<< "${BENCH_BASELINES:-results/predictor/bench.json results/scheduling/bench/bench.json results/kvcomm/toolkit/toolkit_bench.json}"
+if [ -n "${BENCH_BASELINES:-}" ]; then
+  read -r -a BASELINES <<< "$BENCH_BASELINES"
+else
+  # The figures' own baselines, then one full baseline per machine kind (results/bench-baselines/):
+  # bench_gate judges each benchmark against the one timed on this run's machine when there is one.
+  shopt -s nullglob
+  BASELINES=(results/predictor/bench.json results/scheduling/bench/bench.json results/kvcomm/toolkit/toolkit_bench.json
+             results/bench-baselines/*.json)
+  shopt -u nullglob
+fi
 
 if ! [[ "$PCT" =~ ^[0-9]+$ ]]; then
   echo "bench_compare: error: PCT must be a whole number of percent (pytest-benchmark's mean:PCT%), got '$PCT'" >&2

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,10 +62,63 @@ def test_a_faster_run_passes_even_at_zero_percent(tmp_path):
 
 
 def test_another_machine_is_named_in_a_warning(tmp_path):
-    proc = compare(10, stored_run(tmp_path, 1.0, cpu="Some Other CPU"))
+    proc = compare(10, stored_run(tmp_path, 1.0, cpu="Some Other CPU"), baselines=[BASELINE])
     assert proc.returncode == 0
     assert "warning: the baseline was timed on Intel(R) Xeon(R) Processor" in proc.stderr
-    assert "Some Other CPU" in proc.stderr
+    assert "for 4 of 4 benchmark(s)" in proc.stderr and "Some Other CPU" in proc.stderr
+
+
+@pytest.mark.parametrize("order", ["same-machine-last", "same-machine-first"])
+def test_the_baseline_from_the_runs_own_machine_is_the_one_judged(tmp_path, order):
+    """Two baselines of the same benchmarks: the slower machine's own one is used for its run, in
+    either order; against the other machine's it would be a regression."""
+    slower_machine = stored_run(tmp_path, 2.0, name="slower-machine.json", cpu="Slower CPU")
+    current = stored_run(tmp_path, 2.2, cpu="Slower CPU")  # 10 % slower than its own machine's baseline
+    baselines = [BASELINE, slower_machine] if order == "same-machine-last" else [slower_machine, BASELINE]
+    within = compare(15, current, baselines=baselines)
+    assert within.returncode == 0, within.stderr
+    assert "warning" not in within.stderr and "+10.0%" in within.stdout
+    over = compare(5, current, baselines=baselines)
+    assert over.returncode == 1 and "1 regression(s)" in over.stderr and SLOWED in over.stderr
+    against_other = compare(15, current, baselines=[BASELINE])
+    assert against_other.returncode == 1 and "+120.0%" in against_other.stdout
+
+
+def test_a_machine_baseline_covering_only_some_benchmarks_warns_for_the_rest(tmp_path):
+    doc = json.loads(BASELINE.read_text())
+    doc["machine_info"]["cpu"]["brand_raw"] = "Partial CPU"
+    doc["benchmarks"] = [b for b in doc["benchmarks"] if b["fullname"] == SLOWED]
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(doc))
+    proc = compare(50, stored_run(tmp_path, 1.0, cpu="Partial CPU"), baselines=[BASELINE, partial])
+    assert proc.returncode == 0, proc.stderr
+    assert "for 3 of 4 benchmark(s)" in proc.stderr and "Intel(R) Xeon(R) Processor" in proc.stderr
+
+
+def test_bench_baseline_keeps_the_median_take_whole(tmp_path):
+    """scripts/bench_baseline.sh times the files TAKES times and writes the median take, unmixed."""
+    out = tmp_path / "machine.json"
+    env = {**os.environ, "PYTHON": sys.executable, "BENCH_FILES": "benchmarks/test_predictor_bench.py"}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "bench_baseline.sh"), str(out), "3"], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert {b["fullname"].split("::")[0] for b in doc["benchmarks"]} == {"benchmarks/test_predictor_bench.py"}
+    line = next(x for x in proc.stderr.splitlines() if "kept the median take" in x)
+    takes = [float(v) for v in line.split("means ")[1].split(";")[0].replace(" ms", "").split(", ")]
+    kept = float(line.split("median take (")[1].split(" ms")[0])
+    assert len(takes) == 3 and takes == sorted(takes) and kept == takes[1]
+    means = [b["stats"]["mean"] for b in doc["benchmarks"]]
+    geomean_ms = 1e3 * float(np.exp(np.mean(np.log(means))))
+    assert geomean_ms == pytest.approx(kept, abs=1e-3)  # the file is that take, not a mix
+    assert compare(1000, out, baselines=[out]).returncode == 0  # and bench_compare reads it
+
+
+@pytest.mark.parametrize("args", [[], ["x.json", "0"], ["/nonexistent-dir/x.json"], ["a", "b", "c"]])
+def test_bench_baseline_bad_input_is_one_line_exit_2(args):
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "bench_baseline.sh"), *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_every_committed_baseline_is_a_pytest_benchmark_file():
@@ -73,11 +127,18 @@ def test_every_committed_baseline_is_a_pytest_benchmark_file():
                           capture_output=True, text=True, check=True)
     baselines = proc.stdout.split()
     assert len(baselines) == 3
+    figure_benchmarks = set()
     for path in baselines:
         doc = json.loads((REPO / path).read_text())
         assert doc["benchmarks"]
         for bench in doc["benchmarks"]:
             assert (REPO / bench["fullname"].split("::")[0]).is_file(), bench["fullname"]
+            figure_benchmarks.add(bench["fullname"])
+    machine_files = sorted((REPO / "results" / "bench-baselines").glob("*.json"))
+    assert machine_files  # at least the AMD host's
+    for path in machine_files:  # each machine's baseline covers every benchmark the figures do
+        names = {b["fullname"] for b in json.loads(path.read_text())["benchmarks"]}
+        assert figure_benchmarks <= names, (path.name, sorted(figure_benchmarks - names))
 
 
 @pytest.mark.parametrize("case", ["pct-not-a-number", "not-json", "missing-current", "missing-baseline",
