@@ -35,7 +35,7 @@ model subtracts what its tables price tiny-llama's ops at and charges the rest, 
 engine cost, to every vLLM step. One engine start per B (``vllmref.worker_profile``).
 
 ``family = "engine_layers"``: the same engine steps for synthetic Llamas of width 384 and 1024 at
-2 and 6 layers (random weights, B = 1 and 8; quick: B = 1). ``gpubench fit`` keeps them as
+2 and 10 layers (random weights, B = 1 and 8; quick: B = 1). ``gpubench fit`` keeps them as
 ``layers_vllm``. The time per added layer, less what the op tables price an added layer's
 projections and attention at, is the rest of a vLLM layer: its own norm, RoPE and SiLU kernels,
 its Python layer code, custom-op dispatch and attention metadata, with the caches cold after the
@@ -68,8 +68,11 @@ ENGINE_DECODE_STEPS = 24              # per B: decode steps after the prefill; t
 # layer, less what the op tables price a layer at, is vLLM's per-layer cost that no op probe sees
 # (its Python layer code, custom-op dispatch and attention metadata, run with cold caches after a
 # layer's weights streamed by). Widths bracket small models; wider ones take the widest's cost.
+# Depths 2 and 10, not 2 and 6: one engine start's median step moves by ~10 % from start to start
+# (three starts of the 6-layer width-1024 model at B = 1: 34.0, 34.8, 38.1 ms), and that noise,
+# divided by the added layers, is the rest's; 8 added layers halve it against 4.
 LAYER_WIDTHS = (384, 1024)
-LAYER_DEPTHS = (2, 6)
+LAYER_DEPTHS = (2, 10)
 LAYER_BATCH = (1, 8)
 QUICK_LAYER_BATCH = (1,)
 LAYER_HEAD_DIM = 64

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpubench.probes.vllm_ops import LAYER_DEPTHS
 from vllmref import env
 
 if not env.is_ready():
@@ -128,25 +129,27 @@ def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
     from predictor.step import StepModel
 
     run_dir, every = tiny_run
+    shallow, deep = LAYER_DEPTHS
+    added = deep - shallow
     rows = every[every.family == "engine_layers"]
-    assert rows.valid.all() and set(rows.layers) == {2, 6} and set(rows.width) == {384, 1024}
+    assert rows.valid.all() and set(rows.layers) == {shallow, deep} and set(rows.width) == {384, 1024}
     assert (rows.batch == 1).all()  # vllm_ops.max_batch=4 leaves B = 1 of (1, 8)
     for r in rows.itertuples():  # the row's config is the model vLLM ran
         assert r.config["num_hidden_layers"] == r.layers and r.config["hidden_size"] == r.width
         assert r.config["num_attention_heads"] == r.width // 64
-    # deeper is slower: each added layer streams its weights. At width 1024 four more layers stream
-    # ~200 MB, milliseconds on any host; at width 384 they add ~0.1 ms, inside a shared VM's noise,
+    # deeper is slower: each added layer streams its weights. At width 1024 eight more layers stream
+    # ~400 MB, milliseconds on any host; at width 384 they add ~0.2 ms, inside a shared VM's noise,
     # so there the deeper model must only not be clearly faster.
     t_by_width = {w: rows[rows.width == w].set_index("layers").t_median_s for w in (384, 1024)}
-    assert t_by_width[1024][6] > t_by_width[1024][2]
-    assert t_by_width[384][6] > 0.9 * t_by_width[384][2]
+    assert t_by_width[1024][deep] > t_by_width[1024][shallow]
+    assert t_by_width[384][deep] > 0.9 * t_by_width[384][shallow]
     base_path = tmp_path / "cal.json"
     fit_run(run_dir, argv=["test"], allow_contended=True).save(base_path)
     nodes = Calibration.load(base_path).cpu_ops["fp32"].d["layers_vllm"]["nodes"]
-    assert [n["width"] for n in nodes] == [384, 1024] and all(n["depths"] == [2, 6] for n in nodes)
-    # the same run with every 6-layer step 0.4 s and 0.8 s slower: past any clipping at zero, each
-    # added layer costs 0.1 s more between the two at every width, so the engine cost of a model of
-    # L layers grows by L x 0.1 s, and nothing else in its prediction moves
+    assert [n["width"] for n in nodes] == [384, 1024] and all(n["depths"] == [shallow, deep] for n in nodes)
+    # the same run with every deeper step 0.4 s and 0.8 s slower: past any clipping at zero, each
+    # added layer costs 0.4 s / added more between the two at every width, so the engine cost of a
+    # model of L layers grows by L x that, and nothing else in its prediction moves
     def shifted_calibration(extra_s: float):
         shifted_dir = tmp_path / f"deeper-plus-{extra_s}"
         shutil.copytree(run_dir, shifted_dir)
@@ -154,7 +157,7 @@ def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
         lines = []
         for line in ops_file.read_text().splitlines():
             row = json.loads(line)
-            if row.get("family") == "engine_layers" and row["layers"] == 6:
+            if row.get("family") == "engine_layers" and row["layers"] == deep:
                 row["t_median_s"] += extra_s
                 row["times_s"] = [v + extra_s for v in row["times_s"]]
             lines.append(json.dumps(row))
@@ -169,9 +172,9 @@ def test_engine_layers_rows_give_vllms_per_layer_cost(tiny_run, tmp_path):
         b = StepModel("cpu", model, calibration=twice, gemm_layout="fused")
         assert a.model.hidden_size == width
         per_layer = [m.cpu_table.layer_rest.at(1, proportional_past_end=False) for m in (a, b)]
-        assert per_layer[1] - per_layer[0] == pytest.approx(0.1, rel=1e-9)
+        assert per_layer[1] - per_layer[0] == pytest.approx(0.4 / added, rel=1e-9)
         pa, pb = a.predict([(1, 100)]), b.predict([(1, 100)])
-        assert pb.host_s - pa.host_s == pytest.approx(a.model.num_layers * 0.1, rel=1e-9)
+        assert pb.host_s - pa.host_s == pytest.approx(a.model.num_layers * 0.4 / added, rel=1e-9)
         assert pb.total_s - pb.host_s == pytest.approx(pa.total_s - pa.host_s, rel=1e-12)
     # the torch engine's layout pays no vLLM engine cost
     assert StepModel("cpu", "llama-60m", calibration=twice, gemm_layout="separate").predict([(1, 100)]).host_s == 0
@@ -195,17 +198,20 @@ def test_a_layer_rest_below_the_torch_segment_prices_replaces_them(tiny_run, tmp
     shutil.copytree(run_dir, flat_dir)
     ops_file = flat_dir / "vllm_ops.jsonl"
     rows = [json.loads(line) for line in ops_file.read_text().splitlines()]
-    shallow = {(r["width"], r["batch"]): r for r in rows if r.get("family") == "engine_layers" and r["layers"] == 2}
+    shallow_depth, deep_depth = LAYER_DEPTHS
+    shallow = {(r["width"], r["batch"]): r for r in rows
+               if r.get("family") == "engine_layers" and r["layers"] == shallow_depth}
     for r in rows:
-        if r.get("family") == "engine_layers" and r["layers"] == 6:
+        if r.get("family") == "engine_layers" and r["layers"] == deep_depth:
             lo = shallow[(r["width"], r["batch"])]
             lo_step, hi_step = (CpuTableStep(tables, from_dict(x["config"], name=f"l{x['layers']}"), "fused",
                                              engine_cost=False, layer_rest=False) for x in (lo, r))
             b = int(r["batch"])
-            # the deeper model's step: the shallow one's plus what its 4 more layers' projections and
+            # the deeper model's step: the shallow one's plus what its added layers' projections and
             # attention are priced at (segments left out), less 1 us so the rest clips to zero
             added = (hi_step.predict_time([(1, int(r["context_mean"]))] * b)
-                     - lo_step.predict_time([(1, int(lo["context_mean"]))] * b) - 4 * hi_step.segments_s(b))
+                     - lo_step.predict_time([(1, int(lo["context_mean"]))] * b)
+                     - (deep_depth - shallow_depth) * hi_step.segments_s(b))
             r["t_median_s"] = lo["t_median_s"] + added - 1e-6
             r["times_s"] = [r["t_median_s"]] * len(r["times_s"])
     ops_file.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
