@@ -37,6 +37,9 @@ def register(sub) -> None:
     v.add_argument("--retake-contended", type=argtypes.nonneg_int, default=2, metavar="N",
                    help="run a scenario with a step taken under contention (CPU share or load) again, up to N times, "
                         "and keep the take with fewer contended steps; 0: keep the first take")
+    v.add_argument("--takes", type=argtypes.positive_int, default=3, metavar="N",
+                   help="run the grid N times, each a fresh engine start, and make each row the median of its step "
+                        "over them (a vLLM step cannot be repeated in place, and one start's steps move together)")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
@@ -156,7 +159,7 @@ def _profile_vllm(args, cfg) -> int:
         raise ConfigError("profile: --out ROWS.parquet is required (or --list to print the scenarios)")
     pc = VllmProfileConfig(model=args.model, grid=args.grid, threads=2 if args.threads is None else args.threads,
                            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                           max_num_seqs=args.max_num_seqs, retake_contended=args.retake_contended,
+                           max_num_seqs=args.max_num_seqs, retake_contended=args.retake_contended, takes=args.takes,
                            command=("gpubench", *sys.argv[1:]))
     before = _num_rows(args.out)
     rows = _with_progress("profile vllm", cfg.name, "starting the engine",

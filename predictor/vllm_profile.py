@@ -14,13 +14,24 @@ process_cpu_s / (wall * threads). A row is ``contended`` when its CPU share is b
 :data:`MIN_CPU_SHARE` or the 1-minute load average exceeded the core count by more than one: such
 rows are not ground truth, and ``gpubench evaluate`` refuses them unless told otherwise.
 
-Retakes: a scenario with a contended step is run again, after the others, up to
-``retake_contended`` times, and its rows are replaced by a take with fewer contended steps. A
-scenario is retaken whole, never step by step: its steps share one engine's state (the running
-batch, the KV blocks). Rerunning the command on a complete file retakes what is still contended.
+Takes: a vLLM step cannot be repeated in place (the next step has one more token of context), so
+the grid is run ``takes`` times, each take a fresh engine start (another worker process), and a
+row is the median of its step over the takes: the same scenario and step index, with the batch the
+scheduler chose checked equal (a take whose batch differs at that step is left out of it). The
+row keeps every take's time (``wall_times_s``, ``thread_cpu_times_s``), ``num_repeats`` and the
+spread. Why takes and not more steps: one engine start's steps move together by ~10 % against
+another's (its allocations, its prepacked weights' placement), which more steps of one start do
+not average out. A take's contended step is left out of the median when a quiet take has it.
 
-Resume: the worker appends its records to ``<out>.vllm.partial.jsonl``; a scenario with a
-``scenario_done`` record there is not run again. At the end all rows go to ``<out>`` (parquet).
+Retakes: a scenario with a contended row (no quiet take of it) is run again, after the others, up
+to ``retake_contended`` times (``takes`` takes each), and its rows are replaced by a retake with
+fewer contended steps. A scenario is retaken whole, never step by step: its steps share one
+engine's state (the running batch, the KV blocks). Rerunning the command on a complete file
+retakes what is still contended.
+
+Resume: the worker appends take t's records to ``<out>.vllm.take<t>.partial.jsonl``; a scenario
+with a ``scenario_done`` record there is not run again in that take. At the end all rows go to
+``<out>`` (parquet) and the partial files are removed.
 """
 from __future__ import annotations
 
@@ -75,6 +86,7 @@ class VllmProfileConfig(EngineSettings):
     model: str = "smollm2-135m"
     grid: str = "quick"
     retake_contended: int = 2  # times a scenario with a contended step is run again
+    takes: int = 3  # engine starts whose steps' median is a row
     command: tuple[str, ...] = ()
 
 
@@ -189,6 +201,47 @@ def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]
     return rows
 
 
+def merge_takes(takes: list[list[dict]]) -> list[dict]:
+    """One row per step key from the rows of several takes (:func:`step_rows` of each engine start).
+
+    A row is the median over the takes that ran the same batch at that step (the first take's
+    batch is the row's; a take whose scheduler chose another batch there is left out), quiet takes
+    only when at least one is quiet. Times of every take kept go to ``wall_times_s`` and
+    ``thread_cpu_times_s``; the load is the highest of them; ``contended`` only when no take was
+    quiet. A key some take lacks (a scenario cut short) is merged from the takes that have it."""
+    by_key: dict[str, list[dict]] = {}
+    for take in takes:
+        for row in take:
+            by_key.setdefault(row["key"], []).append(row)
+    merged = []
+    for samples in by_key.values():
+        first = samples[0]
+        same = [r for r in samples if r["batch_json"] == first["batch_json"]]
+        quiet = [r for r in same if not r["contended"]]
+        use = quiet or same
+        walls = np.array([r["wall_s"] for r in use])
+        cpus = [r["thread_cpu_s"] for r in use]
+        row = dict(first)
+        row.update({
+            "wall_s": float(np.median(walls)), "wall_min_s": float(walls.min()), "wall_max_s": float(walls.max()),
+            "wall_p20_s": float(np.percentile(walls, 20)), "wall_p80_s": float(np.percentile(walls, 80)),
+            "wall_cv": float(walls.std() / walls.mean()) if len(walls) > 1 else 0.0,
+            "num_repeats": len(use), "wall_times_s": [float(w) for w in walls],
+            "thread_cpu_s": float(np.median(cpus)),
+            "thread_cpu_times_s": [float(c) for c in cpus] if first["thread_cpu_times_s"] else [],
+            "process_cpu_s": float(np.median([r["process_cpu_s"] for r in use])),
+            "cpu_share": float(np.median([r["cpu_share"] for r in use])),
+            "loadavg_1m_before": max(r["loadavg_1m_before"] for r in use),
+            "loadavg_1m_after": max(r["loadavg_1m_after"] for r in use),
+            "contended": not quiet,
+            "num_preempted": max(r["num_preempted"] for r in use),
+            "ref_gemv_s": float(np.median([r["ref_gemv_s"] for r in use])),
+            "created_utc": max(r["created_utc"] for r in use),
+        })
+        merged.append(row)
+    return merged
+
+
 def reference_spec() -> dict:
     """The reference GEMV the probe rows time beside themselves (torch_ops' shape, repetitions and
     cold pool of 2x the last-level cache), for the worker to time before each scenario."""
@@ -208,23 +261,24 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     if pc.grid not in VLLM_GRIDS:
         raise ConfigError(f"--grid '{pc.grid}': use one of {', '.join(VLLM_GRIDS)} with --engine vllm")
     pc.check()
+    if pc.takes < 1:
+        raise ConfigError(f"--takes must be >= 1, got {pc.takes}")
     env.require_env()  # one line before anything starts when it is missing
     model_dir, real_weights, model_name = env.resolve_model(pc.model)
     grid = VLLM_GRIDS[pc.grid]
     scenarios = build_scenarios(grid, cfg, block_size=pc.block_size)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".vllm.partial.jsonl")
     existing = read_rows(out)
     done_keys = {r["key"] for r in existing}
-    records = env.read_records(partial)
-    done = {r["scenario"] for r in records if r.get("kind") == "scenario_done"}
-    done |= {k.split("|")[3] for k in done_keys if k.count("|") >= 4}
-    todo = [s for s in scenarios if s["name"] not in done or s["name"] == "warmup"]
+    in_file = {k.split("|")[3] for k in done_keys if k.count("|") >= 4}
     by_name = {s["name"]: s for s in scenarios}
 
+    def partial(t: int) -> Path:
+        return out.with_name(f"{out.name}.vllm.take{t}.partial.jsonl")
+
     def take(names: list[str], what: str, out_path: Path | None) -> list[dict]:
-        """The worker's records for the warm-up and the scenarios ``names``."""
+        """One engine start's records for the warm-up and the scenarios ``names``."""
         chosen = [by_name["warmup"], *(by_name[n] for n in names if n != "warmup")]
         longest = max(sum(seg[-1] for seg in r["prompt"]) + r["max_tokens"] for s in chosen for r in s["requests"])
         spec = {"vocab_size": cfg.vocab_size, "scenarios": chosen, "reference": reference_spec(),
@@ -238,9 +292,22 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
         return env.run_worker("worker_profile", spec, threads=pc.threads, kv_cache_gib=grid.max_kv_gib,
                               on_line=on_line, out_path=out_path)
 
-    if len(todo) > 1:  # more than the warm-up
-        records += take([s["name"] for s in todo], "", partial)
-    facts: dict = next((r for r in reversed(records) if r.get("kind") == "engine"), {})
+    def takes_of(names: list[str], what: str, paths: list[Path] | None) -> list[list[dict]]:
+        """``pc.takes`` engine starts over ``names``, each resumed from its partial file (``paths``)."""
+        runs = []
+        for t in range(pc.takes):
+            records = env.read_records(paths[t]) if paths else []
+            done = {r["scenario"] for r in records if r.get("kind") == "scenario_done"}
+            todo = [n for n in names if n not in done]
+            if todo:
+                label = f"{what}take {t + 1}/{pc.takes}: " if pc.takes > 1 else what
+                records += take(todo, label, paths[t] if paths else None)
+            runs.append(records)
+        return runs
+
+    todo = [s["name"] for s in scenarios if s["name"] != "warmup" and s["name"] not in in_file]
+    runs = takes_of(todo, "", [partial(t) for t in range(pc.takes)]) if todo else []
+    facts: dict = next((r for records in runs for r in reversed(records) if r.get("kind") == "engine"), {})
     static = {
         "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
         "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
@@ -251,20 +318,24 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
         "max_num_seqs": facts.get("max_num_seqs", pc.max_num_seqs), "real_weights": real_weights,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    # A scenario cut short by a kill and run again records its steps twice: the last run wins.
-    by_key = {r["key"]: r for r in step_rows(records, cfg, static) if r["key"] not in done_keys}
-    rows = existing + list(by_key.values())
-    # the partial file has served: the rows so far are kept, whatever the retakes do
+
+    def rows_of(runs: list[list[dict]], static: dict) -> list[dict]:
+        # A scenario cut short by a kill and run again records its steps twice in its take's
+        # file: within a take the last run wins (step_rows' order), then the takes are merged.
+        return merge_takes([list({r["key"]: r for r in step_rows(records, cfg, static)}.values()) for records in runs])
+
+    rows = existing + [r for r in rows_of(runs, static) if r["key"] not in done_keys]
+    # the partial files have served: the rows so far are kept, whatever the retakes do
     write_parquet(rows, out)
-    if partial.exists():
-        partial.unlink()
+    for t in range(pc.takes):
+        partial(t).unlink(missing_ok=True)
     for attempt in range(1, pc.retake_contended + 1):
         contended = contended_by_scenario(rows)
         names = sorted(n for n, count in contended.items() if count and n in by_name)
         if not names:
             break
-        retaken = step_rows(take(names, f"retake {attempt}/{pc.retake_contended} (contended): ", None), cfg,
-                            {**static, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        retaken = rows_of(takes_of(names, f"retake {attempt}/{pc.retake_contended} (contended): ", None),
+                          {**static, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         rows = keep_quieter_takes(rows, retaken)
         write_parquet(rows, out)
     return rows

@@ -92,3 +92,29 @@ def test_a_retake_replaces_a_scenario_only_when_it_is_quieter():
     assert [walls[f"m|vllm|fp32|a|step{i}"] for i in range(2)] == [2.0, 2.0]
     assert [walls[f"m|vllm|fp32|b|step{i}"] for i in range(2)] == [1.0, 1.0]
     assert walls["m|vllm|fp32|c|step0"] == 1.0
+
+
+def test_takes_merge_into_the_median_of_the_same_batch():
+    from predictor.vllm_profile import merge_takes
+
+    cfg = load_model_config("smollm2-135m")
+    static = {"num_threads": 1, "model": cfg.name, "created_utc": "t"}
+
+    def take(walls, *, batch=((1, 100, True),) * 2, busy=()):
+        return step_rows([record(list(batch), step=i + 1, wall=w, cpu=w * (0.2 if i in busy else 1.0))
+                          for i, w in enumerate(walls)], cfg, static)
+
+    merged = merge_takes([take([0.05, 0.04]), take([0.07, 0.02], busy=(1,)), take([0.06, 0.03])])
+    assert [r["num_repeats"] for r in merged] == [3, 2]
+    first, second = merged
+    assert first["wall_s"] == pytest.approx(0.06) and first["thread_cpu_s"] == pytest.approx(0.06)
+    assert sorted(first["wall_times_s"]) == pytest.approx([0.05, 0.06, 0.07])
+    assert first["wall_min_s"] == pytest.approx(0.05) and first["wall_max_s"] == pytest.approx(0.07)
+    assert first["wall_cv"] > 0 and not first["contended"]
+    # the contended take's step is left out while quiet takes have it
+    assert sorted(second["wall_times_s"]) == pytest.approx([0.03, 0.04]) and not second["contended"]
+    # a take whose scheduler chose another batch at that step is not a repeat of it
+    other = merge_takes([take([0.05]), take([0.5], batch=((1, 100, True),) * 3)])
+    assert other[0]["num_repeats"] == 1 and other[0]["wall_s"] == pytest.approx(0.05)
+    # no quiet take: the row stays contended (and is retaken)
+    assert merge_takes([take([0.05], busy=(0,)), take([0.06], busy=(0,))])[0]["contended"]

@@ -32,8 +32,9 @@ def gpubench(*args: str, env_extra: dict | None = None) -> subprocess.CompletedP
 def tiny_rows(tmp_path_factory) -> pd.DataFrame:
     out = tmp_path_factory.mktemp("vllm-profile") / "rows.parquet"
     proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
-                    "--out", str(out))
+                    "--takes", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(out.parent.glob("*.partial.jsonl"))  # served and removed
     return pd.read_parquet(out)
 
 
@@ -92,6 +93,46 @@ def test_rows_carry_engine_settings_and_host_state(tiny_rows):
     assert tiny_rows["loadavg_1m_before"].notna().all()
     assert (tiny_rows["ref_gemv_s"] > 0).all()  # the reference GEMV timed before each scenario
     assert tiny_rows["key"].is_unique
+
+
+def test_a_row_is_the_median_of_its_step_over_two_engine_starts(tiny_rows):
+    # the same scheduler decisions in both starts: every step has both takes' times
+    assert (tiny_rows["num_repeats"] == 2).all()
+    for row in tiny_rows.itertuples():
+        assert len(row.wall_times_s) == 2 and len(row.thread_cpu_times_s) == 0  # two threads: no thread clock
+        assert row.wall_s == pytest.approx(sum(row.wall_times_s) / 2)  # the median of two
+        assert row.wall_min_s <= row.wall_s <= row.wall_max_s
+
+
+def test_an_interrupted_profile_resumes_its_takes_without_doubling(tmp_path):
+    # Killed while the second engine start runs: the first take's file and the second's partial one
+    # stay; running the same command again runs only what the second take lacks.
+    import signal
+    import time
+
+    out = tmp_path / "rows.parquet"
+    args = [sys.executable, "-m", "gpubench.cli", "profile", "--engine", "vllm", "--model", "smollm2-135m",
+            "--grid", "tiny", "--threads", "2", "--takes", "2", "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    second = out.with_name(out.name + ".vllm.take1.partial.jsonl")
+    deadline = time.monotonic() + 540
+    while time.monotonic() < deadline and proc.poll() is None:
+        if second.exists() and '"scenario_done"' in second.read_text():
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the profile ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    first = out.with_name(out.name + ".vllm.take0.partial.jsonl")
+    done_first = sum('"scenario_done"' in line for line in first.read_text().splitlines())
+    done_second = sum('"scenario_done"' in line for line in second.read_text().splitlines())
+    assert done_second >= 1 and done_first >= done_second
+    again = gpubench(*args[3:])
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = pd.read_parquet(out)
+    assert rows["key"].is_unique and (rows["num_repeats"] == 2).all()
+    assert not first.exists() and not second.exists()
 
 
 LIVE_JOBS = ["--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
@@ -194,7 +235,7 @@ def test_a_scenario_with_contended_steps_is_retaken_whole(tiny_rows, tmp_path):
     out = tmp_path / "rows.parquet"
     rows.to_parquet(out, index=False)
     proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
-                    "--out", str(out))
+                    "--takes", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     after = pd.read_parquet(out)
     assert sorted(after["key"]) == sorted(tiny_rows["key"])  # the same steps, none doubled
@@ -209,7 +250,7 @@ def test_a_scenario_with_contended_steps_is_retaken_whole(tiny_rows, tmp_path):
     # with retakes off, a contended file is left as it is
     rows.to_parquet(out, index=False)
     proc = gpubench("profile", "--engine", "vllm", "--model", "smollm2-135m", "--grid", "tiny", "--threads", "2",
-                    "--retake-contended", "0", "--out", str(out))
+                    "--takes", "2", "--retake-contended", "0", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(pd.read_parquet(out)["contended"].sum()) == int(rows["contended"].sum())
     assert "taken under contention" in proc.stdout
