@@ -153,6 +153,30 @@ def phase_matched_text(df: pd.DataFrame, predicted: pd.Series, calibration, targ
             f"{np.median(phase[sel]):.3f}, p10..p90 {np.percentile(phase[sel], 10):.3f}..{np.percentile(phase[sel], 90):.3f})\n")
 
 
+TIMES_OF = {"thread_cpu_s": "thread_cpu_times_s", "wall_s": "wall_times_s"}
+
+
+def reference_spread_text(df: pd.DataFrame, target: str) -> str:
+    """How far one repetition of a decode row lies from the row's median, the value scored: the
+    reference's own noise, a floor no predictor of the median's typical step can be held below
+    step for step. Torch rows repeat a step in one process; vLLM rows repeat it over fresh engine
+    starts (``--takes``). Empty when no decode row has two or more repetitions."""
+    column = TIMES_OF.get(target)
+    if column is None or column not in df.columns:
+        return ""
+    devs, counts = [], []
+    for value, times in zip(df[target][df.phase == "decode"], df[column][df.phase == "decode"]):
+        times = np.asarray(times if times is not None else [], dtype=float)
+        if len(times) >= 2 and value > 0:
+            devs.append(np.abs(times / value - 1).mean() * 100)
+            counts.append(len(times))
+    if not devs:
+        return ""
+    return (f"- reference spread: one repetition of a decode row is {np.mean(devs):.2f} % from its row's median "
+            f"(mean |difference|; {len(devs)} rows, median {int(np.median(counts))} repetitions each; the "
+            f"measured value scored is that median)\n")
+
+
 def interval_coverage_text(df: pd.DataFrame, predicted: pd.Series, calibration, target: str) -> str:
     """How often the measured step lies inside the CPU op tables' 80 % interval, per phase."""
     from predictor.calibrate import Calibration

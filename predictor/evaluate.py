@@ -39,7 +39,14 @@ from predictor.eval_methods import (
     step_model_base,
     step_model_parts,
 )
-from predictor.eval_report import headline_text, interval_coverage_text, phase_matched_text, plot_predictions, report_markdown
+from predictor.eval_report import (
+    headline_text,
+    interval_coverage_text,
+    phase_matched_text,
+    plot_predictions,
+    reference_spread_text,
+    report_markdown,
+)
 
 REQUIRED_COLUMNS = ("key", "model", "dtype", "device_type", "phase", "num_seqs", "num_new_tokens",
                     "context_sum", "context_max", "batch_json", "wall_s", "ops_profiled", "op_sum_s")
@@ -362,6 +369,7 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
         headline += "\n" + FOREST_MISSING_NOTE
     if base["cpu_ops"] is not None:
         headline += interval_coverage_text(df, base["cpu_ops"], calibration, target)
+        headline += reference_spread_text(df, target)
         headline += phase_matched_text(df, base["cpu_ops"], calibration, target)
     return EvalResult(pred, met, wil, transfer, fits, headline)
 

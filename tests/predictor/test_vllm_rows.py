@@ -118,3 +118,18 @@ def test_takes_merge_into_the_median_of_the_same_batch():
     assert other[0]["num_repeats"] == 1 and other[0]["wall_s"] == pytest.approx(0.05)
     # no quiet take: the row stays contended (and is retaken)
     assert merge_takes([take([0.05], busy=(0,)), take([0.06], busy=(0,))])[0]["contended"]
+
+
+def test_the_headline_states_the_references_own_spread():
+    import pandas as pd
+
+    from predictor.eval_report import reference_spread_text
+
+    df = pd.DataFrame({"phase": ["decode", "decode", "prefill"], "thread_cpu_s": [1.0, 2.0, 5.0],
+                       "thread_cpu_times_s": [[0.9, 1.0, 1.1], [2.0, 2.0, 2.0], [1.0, 9.0]]})
+    line = reference_spread_text(df, "thread_cpu_s")
+    # (10 % + 0 % + 10 %) / 3 on the first row, 0 on the second; the prefill row is not a decode row
+    assert "3.33 % from its row's median" in line and "2 rows, median 3 repetitions" in line
+    single = df.assign(thread_cpu_times_s=[[1.0], [2.0], [5.0]])
+    assert reference_spread_text(single, "thread_cpu_s") == ""  # one repetition: no spread to state
+    assert reference_spread_text(df, "op_sum_s") == ""
