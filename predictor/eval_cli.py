@@ -39,7 +39,7 @@ def register(sub) -> None:
                         "and keep the take with fewer contended steps; 0: keep the first take")
     v.add_argument("--takes", type=argtypes.positive_int, default=3, metavar="N",
                    help="run the grid N times, each a fresh engine start, and make each row the median of its step "
-                        "over them (a vLLM step cannot be repeated in place, and one start's steps move together)")
+                        "over them (a vLLM step cannot be repeated in place, and the steps of one scenario run move together)")
     p.add_argument("--list", action="store_true", help="print the grid points and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "

@@ -19,9 +19,10 @@ the grid is run ``takes`` times, each take a fresh engine start (another worker 
 row is the median of its step over the takes: the same scenario and step index, with the batch the
 scheduler chose checked equal (a take whose batch differs at that step is left out of it). The
 row keeps every take's time (``wall_times_s``, ``thread_cpu_times_s``), ``num_repeats`` and the
-spread. Why takes and not more steps: one engine start's steps move together by ~10 % against
-another's (its allocations, its prepacked weights' placement), which more steps of one start do
-not average out. A take's contended step is left out of the median when a quiet take has it.
+spread. Why takes and not more steps: the steps of one scenario run move together (on the 2-vCPU
+VM the same step differs by 13-19 % between engine starts, fast in one scenario and slow in the
+next), which more steps of the same run do not average out. A take's contended step is left out
+of the median when a quiet take has it.
 
 Retakes: a scenario with a contended row (no quiet take of it) is run again, after the others, up
 to ``retake_contended`` times (``takes`` takes each), and its rows are replaced by a retake with
