@@ -33,10 +33,9 @@ from typing import Any, Callable
 import numpy as np
 
 from gpubench.errors import ConfigError, GpubenchError, NoDeviceError
-from gpubench.stats import summarize
 from predictor.config import ModelConfig
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, point_features
-from predictor.profile_rows import SCHEMA_VERSION, append_jsonl, read_rows, row_key, sidecar_path, write_parquet
+from predictor.profile_rows import SCHEMA_VERSION, append_jsonl, read_rows, row_key, sidecar_path, wall_fields, write_parquet
 
 # ----------------------------------------------------------------------------- op profiling
 _OP_KINDS = (
@@ -175,12 +174,8 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
             samp.append(t3 - t2)
             wall.append(t3 - t0)
             cpu.append(c3 - c0)
-    # Warm-up steps are not recorded, so no repetition is discarded from the summary.
-    s = summarize(wall, discard_first=False)
     return {
-        "wall_s": s["t_median_s"], "wall_min_s": s["t_min_s"], "wall_p20_s": s["t_p20_s"],
-        "wall_p80_s": s["t_p80_s"], "wall_max_s": s["t_max_s"], "wall_cv": s["cv"], "num_repeats": s["n"],
-        "wall_times_s": wall, "prep_s": float(np.median(prep)), "forward_s": float(np.median(fwd)),
+        **wall_fields(wall), "prep_s": float(np.median(prep)), "forward_s": float(np.median(fwd)),
         "sampling_s": float(np.median(samp)), "forward_times_s": fwd, "sampling_times_s": samp,
         "thread_cpu_s": float(np.median(cpu)), "thread_cpu_times_s": cpu,
     }

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gpubench.errors import ResultsFormatError
+from gpubench.stats import summarize
 from predictor.profile_grid import GridPoint
 
 SCHEMA_VERSION = 1
@@ -67,3 +68,12 @@ def _json_default(o):
 
 def row_key(model: str, device: str, dtype: str, point: GridPoint) -> str:
     return f"{model}|{device}|{dtype}|{point.key}"
+
+
+def wall_fields(wall_times_s) -> dict:
+    """A row's wall-time fields from every repetition it keeps (none discarded: warm-up steps are
+    never recorded): the median ``wall_s``, the spread, ``num_repeats`` and the times themselves."""
+    s = summarize(wall_times_s, discard_first=False)
+    return {"wall_s": s["t_median_s"], "wall_min_s": s["t_min_s"], "wall_p20_s": s["t_p20_s"],
+            "wall_p80_s": s["t_p80_s"], "wall_max_s": s["t_max_s"], "wall_cv": s["cv"], "num_repeats": s["n"],
+            "wall_times_s": [float(t) for t in wall_times_s]}

@@ -51,7 +51,7 @@ from predictor.config import ModelConfig
 from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
 from predictor.profile import cpu_model_name
 from predictor.profile_grid import GridPoint, point_features
-from predictor.profile_rows import SCHEMA_VERSION, read_rows, write_parquet
+from predictor.profile_rows import SCHEMA_VERSION, read_rows, wall_fields, write_parquet
 from vllmref.settings import EngineSettings
 
 DTYPE_BYTES = 4  # the reference engine runs float32 on this CPU
@@ -180,8 +180,7 @@ def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]
         row = {
             "key": f"{cfg.name}|vllm|fp32|{rec['scenario']}|step{rec['scenario_step']}", **static, "phase": phase,
             **point_features(cfg, point, DTYPE_BYTES),
-            "wall_s": wall, "wall_min_s": wall, "wall_p20_s": wall, "wall_p80_s": wall, "wall_max_s": wall,
-            "wall_cv": 0.0, "num_repeats": 1, "wall_times_s": [wall],
+            **wall_fields([wall]),
             "prep_s": float("nan"), "forward_s": float("nan"), "sampling_s": float("nan"),
             "forward_times_s": [], "sampling_times_s": [],
             # One engine thread: its CPU time is the process's (other threads idle), as torch rows count it.
@@ -220,14 +219,10 @@ def merge_takes(takes: list[list[dict]]) -> list[dict]:
         same = [r for r in samples if r["batch_json"] == first["batch_json"]]
         quiet = [r for r in same if not r["contended"]]
         use = quiet or same
-        walls = np.array([r["wall_s"] for r in use])
         cpus = [r["thread_cpu_s"] for r in use]
         row = dict(first)
         row.update({
-            "wall_s": float(np.median(walls)), "wall_min_s": float(walls.min()), "wall_max_s": float(walls.max()),
-            "wall_p20_s": float(np.percentile(walls, 20)), "wall_p80_s": float(np.percentile(walls, 80)),
-            "wall_cv": float(walls.std() / walls.mean()) if len(walls) > 1 else 0.0,
-            "num_repeats": len(use), "wall_times_s": [float(w) for w in walls],
+            **wall_fields([r["wall_s"] for r in use]),
             "thread_cpu_s": float(np.median(cpus)),
             "thread_cpu_times_s": [float(c) for c in cpus] if first["thread_cpu_times_s"] else [],
             "process_cpu_s": float(np.median([r["process_cpu_s"] for r in use])),
