@@ -130,7 +130,11 @@ def _clock(info: dict) -> tuple[float, str]:
     if m:
         return float(m.group(1)) * 1000.0, "/proc/cpuinfo model name"
     if "cpu MHz" in info:
-        return float(info["cpu MHz"]), "/proc/cpuinfo 'cpu MHz' (no cpufreq in sysfs: nominal clock as the hypervisor reports it)"
+        # Whole MHz: a hypervisor's figure is its TSC calibration of this boot (2596.134 on one boot
+        # of the AMD VM, 2596.15 on another), and a spec peak that moved with it moved every roofline
+        # figure computed from it between two boots of the same machine.
+        return float(round(float(info["cpu MHz"]))), ("/proc/cpuinfo 'cpu MHz', whole MHz (no cpufreq in sysfs: "
+                                                      "nominal clock as the hypervisor reports it)")
     return 2000.0, "unknown (assumed 2000 MHz)"
 
 
