@@ -121,13 +121,16 @@ def _reference_medians(df) -> np.ndarray:
 
 
 def _linear_nodes(lin) -> dict:
-    """Per (K, N) node, seconds per weight element at each measured M (machine phase normalized)."""
+    """Per (K, N) node, seconds per weight element at each measured M (machine phase normalized).
+
+    A cell timed in several passes (the probes' ``pass`` column) is the median of its passes, each
+    normalized to the machine phase on its own: one pass in a slow moment of the host is outvoted."""
     lin = lin.assign(t_phase_s=_phase_normalized(lin))
     nodes = []
     for (k, n), g in lin.groupby(["k", "n"]):
-        g = g.sort_values("m")
-        nodes.append({"k": int(k), "n": int(n), "m": [int(v) for v in g["m"]],
-                      "s_per_element": [float(v) for v in g["t_phase_s"] / (k * n)]})
+        cells = g.groupby("m")["t_phase_s"].median().sort_index()
+        nodes.append({"k": int(k), "n": int(n), "m": [int(v) for v in cells.index],
+                      "s_per_element": [float(v) for v in cells.to_numpy() / (k * n)]})
     return {"nodes": nodes, "num_rows": int(len(lin)), "spread": _spread(lin),
             "num_threads": int(lin["num_threads"].iloc[0]) if "num_threads" in lin else 1}
 

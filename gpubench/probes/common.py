@@ -63,8 +63,9 @@ SET_OPTIONS = {
     "launch": ("max_count", "num_reps"),
     "peak": ("iters", "num_reps", "target_s"),
     "gemm": ("max_m", "max_square", "shape_scale", "num_reps", "budget_s", "droop_budget_s"),
-    "torch_ops": ("size_scale", "max_m", "max_rows", "num_threads", "dtypes", "families"),
-    "vllm_ops": ("size_scale", "max_m", "max_batch", "num_threads", "dtypes", "engine_steps", "attention"),
+    "torch_ops": ("size_scale", "max_m", "max_rows", "num_threads", "dtypes", "families", "linear_passes"),
+    "vllm_ops": ("size_scale", "max_m", "max_batch", "num_threads", "dtypes", "engine_steps", "attention",
+                 "linear_passes"),
 }
 TEXT_SET_OPTIONS = {"stream.debug_corrupt", "torch_ops.dtypes", "torch_ops.families", "vllm_ops.dtypes",
                     "vllm_ops.engine_steps", "vllm_ops.attention"}

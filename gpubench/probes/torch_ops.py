@@ -60,6 +60,7 @@ class TorchOpsProbe(Probe):
         scale = opt(cfg, "torch_ops", "size_scale", 1.0)  # tests shrink every size
         max_m = opt(cfg, "torch_ops", "max_m", 1 << 30)
         max_rows = opt(cfg, "torch_ops", "max_rows", 1 << 30)  # segment T cap (tests)
+        passes = opt(cfg, "torch_ops", "linear_passes", grid.QUICK_LINEAR_PASSES if q else grid.LINEAR_PASSES)
         pool = cold_pool_bytes(llc_bytes(cfg.device)) // 4  # elements of 4 bytes
         pool = int(pool * min(1.0, scale * 4)) if scale < 1 else pool
         common = {"num_threads": threads, "pool_elements": pool}
@@ -75,13 +76,13 @@ class TorchOpsProbe(Probe):
                         kk, nn = sz(k, 8), sz(n, 8)
                         if nn * kk > grid.MAX_WEIGHT_ELEMENTS:
                             continue
-                        for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M):
-                            if m > max_m or grid.linear_flops(m, nn, kk) > grid.MAX_CALL_FLOPS:
-                                continue
+                        ms = tuple(m for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M)
+                                   if m <= max_m and grid.linear_flops(m, nn, kk) <= grid.MAX_CALL_FLOPS)
+                        for p, m in grid.linear_sweep(ms, passes):
                             specs.append(MeasurementSpec(
-                                key=f"torch_linear_{dt}_n{n}_k{k}_m{m}",
-                                params={**common, "family": "linear", "dtype": dt, "m": m, "n": nn, "k": kk},
-                                label=f"linear {dt} M={m} N={nn} K={kk}"))
+                                key=grid.linear_key("torch_linear", dt, n, k, m, p),
+                                params={**common, "family": "linear", "dtype": dt, "m": m, "n": nn, "k": kk, "pass": p},
+                                label=f"linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
             for h, hkv, d in (grid.QUICK_ATTN_HEADS if q else grid.ATTN_HEADS):
                 if "attn_decode" in families:
                     for b in (grid.QUICK_DECODE_BATCH if q else grid.DECODE_BATCH):

@@ -48,6 +48,33 @@ SEGMENT_CONTEXTS = (0, 1 << 17, 1 << 19, 1 << 20, 1 << 22)
 QUICK_SEGMENT_CONTEXTS = (0, 1 << 18, 1 << 22)
 REFERENCE_SHAPE = (1024, 1024)    # (N, K) of the reference GEMV timed next to every streaming row
 REFERENCE_REPS = 7
+# Each linear (N, K) node's M sweep runs this many times, and the fit takes each (N, K, M) cell's
+# median over the passes. One pass times a cell in one burst of a few tens of ms, and a burst that
+# falls in a slow moment of a shared host stays an outlier even after the reference GEMV's phase
+# correction: on the AMD VM, oneDNN's (N, K, M) = (16384, 1024, 3) cell read 8.62 ms normalized
+# where five later passes read 4.19-5.08 ms, and it priced every model near that shape at B = 3.
+LINEAR_PASSES = 3
+QUICK_LINEAR_PASSES = 2
+
+
+def linear_sweep(ms: tuple[int, ...], passes: int) -> list[tuple[int, int]]:
+    """``(pass, M)`` in measurement order: ``passes`` sweeps over ``ms``, each starting at a
+    different M, so that a cell's passes sit at different places in their sweeps."""
+    if passes < 1:
+        from gpubench.errors import ConfigError
+
+        raise ConfigError(f"linear_passes must be >= 1 (got {passes})")
+    order = []
+    for p in range(passes):
+        shift = (p * len(ms)) // passes
+        order += [(p, m) for m in ms[shift:] + ms[:shift]]
+    return order
+
+
+def linear_key(prefix: str, dtype: str, n: int, k: int, m: int, pass_index: int) -> str:
+    """A linear row's key; the first pass keeps the single-pass key, so a run taken before passes
+    existed resumes into them."""
+    return f"{prefix}_{dtype}_n{n}_k{k}_m{m}" + (f"_p{pass_index}" if pass_index else "")
 
 
 def linear_flops(m: int, n: int, k: int) -> int:

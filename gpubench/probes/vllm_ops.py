@@ -149,6 +149,7 @@ class VllmOpsProbe(Probe):
         threads = opt(cfg, "vllm_ops", "num_threads", 1)
         scale = opt(cfg, "vllm_ops", "size_scale", 1.0)  # tests shrink every size
         max_m = opt(cfg, "vllm_ops", "max_m", 1 << 30)
+        passes = opt(cfg, "vllm_ops", "linear_passes", grid.QUICK_LINEAR_PASSES if q else grid.LINEAR_PASSES)
         pool_bytes = cold_pool_bytes(llc_bytes(cfg.device))  # source weights + their packed copies fit
         if scale < 1:
             pool_bytes = int(pool_bytes * min(1.0, scale * 4))
@@ -159,14 +160,14 @@ class VllmOpsProbe(Probe):
                     kk, nn = max(8, int(k * scale)), max(8, int(n * scale))
                     if nn * kk > grid.MAX_WEIGHT_ELEMENTS:
                         continue
-                    for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M):
-                        if m > max_m or grid.linear_flops(m, nn, kk) > grid.MAX_CALL_FLOPS:
-                            continue
+                    ms = tuple(m for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M)
+                               if m <= max_m and grid.linear_flops(m, nn, kk) <= grid.MAX_CALL_FLOPS)
+                    for p, m in grid.linear_sweep(ms, passes):
                         specs.append(MeasurementSpec(
-                            key=f"vllm_linear_{dt}_n{n}_k{k}_m{m}",
+                            key=grid.linear_key("vllm_linear", dt, n, k, m, p),
                             params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
-                                    "num_threads": threads, "pool_bytes": int(pool_bytes)},
-                            label=f"vllm linear {dt} M={m} N={nn} K={kk}"))
+                                    "pass": p, "num_threads": threads, "pool_bytes": int(pool_bytes)},
+                            label=f"vllm linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
         if opt(cfg, "vllm_ops", "attention", True):
             specs += _attention_specs(cfg, dtypes, threads, int(pool_bytes), scale)
         if "fp32" in dtypes and opt(cfg, "vllm_ops", "engine_steps", True):

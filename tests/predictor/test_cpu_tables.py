@@ -54,8 +54,9 @@ def test_fit_writes_tables_that_reproduce_the_probe_nodes(tiny_run, tmp_path):
     lin = rows[rows.family == "linear"]
     node = lin.groupby(["k", "n"]).m.count().idxmax()
     k, n = node
-    sub = lin[(lin.k == k) & (lin.n == n)].sort_values("m")
-    ms = sub.m.tolist()
+    sub = lin[(lin.k == k) & (lin.n == n)]
+    assert sub.groupby("m")["pass"].nunique().eq(2).all()  # --quick times every cell in two passes
+    ms = sorted(sub.m.unique().tolist())
     curve = tables.linear_curve(int(n), int(k), ms)
     raw = tables.d["linear"]["nodes"]
     stored = next(x for x in raw if x["k"] == k and x["n"] == n)
@@ -75,6 +76,33 @@ def test_phase_normalization_uses_the_row_reference_ratio(tiny_run):
     got = _phase_normalized(lin)
     expect = lin.t_median_s.to_numpy() * ref.median() / ref.to_numpy()
     assert np.allclose(got, expect)
+
+
+def test_a_cell_is_the_median_of_its_passes_each_phase_normalized():
+    from predictor.cpu_tables_fit import _linear_nodes
+
+    def row(m, t, ref, p):
+        return {"k": 64, "n": 32, "m": m, "t_median_s": t, "ref_times_s": [9.0, ref, ref], "pass": p,
+                "t_p20_s": t, "t_p80_s": t, "num_threads": 1}
+    # M = 2's second pass fell in a slow moment its reference did not see: the other two outvote it
+    lin = pd.DataFrame([row(1, 1.0, 1.0, 0), row(2, 1.1, 1.0, 0), row(1, 2.0, 2.0, 1), row(2, 3.0, 1.0, 1),
+                        row(1, 1.0, 1.0, 2), row(2, 1.2, 1.0, 2)])
+    node = _linear_nodes(lin)["nodes"][0]
+    assert node["m"] == [1, 2]
+    # the reference median is 1.0: pass 1 of M = 1 (2.0 at a reference of 2.0) normalizes to 1.0
+    np.testing.assert_allclose(node["s_per_element"], np.array([1.0, 1.2]) / (64 * 32))
+
+
+def test_linear_sweeps_rotate_and_keep_the_single_pass_key():
+    from gpubench.probes import torch_ops_grid as grid
+
+    order = grid.linear_sweep((1, 2, 3, 4), 2)
+    assert order == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 3), (1, 4), (1, 1), (1, 2)]
+    assert [m for p, m in grid.linear_sweep((1, 2, 3), 1)] == [1, 2, 3]
+    assert grid.linear_key("torch_linear", "fp32", 256, 512, 4, 0) == "torch_linear_fp32_n256_k512_m4"
+    assert grid.linear_key("torch_linear", "fp32", 256, 512, 4, 2) == "torch_linear_fp32_n256_k512_m4_p2"
+    with pytest.raises(ConfigError, match="linear_passes must be >= 1"):
+        grid.linear_sweep((1, 2), 0)
 
 
 def test_phase_matched_decode_mape_is_the_prediction_times_the_reference_ratio(tiny_run):
