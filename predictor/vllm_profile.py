@@ -151,14 +151,28 @@ def batch_of(step: dict) -> tuple[str, tuple[tuple[int, int], ...]]:
     return phase, tuple(decodes + prefills)
 
 
+def reference_median(times_s) -> float:
+    """The median of one reference timing's repetitions, the first discarded as the probe rows'
+    are; NaN when there is nothing after the first."""
+    times = list(times_s or ())
+    return float(np.median(times[1:])) if len(times) > 1 else float("nan")
+
+
 def reference_medians(records: list[dict]) -> dict[str, float]:
     """Per scenario, the median of the reference GEMV timed before it (first repetition discarded,
     as the probe rows' are); the last record of a scenario run twice wins."""
     out = {}
     for rec in records:
         if rec.get("kind") == "reference" and len(rec.get("times_s") or ()) > 1:
-            out[rec["scenario"]] = float(np.median(rec["times_s"][1:]))
+            out[rec["scenario"]] = reference_median(rec["times_s"])
     return out
+
+
+def step_reference(rec: dict, scenario_reference: dict[str, float]) -> float:
+    """The machine phase of one step: the reference GEMV timed right before it (a worker that times
+    one per step), else the one timed before its scenario (older workers), else NaN."""
+    own = reference_median(rec.get("ref_times_s"))
+    return own if own == own else scenario_reference.get(rec["scenario"], float("nan"))
 
 
 def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]:
@@ -195,7 +209,7 @@ def step_rows(records: list[dict], cfg: ModelConfig, static: dict) -> list[dict]
             "kv_free_blocks": rec["kv_free_blocks"], "kv_total_blocks": rec["kv_total_blocks"],
             "num_preempted": len(rec["preempted"]),
             # the machine phase the row was taken in (NaN: a worker without the reference)
-            "ref_gemv_s": reference.get(rec["scenario"], float("nan")),
+            "ref_gemv_s": step_reference(rec, reference),
         }
         rows.append(row)
     return rows

@@ -17,9 +17,12 @@ before the scenario's ``after_step``-th engine step, or once the request named `
 has finished. Output records (JSONL): one ``{"kind": "step", ...}`` per engine step, one
 ``{"kind": "request", ...}`` per finished request (with vLLM's own ``num_cached_tokens``), one
 ``{"kind": "engine", ...}`` with the settings the engine really runs with. With a ``reference``
-entry in the spec (``{"ref_n", "ref_k", "ref_reps", "pool_bytes"}``), one ``{"kind": "reference",
-"scenario", "times_s"}`` per scenario: the cold torch GEMV every probe row times beside itself,
-timed right before the scenario's steps, so a row says which machine phase it was taken in.
+entry in the spec (``{"ref_n", "ref_k", "ref_reps", "pool_bytes"}``), the cold torch GEMV every
+probe row times beside itself is timed right before each engine step (outside the step's own
+interval) and goes into that step's record as ``ref_times_s``, so a row says which machine phase it
+was taken in: on a shared VM the host's speed moves by 10-20 % within seconds, so a reference timed
+once per scenario (also written, as ``{"kind": "reference", "scenario", "times_s"}``) is too far
+from most of the scenario's steps to say their phase.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 
 
 def prompt_ids(segments: list, *, seed: int, vocab_size: int, counter: list[int]) -> list[int]:
@@ -44,7 +48,12 @@ def prompt_ids(segments: list, *, seed: int, vocab_size: int, counter: list[int]
     return ids
 
 
-def run_scenario(engine, scenario: dict, *, seed: int, vocab_size: int, out, counter: list[int]) -> int:
+def run_scenario(engine, scenario: dict, *, seed: int, vocab_size: int, out, counter: list[int],
+                 time_reference: Callable[[], list[float]] | None = None) -> int:
+    """Send the scenario's requests and step the engine until they finish; one record per step.
+
+    ``time_reference``, when given, is called before every engine step and its times go into the
+    step's record (``ref_times_s``)."""
     from vllm import SamplingParams
 
     from vllmref import hooks
@@ -71,11 +80,13 @@ def run_scenario(engine, scenario: dict, *, seed: int, vocab_size: int, out, cou
                 waiting_on = {r.get("after_finish") for r in pending}
                 raise SystemExit(f"scenario {scenario['name']}: requests wait on {waiting_on}, which never finish")
             continue
+        reference = {"ref_times_s": time_reference()} if time_reference is not None else {}
         outputs = engine.step()
         step += 1
         for rec in hooks.drain():
             num_steps += 1
-            write_record(out, {"kind": "step", "scenario": scenario["name"], "scenario_step": step, **rec})
+            write_record(out, {"kind": "step", "scenario": scenario["name"], "scenario_step": step, **rec,
+                               **reference})
         for o in outputs:
             if o.finished:
                 finished.add(o.request_id.split("/", 1)[1])
@@ -100,19 +111,20 @@ def main(spec_path: str, out_path: str) -> int:
         write_record(out, {"kind": "engine", **facts, "start_s": time.perf_counter() - t0})
         scenarios = spec["scenarios"]
         reference = spec.get("reference")
-        reference_state = None
+        time_reference = None
         if reference:
-            from vllmref.worker_ops import _State
+            from vllmref.worker_ops import _State, reference_gemv_times
 
             reference_state = _State()
+
+            def time_reference() -> list[float]:
+                return reference_gemv_times(reference_state, reference)
         for i, scenario in enumerate(scenarios):
             engine.reset_prefix_cache()
-            if reference_state is not None:
-                from vllmref.worker_ops import reference_gemv_times
-
-                write_record(out, {"kind": "reference", "scenario": scenario["name"],
-                                   "times_s": reference_gemv_times(reference_state, reference)})
-            n = run_scenario(engine, scenario, seed=seed, vocab_size=vocab_size, out=out, counter=counter)
+            if time_reference is not None:
+                write_record(out, {"kind": "reference", "scenario": scenario["name"], "times_s": time_reference()})
+            n = run_scenario(engine, scenario, seed=seed, vocab_size=vocab_size, out=out, counter=counter,
+                             time_reference=time_reference)
             write_record(out, {"kind": "scenario_done", "scenario": scenario["name"], "num_steps": n})
             progress(f"{i + 1}/{len(scenarios)} {scenario['name']} ({n} steps)")
     return 0

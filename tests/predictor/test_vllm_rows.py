@@ -54,6 +54,18 @@ def test_step_rows_carry_the_reference_gemv_timed_before_their_scenario():
     assert rows[1]["ref_gemv_s"] != rows[1]["ref_gemv_s"]  # NaN
 
 
+def test_a_steps_own_reference_gemv_wins_over_its_scenarios():
+    cfg = load_model_config("smollm2-135m")
+    own = record([(1, 100, True)], scenario="a", step=2)
+    own["ref_times_s"] = [9.0, 4.0, 6.0, 5.0]  # timed right before this step
+    torn = record([(1, 100, True)], scenario="a", step=3)
+    torn["ref_times_s"] = [9.0]  # only the discarded first repetition: the scenario's stands in
+    records = [{"kind": "reference", "scenario": "a", "times_s": [9.0, 1.0, 3.0, 2.0]},
+               record([(1, 100, True)], scenario="a", step=1), own, torn]
+    rows = step_rows(records, cfg, {"num_threads": 1, "model": cfg.name})
+    assert [r["ref_gemv_s"] for r in rows] == [2.0, 5.0, 2.0]
+
+
 def test_scenarios_respect_the_caps():
     cfg = load_model_config("llama-3.2-1b")
     names = [s["name"] for s in build_scenarios(VLLM_GRIDS["quick"], cfg, block_size=128)]

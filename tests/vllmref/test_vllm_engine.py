@@ -91,7 +91,11 @@ def test_rows_carry_engine_settings_and_host_state(tiny_rows):
     assert (tiny_rows["wall_s"] > 0).all()
     assert tiny_rows["cpu_share"].between(0, 1.5).all()
     assert tiny_rows["loadavg_1m_before"].notna().all()
-    assert (tiny_rows["ref_gemv_s"] > 0).all()  # the reference GEMV timed before each scenario
+    assert (tiny_rows["ref_gemv_s"] > 0).all()  # the reference GEMV timed before each step
+    # ... each step's own, not one per scenario: the steps of a scenario carry different timings
+    for scenario, sub in tiny_rows.groupby("scenario"):
+        if len(sub) > 1:
+            assert sub["ref_gemv_s"].nunique() > 1, f"{scenario}: one reference for all its steps"
     assert tiny_rows["key"].is_unique
 
 
