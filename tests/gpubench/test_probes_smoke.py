@@ -96,6 +96,33 @@ def test_peak_checksum_and_spec(cfg):
             assert row["clock_mhz_measured"] > 100
 
 
+def test_the_fma_loop_reaches_the_spec_at_its_measured_clock():
+    """The spec's FMA units per core, checked on this host: each thread's best repetition, at the
+    measured clock, lands near 100 % of cores x lanes x units x 2. A wrong unit count shows as
+    ~50 % (Zen 4 counted with two 512-bit units) or ~200 %. Each thread's own best window is
+    used, not the team's, so a descheduled thread on a shared host does not fail it."""
+    backend, _ = get_backend("cpu")
+    probe = cpu_probes()["peak"]
+    config = ProbeConfig(quick=True, num_reps=4, device=backend.device_info(),
+                         options={"peak.num_reps": "40", "peak.iters": "50000"})
+    for spec in probe.plan(config):
+        if spec.params["kind"] != "fma":
+            continue
+        (row,) = _rows(probe, spec)
+        share = row["thread_sum_tflops_best"] / row["measured_clock_tflops"]
+        assert 0.7 <= share <= 1.1, (spec.key, row["spec_formula"], f"{share:.0%} of the peak at {row['clock_mhz_measured']:.0f} MHz")
+
+
+def test_fma_units_per_core_by_microarchitecture():
+    from gpubench.hostinfo import fma_units_per_core
+
+    assert fma_units_per_core("AuthenticAMD", "25", 512)[0] == 1    # Zen 4: 2 x 256-bit pipes
+    assert fma_units_per_core("AuthenticAMD", "25", 256)[0] == 2    # Zen 3
+    assert fma_units_per_core("AuthenticAMD", "26", 512)[0] == 2    # Zen 5 server
+    assert fma_units_per_core("GenuineIntel", "6", 512)[0] == 2     # Xeon Gold/Platinum
+    assert fma_units_per_core("", "", 128)[0] == 2
+
+
 def test_gemm_valid_and_flops(cfg):
     probe = cpu_probes()["gemm"]
     specs = probe.plan(cfg)
