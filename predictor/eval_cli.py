@@ -24,8 +24,9 @@ def register(sub) -> None:
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
-    p.add_argument("--grid", default="default", choices=("tiny", "quick", "default"),
-                   help="grid of points (tiny: --engine vllm only, a CI smoke run)")
+    p.add_argument("--grid", default="default", choices=("tiny", "quick", "default", "gpu"),
+                   help="grid of points (tiny: --engine vllm only, a CI smoke run; gpu: the default grid "
+                        "with a GPU's memory and FLOP caps, for 7-8B models)")
     p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
     p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")

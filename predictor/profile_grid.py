@@ -40,6 +40,12 @@ GRIDS = {
                       num_warmup=1, num_repeats=5, min_time_s=0.1, max_repeats=20),
     "default": GridSpec("default", batch_sizes=(1, 2, 4, 8, 16, 32, 64), contexts=(64, 256, 1024, 4096),
                         prefill_tokens=(16, 64, 256, 1024)),
+    # The default grid with a GPU's caps: up to 48 GiB of KV (64 x 4K context of an 8B model is 32 GiB)
+    # and no FLOP cap that binds (4 x 1,024 prefill tokens of an 8B model are 66 TFLOP, ~0.1 s on an
+    # H100-class part); fewer repeats per point, since a GPU step's spread is far below a shared CPU's.
+    "gpu": GridSpec("gpu", batch_sizes=(1, 2, 4, 8, 16, 32, 64), contexts=(64, 256, 1024, 4096),
+                    prefill_tokens=(16, 64, 256, 1024), max_kv_bytes=48 << 30, max_step_gflop=1e6,
+                    num_warmup=3, num_repeats=10, min_time_s=0.2, max_repeats=30),
 }
 
 

@@ -6,6 +6,8 @@
 #   3. run the GPU self-checks (pytest -m gpu)
 #   4. gpubench run --device cuda:0 --quick (probes in the order stream, peak, launch, gemm, l2)
 #   5. print % of spec per figure, with what published measurements lead one to expect
+#   6. optional: real engine steps (`gpubench profile --grid gpu`) of the models in STEP_MODELS, one
+#      after another, each within what is left of DEADLINE_S (counted from the script's start)
 # Everything it leaves is five files directly in $OUT (a device tool returns only a handful of
 # files, at most two folders deep):
 #   env.txt           host, driver, GPU, clocks, MIG and compute mode, toolchain versions
@@ -14,7 +16,11 @@
 #   spec_table.txt    the % of spec table (also printed)
 #   run.tar.gz        the run directory (manifest.json + <probe>.jsonl), written by an EXIT trap,
 #                     so a run cut short by a time limit still comes back
+#   steps.tar.gz      with STEP_MODELS: gpu-<model>.parquet per model profiled (a model cut short by
+#                     the deadline leaves its rows so far in gpu-<model>.parquet.partial.jsonl)
 # Usage: scripts/device_check.sh                 PYTHON=python3, OUT=./device_check_out by default
+#        STEP_MODELS="llama-3.1-8b llama-3.2-1b" DEADLINE_S=400 scripts/device_check.sh
+#                                                 also time real engine steps of these shipped configs
 #        DRY_RUN=1 scripts/device_check.sh       no GPU: skip build and GPU steps, rehearse the rest
 #                                                 on a CPU run (the layout test uses this)
 # pybind11 is needed to build: if `import pybind11` fails, prepare it where the machine can see it,
@@ -25,12 +31,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/device_check_out}
 DRY_RUN=${DRY_RUN:-0}
+STEP_MODELS=${STEP_MODELS:-}
+DEADLINE_S=${DEADLINE_S:-0}   # 0: no deadline for the step profiles
 mkdir -p "$OUT"
 LOG="$OUT/device_check.log"
 : >"$LOG"
 WORK=$(mktemp -d)
 RESULTS="$WORK/results"
-mkdir -p "$RESULTS"
+STEPS="$WORK/steps"
+mkdir -p "$RESULTS" "$STEPS"
 [ -d .device/py ] && export PYTHONPATH="$PWD/.device/py${PYTHONPATH:+:$PYTHONPATH}"
 t_start=$SECONDS
 status=0
@@ -45,6 +54,9 @@ archive() {
       && say "run directory archived to $OUT/run.tar.gz ($(basename "$run_dir"))"
   else
     say "no run directory to archive"
+  fi
+  if [ -n "$(ls -A "$STEPS" 2>/dev/null)" ]; then
+    tar -czf "$OUT/steps.tar.gz" -C "$STEPS" . 2>>"$LOG" && say "step rows archived to $OUT/steps.tar.gz"
   fi
   rm -rf "$WORK"
 }
@@ -83,12 +95,25 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 say "environment written to $OUT/env.txt"
 cat "$OUT/env.txt" >>"$LOG"
 
+# --- 6. real engine steps: each model in STEP_MODELS within what is left of DEADLINE_S
+profile_steps() {  # profile_steps DEVICE GRID [EXTRA ARGS...]
+  local device=$1 grid=$2; shift 2
+  local model left
+  for model in $STEP_MODELS; do
+    left=$(( DEADLINE_S > 0 ? DEADLINE_S - (SECONDS - t_start) - 10 : 900 ))
+    if [ "$left" -lt 30 ]; then say "steps: $model skipped, ${left} s left before DEADLINE_S"; continue; fi
+    step "steps_$model" "$left" "$PY" -m gpubench profile --model "$model" --device "$device" --grid "$grid" \
+      --out "$STEPS/gpu-$model.parquet" "$@" || true
+  done
+}
+
 if [ "$DRY_RUN" = 1 ]; then
   say "DRY_RUN=1: no build, no GPU; rehearsing the outputs on a CPU run"
   echo "dry run: no SASS counted" >"$OUT/sass_summary.txt"
   step run 240 "$PY" -m gpubench run --device cpu --quick --probes stream --out "$RESULTS" || true
   run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
   [ -n "$run_dir" ] && "$PY" -m gpubench show "$run_dir" >"$OUT/spec_table.txt" 2>&1
+  profile_steps cpu quick --max-points 2 --ops-subset 1
   say "done in $((SECONDS - t_start)) s; status $status (dry run)"
   exit $status
 fi
@@ -103,7 +128,7 @@ say "building for sm_$arch"
 
 # --- 1. build (no network, no setuptools: nvcc + c++ directly)
 if ! step build 150 env PYTHON="$PY" bash scripts/build_cuda_ext.sh "$arch"; then
-  say "cannot go on without the extension"; exit 1
+  say "no probes without the extension"; profile_steps cuda:0 gpu --ops-subset 8; exit 1
 fi
 
 # --- 2. what the peak loops compiled to
@@ -117,7 +142,7 @@ step selfchecks 50 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/gpubench/
 step run 220 "$PY" -m gpubench run --device cuda:0 --quick --out "$RESULTS" || true
 run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
 if [ -z "$run_dir" ]; then
-  say "no run directory was written"; exit 1
+  say "no run directory was written"; profile_steps cuda:0 gpu --ops-subset 8; exit 1
 fi
 say "run directory: $run_dir"
 
@@ -139,5 +164,7 @@ print("probes: " + ", ".join(f"{k}={v['status']}" + (f" ({v['reason']})" if v.ge
 print(format_table(check_table(run)))
 PYEOF
 tee -a "$LOG" <"$OUT/spec_table.txt"
+profile_steps cuda:0 gpu --ops-subset 8
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1 || true
 say "done in $((SECONDS - t_start)) s; status $status"
 exit $status

@@ -13,6 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,17 +88,36 @@ def test_device_check_step_limits_fit_one_call():
 
 
 def test_device_check_dry_run_returns_a_handful_of_files(tmp_path):
-    """The whole script on a CPU run (DRY_RUN=1): five files directly in OUT, the run archived by
-    the EXIT trap (what a device tool can return: at most 8 files, at most two folders deep)."""
+    """The whole script on a CPU run (DRY_RUN=1): six files directly in OUT, the run and the step
+    rows archived by the EXIT trap (what a device tool can return: at most 8 files, at most two
+    folders deep)."""
     out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), DRY_RUN="1", PYTHON=sys.executable)
+    env = dict(os.environ, OUT=str(out), DRY_RUN="1", PYTHON=sys.executable,
+               STEP_MODELS="tiny-llama llama-60m", DEADLINE_S="0")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh")], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["device_check.log", "env.txt", "run.tar.gz", "sass_summary.txt", "spec_table.txt"]
+    assert files == ["device_check.log", "env.txt", "run.tar.gz", "sass_summary.txt", "spec_table.txt", "steps.tar.gz"]
     assert all(p.parent == out for p in out.rglob("*"))
     with tarfile.open(out / "run.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("/manifest.json") for n in names) and any(n.endswith("/stream.jsonl") for n in names)
     assert "stream" in (out / "spec_table.txt").read_text()
+    with tarfile.open(out / "steps.tar.gz") as tar:
+        tar.extractall(tmp_path / "steps", filter="data")
+    rows = pd.read_parquet(tmp_path / "steps" / "gpu-tiny-llama.parquet")
+    assert len(rows) == 2 and (rows["wall_s"] > 0).all() and set(rows["model"]) == {"tiny-llama"}
+    assert (tmp_path / "steps" / "gpu-llama-60m.parquet").exists()
+
+
+def test_device_check_skips_step_models_the_deadline_leaves_no_time_for(tmp_path):
+    """A model is started only with 30 s or more left before DEADLINE_S: otherwise one line says so,
+    and no step archive is written."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), DRY_RUN="1", PYTHON=sys.executable, STEP_MODELS="tiny-llama", DEADLINE_S="1")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh")], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "steps: tiny-llama skipped" in (out / "device_check.log").read_text()
+    assert not (out / "steps.tar.gz").exists()
