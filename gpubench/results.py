@@ -230,3 +230,45 @@ def load(run_dir: str | os.PathLike) -> Run:
         rows = read_rows(p)
         frames[p.stem] = pd.DataFrame(rows)
     return Run(run_dir=run_dir, manifest=manifest, frames=frames)
+
+
+def load_many(run_dirs) -> Run:
+    """Several runs of one device as one: each probe's rows from the run that measured it.
+
+    A GPU session may be cut short, or one probe may fail on one machine and pass on another of the
+    same kind: ``gpubench fit A B`` then takes, say, stream and l2 from B and the rest from A. The
+    runs must name the same SKU, backend and device (a GPU's name, a CPU's model); a probe with rows
+    in two of them is refused rather than mixed, so every fitted parameter has one source run. The
+    merged manifest is the first run's, with each probe's entry from the run whose rows it holds and
+    ``merged_from`` listing the runs; ``run_dir`` is a label naming them all.
+    """
+    runs = [load(d) for d in run_dirs]
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+
+    def identity(run: Run) -> tuple:
+        dev = run.manifest.get("device") or {}
+        props = dev.get("properties") or {}
+        return (run.sku, dev.get("backend", "cpu"), dev.get("name") or props.get("model_name"))
+
+    for run in runs[1:]:
+        if identity(run) != identity(first):
+            raise ResultsFormatError(f"{run.run_dir}: measured {identity(run)[2]!r} (SKU {run.sku}), but "
+                                     f"{first.run_dir} measured {identity(first)[2]!r} (SKU {first.sku}); "
+                                     "runs fitted together must be of one device")
+    frames: dict = {}
+    owner: dict = {}
+    for run in runs:
+        for probe, frame in run.frames.items():
+            if not len(frame):
+                continue
+            if probe in owner:
+                raise ResultsFormatError(f"probe '{probe}' has rows in both {owner[probe].run_dir} and {run.run_dir}; "
+                                         "pass runs that each hold different probes")
+            frames[probe], owner[probe] = frame, run
+    manifest = json.loads(json.dumps(first.manifest))
+    for probe, run in owner.items():
+        manifest["probes"][probe] = run.manifest["probes"].get(probe, {})
+    manifest["merged_from"] = [str(r.run_dir) for r in runs]
+    return Run(run_dir=Path(" + ".join(str(r.run_dir) for r in runs)), manifest=manifest, frames=frames)

@@ -173,14 +173,15 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
 
     The calibration records the host the run measured (``meta.host``, see predictor.host_match).
     A run taken under contention is refused (ConfigError) unless ``allow_contended``; then it is
-    fitted and marked (``meta.contended``: why).
+    fitted and marked (``meta.contended``: why). ``run_dir`` may also be a list of run directories
+    of one device, each probe taken from the run that measured it (gpubench.results.load_many).
 
     Raises ResultsFormatError for a malformed run directory (from gpubench.results.load).
     """
     from gpubench import results
     from predictor.host_match import identity_from_device, run_contention
 
-    run = results.load(run_dir)
+    run = results.load_many(run_dir if isinstance(run_dir, (list, tuple)) else [run_dir])
     contended = run_contention(run)
     if contended and not allow_contended:
         raise ConfigError(f"{run.run_dir}: taken under contention ({contended}); re-run it on a quiet machine, "
@@ -222,6 +223,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
     report["warnings"] = sanity_warnings(params, hw, report, run)
     meta = {"created_utc": utc_now_iso(), "from": "run", "run_dir": str(run.run_dir),
             "run_git_commit": run.manifest.get("git_commit"), "run_created_utc": run.manifest.get("created_utc"),
+            **({"run_dirs": run.manifest["merged_from"]} if "merged_from" in run.manifest else {}),
             "device": (run.manifest.get("device") or {}).get("name"),
             "host": identity_from_device(run.manifest.get("device") or {}), "contended": contended,
             "command": list(argv) if argv is not None else ["gpubench", *sys.argv[1:]], "fit": report}

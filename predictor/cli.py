@@ -18,7 +18,9 @@ def register(sub) -> None:
         description="Fit eta_mem (eta_max, x_half) from the stream/l2 cold sweeps, eta_active from `peak`, "
                     "eta_duty from `gemm`, t_launch from `launch`, f_clk from telemetry. Parameters a run "
                     "lacks fall back to published, then spec values; each says which tier it came from.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (results/<sku>/<stamp>-<host>/)")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                   help="a run directory (results/<sku>/<stamp>-<host>/); several runs of one device are fitted "
+                        "together, each probe from the run that measured it (a probe in two runs is refused)")
     # -o/--out as every other command's output option; --output stays a hidden alias.
     p.add_argument("-o", "--out", default="calibration.json", dest="output", metavar="PATH", help="where to write (default: %(default)s)")
     p.add_argument("--output", action=DeprecatedAlias, canonical="--out", dest="output")
@@ -181,7 +183,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"calibration {cal.sku} {cal.dtype} <- {args.run_dir}")
+    table = Table(title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}")
     for col in ("parameter", "value", "error", "tier", "source"):
         table.add_column(col, overflow="fold")
     for block in (cal.params, cal.hardware, cal.host_residual):

@@ -162,6 +162,30 @@ def test_fit_gpu_run_recovers_every_parameter(tmp_path):
     assert cal.meta["fit"]["warnings"] == []
 
 
+def test_fit_of_two_runs_takes_each_probe_from_the_run_that_measured_it(tmp_path, capsys):
+    """A GPU session split over two machines of one kind (stream and l2 on one, the rest on the
+    other) fits to the same calibration as one run holding every probe; a probe in two runs, or
+    runs of two devices, is one line and exit 2."""
+    from gpubench.cli import main
+
+    memory = write_gpu_run(tmp_path / "a", np.random.default_rng(2), probes=("stream", "l2"))
+    compute = write_gpu_run(tmp_path / "b", np.random.default_rng(2), probes=("launch", "peak", "gemm"))
+    whole = fit_run(write_gpu_run(tmp_path / "c", np.random.default_rng(2)))
+    split = fit_run([compute, memory])
+    for name in ("eta_max", "x_half", "f_clk", "eta_active", "eta_duty", "t_launch_s", "t_graph_node_s"):
+        assert split.params[name].tier == "measured", name
+        assert split.params[name].value == pytest.approx(whole.params[name].value, rel=0.03), name
+    assert split.meta["run_dirs"] == [str(compute), str(memory)]
+    assert str(memory) in split.params["eta_max"].source and str(compute) in split.params["eta_max"].source
+    assert "run_dirs" not in whole.meta
+    cpu = write_cpu_run(tmp_path / "d", np.random.default_rng(3))
+    for runs, msg in (([compute, compute], "probe 'gemm' has rows in both"), ([compute, cpu], "must be of one device")):
+        assert main(["fit", *map(str, runs), "-o", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_calibrated_model_reproduces_measured_gemm(tmp_path):
     """The identity: eta_c * P with the fitted factors gives back a compute-bound GEMM's throughput."""
     cal = fit_run(write_gpu_run(tmp_path, np.random.default_rng(3)))

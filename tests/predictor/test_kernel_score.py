@@ -1,0 +1,78 @@
+"""score-kernels on the committed H200 measurements (real kernels, timed on an H200 by
+scripts/device_check.sh), and the H200 calibration fitted from the two committed probe runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpubench.cli import main
+from predictor.calibrate import Calibration, fit_run
+from predictor.step import StepModel
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "results" / "h200"
+RUNS = [H200 / "20261204T122331Z-vm", H200 / "20261204T123451Z-vm"]
+ROWS = sorted((H200 / "steps").glob("gpu-*.parquet"))
+COMMITTED = ROOT / "results" / "eval" / "h200-kernels"
+
+
+def test_the_committed_h200_calibration_is_the_fit_of_its_two_runs(monkeypatch):
+    """stream and l2 from the second run (they crashed on the first machine), the rest from the first."""
+    monkeypatch.chdir(ROOT)
+    committed = Calibration.load(H200 / "calibration.json")
+    cal = fit_run([str(r.relative_to(ROOT)) for r in RUNS])
+    for name, p in committed.params.items():
+        assert cal.params[name].value == pytest.approx(p.value, rel=1e-12), name
+        assert cal.params[name].tier == p.tier, name
+    assert {n for n, p in cal.params.items() if p.tier == "measured"} >= {
+        "eta_max", "x_half", "eta_active", "eta_duty", "f_clk", "t_launch_s", "t_graph_node_s"}
+    assert committed.meta["run_dirs"] == [str(r.relative_to(ROOT)) for r in RUNS]
+
+
+def test_the_committed_kernel_score_regenerates(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the committed COMMAND names paths relative to the checkout
+    out = tmp_path / "k"
+    args = [str(p.relative_to(ROOT)) for p in ROWS]
+    assert main(["score-kernels", *args, "--sku", "h200", "--calibration", "results/h200/calibration.json",
+                 "--out", str(out)]) == 0
+    got, want = pd.read_csv(out / "summary.csv"), pd.read_csv(COMMITTED / "summary.csv")
+    pd.testing.assert_frame_equal(got, want, rtol=1e-9)
+    assert {p.name for p in out.iterdir()} >= {"kernels.csv", "summary.csv", "kernels.md", "kernels.png", "COMMAND"}
+    # what the committed figures say: the two Llama-shaped 7-8B models' GEMMs within 5 % of their kernels
+    lin = want[(want.kind == "linear") & (want.phase == "all")].set_index("model")
+    assert lin.loc["llama-3.1-8b", "mape_pct"] < 5 and lin.loc["mistral-7b", "mape_pct"] < 5
+
+
+def test_a_scored_row_is_the_step_models_own_prediction(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rows = pd.read_csv(COMMITTED / "kernels.csv")
+    steps = pd.read_parquet(H200 / "steps" / "gpu-llama-3.1-8b.parquet").set_index("key")
+    model = StepModel("h200", "llama-3.1-8b", calibration="results/h200/calibration.json")
+    for r in rows[rows.model == "llama-3.1-8b"].itertuples():
+        step = steps.loc[r.key]
+        pred = model.predict([tuple(s) for s in json.loads(step.batch_json)])
+        if r.kind == "kernels":
+            assert r.measured_s == pytest.approx(step.op_sum_s)
+            assert r.predicted_s == pytest.approx(pred.blocks_s + pred.sample_s)
+        elif r.kind == "linear":
+            assert r.measured_s == pytest.approx(json.loads(step.ops_json)["linear"])
+            assert r.predicted_s == pytest.approx(sum(op.t_s for op in pred.ops.values() if op.kind == "gemm"))
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    unprofiled = tmp_path / "unprofiled.parquet"
+    df = pd.read_parquet(ROWS[0])
+    df.assign(ops_profiled=False).to_parquet(unprofiled)
+    cpu_rows = ROOT / "results" / "steps" / "cpu-llama-60m.parquet"
+    for args, msg in (([str(cpu_rows), "--sku", "h200"], "needs GPU step rows"),
+                      ([str(ROWS[0]), "--sku", "cpu"], "scores GPU kernel times"),
+                      ([str(unprofiled), "--sku", "h200"], "--ops-subset"),
+                      ([str(tmp_path / "none.parquet"), "--sku", "h200"], "no such rows file"),
+                      ([str(ROWS[0]), "--sku", "h2000"], "unknown SKU")):
+        assert main(["score-kernels", *args, "--out", str(tmp_path / "o")]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err
+    assert not (tmp_path / "o" / "summary.csv").exists()
