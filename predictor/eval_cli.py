@@ -71,6 +71,22 @@ def register(sub) -> None:
                    help="score files that hold rows taken under contention (those rows are dropped)")
     e.set_defaults(func=_evaluate)
 
+    k = sub.add_parser(
+        "score-kernels", help="score the step model's device time per op kind against profiled GPU kernel times",
+        description="For the GPU step rows that `gpubench profile` ran under torch.profiler (--ops-subset), compare "
+                    "the summed kernel time of their linear layers, their attention and all their kernels with the "
+                    "step model's device time for the same batch (GEMM ops, attention op, all ops; no launch "
+                    "interval or host residual). Nothing is fitted on the rows. Writes kernels.csv, summary.csv, "
+                    "kernels.md, kernels.png and COMMAND into --out.",
+        formatter_class=DefaultsHelpFormatter)
+    k.add_argument("rows", nargs="+", type=Path, help="GPU step-row files written by `gpubench profile --device cuda`")
+    k.add_argument("--sku", required=True, help="the GPU the rows were measured on (SKU id, e.g. h200)")
+    k.add_argument("--calibration", type=Path, default=None,
+                   help="calibration.json from `gpubench fit` of that GPU (default: spec/published tier)")
+    k.add_argument("--force-calibration", action="store_true", help="use a calibration of another SKU anyway")
+    k.add_argument("--out", required=True, type=Path, help="output directory")
+    k.set_defaults(func=_score_kernels)
+
 
 def _profile(args) -> int:
     from gpubench.errors import ConfigError
@@ -200,6 +216,22 @@ def _evaluate(args) -> int:
         _print_evaluate_json(args.out)
         return 0
     print(summary)
+    return 0
+
+
+def _score_kernels(args) -> int:
+    from gpubench import skus as sku_table
+    from predictor.kernel_score import run_score
+
+    sku = sku_table.get(args.sku).id
+    if args.calibration is not None:
+        from predictor.calibrate import Calibration
+        from predictor.host_match import check_calibration_host
+
+        for line in check_calibration_host(Calibration.load(args.calibration), sku, force=args.force_calibration):
+            print(f"warning: {line}", file=sys.stderr)
+    print(run_score([str(r) for r in args.rows], sku=args.sku, calibration=str(args.calibration) if args.calibration else None,
+                    out=str(args.out)))
     return 0
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "results" / "h200"
 RUNS = [H200 / "20261204T122331Z-vm", H200 / "20261204T123451Z-vm"]
 ROWS = sorted((H200 / "steps").glob("gpu-*.parquet"))
-COMMITTED = ROOT / "results" / "eval" / "h200-kernels"
+COMMITTED = ROOT / "results" / "h200" / "kernels"
 
 
 def test_the_committed_h200_calibration_is_the_fit_of_its_two_runs(monkeypatch):
