@@ -136,7 +136,16 @@ step sass 40 "$PY" scripts/check_sass.py --archs "$arch" || true
 grep -E '^sm_' "$LOG" | tail -n 20 >"$OUT/sass_summary.txt" || true
 
 # --- 3. GPU self-checks
-step selfchecks 50 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/gpubench/test_cuda_backend.py || true
+selfcheck_rc=0
+step selfchecks 50 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/gpubench/test_cuda_backend.py || selfcheck_rc=$?
+if [ "$selfcheck_rc" -eq 139 ] && command -v cuda-gdb >/dev/null; then
+  # A crash (SIGSEGV) in the extension: its C++ backtrace, which Python's fault handler cannot give.
+  # The first H200 session lost one this way (stream and l2 crashed on one machine, not on the next).
+  say "selfchecks crashed: the backtrace under cuda-gdb follows"
+  timeout 60 cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt \
+    --args "$PY" -m pytest -q -m gpu -p no:cacheprovider -p no:faulthandler tests/gpubench/test_cuda_backend.py \
+    2>&1 | grep -v '^\[New Thread\|^\[Thread\|^\[Detaching\|cannot be found in library' | tail -40 >>"$LOG" || true
+fi
 
 # --- 4. the quick run (the probe order puts the long l2 sweep last)
 step run 220 "$PY" -m gpubench run --device cuda:0 --quick --out "$RESULTS" || true
