@@ -66,6 +66,12 @@ WRITTEN_OPTIONS = {"out": "--out", "output": "--out", "trace_out": "--trace-out"
                    "resume": "--resume", "export": "--export"}
 
 
+# What an interrupted command left, and how to go on: a run resumes into its directory, profile
+# resumes its rows file when the same command runs again (its finished rows are in a sidecar).
+INTERRUPTED_HINT = {"run": "; what was measured is on disk (resume with --resume RUN_DIR)",
+                    "profile": "; the rows measured so far are on disk (run the same command again to resume)"}
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Before any work: refuse to rewrite committed files (outdir.refuse_committed) through any
     option that names what the command writes."""
@@ -105,7 +111,7 @@ def main(argv=None) -> int:
         print(f"gpubench: error: cannot use{where}: {err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("gpubench: interrupted; what was measured is on disk (resume with --resume RUN_DIR)", file=sys.stderr)
+        print(f"gpubench: interrupted{INTERRUPTED_HINT.get(getattr(args, 'command', None), '')}", file=sys.stderr)
         return 130
 
 

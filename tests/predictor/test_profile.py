@@ -117,3 +117,28 @@ def test_cli_profile_json(tmp_path):
     more = json.loads(subprocess.run(cmd + ["--max-points", "2"], capture_output=True, text=True, timeout=120).stdout)
     assert more["num_rows"] == 2 and more["num_added"] == 1 == len(pd.read_parquet(out)) - 1
     assert sum(more["phases"].values()) == 2
+
+
+def test_an_interrupted_profile_says_how_to_resume_and_resumes(tmp_path):
+    """Ctrl-C during a real profile: exit 130 with one line saying the same command resumes it (not
+    `run`'s --resume); the rerun finishes the grid without doubling a row."""
+    import signal
+    import time
+
+    out = tmp_path / "i.parquet"
+    cmd = [sys.executable, "-m", "gpubench", "profile", "--model", "llama-60m", "--grid", "quick",
+           "--ops-subset", "0", "--threads", "1", "--max-points", "12", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    side = sidecar_path(out)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (side.exists() and side.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert "run the same command again to resume" in last and "--resume" not in last
+    assert not out.exists() and 1 <= len(read_rows(side)) < 12
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
+    rows = pd.read_parquet(out)
+    assert len(rows) == 12 and rows["key"].is_unique
