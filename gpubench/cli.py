@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         print(f"gpubench: error: cannot use{where}: {err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"gpubench: interrupted{INTERRUPTED_HINT.get(getattr(args, 'command', None), '')}", file=sys.stderr)
+        print(f"gpubench: interrupted{INTERRUPTED_HINT.get(str(getattr(args, 'command', '')), '')}", file=sys.stderr)
         return 130
 
 
