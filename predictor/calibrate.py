@@ -14,7 +14,7 @@ import numpy as np
 
 from gpubench.errors import ConfigError
 from predictor import efficiency as eff
-from predictor.calibrate_compute import finite_or_none, fit_active, fit_duty, fit_duty_by_m, is_finite, valid_rows
+from predictor.calibrate_compute import finite_or_none, fit_active, fit_duty, fit_duty_by_m, fit_gemm_fixed, is_finite, valid_rows
 from predictor.calibration_model import Calibration, Curve, Param, defaults, resolve, utc_now_iso  # noqa: F401 - resolve: re-exported
 from predictor.hardware import HardwareSpec
 
@@ -216,7 +216,11 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
     params["eta_duty"], duty_report = fit_duty(run, hw, dtype, f, params["eta_active"].value,
                                                 params["eta_max"].value, params["x_half"].value, params["eta_duty"])
     report.update(duty_report)
-    curves, curve_report = fit_duty_by_m(run, hw, dtype, f, params["eta_active"].value)
+    gemm_fixed = fit_gemm_fixed(run, hw, dtype)
+    if gemm_fixed is not None:
+        params["t_gemm_fixed_s"] = gemm_fixed
+    curves, curve_report = fit_duty_by_m(run, hw, dtype, f, params["eta_active"].value,
+                                         gemm_fixed.value if gemm_fixed is not None else 0.0)
     report.update(curve_report)
     _fit_launch(run, hw, params)
     cpu_ops = _fit_cpu_ops(run, report)

@@ -118,19 +118,53 @@ def fit_duty_curve(m, duty) -> dict:
     return {"x": [float(x) for x in xs], "raw": raw, "value": [float(v) for v in value], "error": err, "num_rows": num}
 
 
-def fit_duty_by_m(run, hw: HardwareSpec, dtype: str, f: float, active: float) -> tuple[dict, dict]:
+def fit_gemm_fixed(run, hw: HardwareSpec, dtype: str) -> Param | None:
+    """A GPU GEMM kernel's fixed time: the intercept of time against bytes over the gemm rows of
+    ``dtype`` at the smallest M (one row of activations: the weights stream, and what does not grow
+    with them is the kernel's ramp and tail). None on the CPU (the memory law's own x_half term
+    covers it there), without two distinct shapes at that M, or when the line does not rise."""
+    if hw.backend == "cpu":
+        return None
+    g = valid_rows(run.frames.get("gemm"))
+    if g is None or len(g) == 0 or not {"dtype", "m", "bytes", "t_median_s"} <= set(g.columns):
+        return None
+    g = g[g["dtype"] == dtype]
+    if len(g) == 0:
+        return None
+    g = g[g["m"] == g["m"].min()]
+    x, t = g["bytes"].to_numpy(float), g["t_median_s"].to_numpy(float)
+    if np.unique(x).size < 2:
+        return None
+    (slope, intercept), cov = np.polyfit(x, t, 1, cov=True) if x.size > 2 else (np.polyfit(x, t, 1), None)
+    if not slope > 0 or not intercept > 0:
+        return None
+    err = finite_or_none(np.sqrt(cov[1, 1])) if cov is not None else None
+    return Param(float(intercept), err, "measured",
+                 f"{run.run_dir}: intercept of time against bytes over {x.size} gemm rows of {dtype} at M={int(g['m'].min())} "
+                 f"(t = {intercept * 1e6:.2f} us + bytes / {1 / slope / 1e12:.3g} TB/s); error = its standard error")
+
+
+def fit_duty_by_m(run, hw: HardwareSpec, dtype: str, f: float, active: float, fixed_s: float = 0.0) -> tuple[dict, dict]:
     """curves["eta_duty_by_m"][dtype] from every valid gemm row of the dtype (not only the
     compute-bound ones: at small M the probe's time is what a GEMM of that M costs, whatever
-    bounds it, and that is what the per-M duty must reproduce)."""
+    bounds it, and that is what the per-M duty must reproduce).
+
+    ``fixed_s``: each kernel's fixed time (``fit_gemm_fixed``), which the model charges on its own:
+    the duty is then fitted on each row's time net of it (rows whose time is not above it are left
+    out), so fixed time plus the curve's time reproduces every row."""
     g = valid_rows(run.frames.get("gemm"))
     if g is None or len(g) == 0 or "dtype" not in g.columns:
         return {}, {}
     g = g[g["dtype"] == dtype]
     if len(g) == 0:
         return {}, {}
+    if fixed_s > 0:
+        g = g[g["flops"] / (g["tflops_median"] * 1e12) > fixed_s]
     peak = hw.peak(dtype)
     m, n, k = (g[c].to_numpy(float) for c in ("m", "n", "k"))
     measured = g["tflops_median"].to_numpy(float) * 1e12
+    flops = g["flops"].to_numpy(float)
+    measured = flops / (flops / measured - fixed_s)  # the throughput of the time net of the fixed part
     cluster = eff.eta_cluster(m, n, k, hw.num_sms, eff.tile_shape(hw.arch))
     duty = eff.eta_duty(measured, peak, f, cluster, active)
     try:
@@ -143,8 +177,9 @@ def fit_duty_by_m(run, hw: HardwareSpec, dtype: str, f: float, active: float) ->
     ok = measured > 0
     mape = float(np.mean(np.abs(pred[ok] - measured[ok]) / measured[ok]))
     lifted = int(sum(v > r * (1 + 1e-12) for v, r in zip(c["value"], c["raw"])))
+    net = f" net of the fixed {fixed_s * 1e6:.2f} us per kernel" if fixed_s > 0 else ""
     src = (f"{run.run_dir}: per M, median over {len(g)} gemm rows of {dtype} ({len(c['x'])} M values, "
-           f"{len(set(zip(n, k)))} (N, K) shapes) of measured / (P f_clk eta_cluster eta_active); time envelope "
+           f"{len(set(zip(n, k)))} (N, K) shapes) of measured{net} / (P f_clk eta_cluster eta_active); time envelope "
            f"raised {lifted} of them; error = IQR/1.349 per M; fit_error = MAPE of eta_c * P over the rows")
     curve = Curve(x=tuple(c["x"]), value=tuple(c["value"]), tier="measured", source=src, error=tuple(c["error"]),
                   raw=tuple(c["raw"]), num_rows=tuple(c["num_rows"]), fit_error=mape)

@@ -170,6 +170,13 @@ class StepModel:
         # L40S with its 96 MB L2: a Llama-3.1-8B decode at 45 ms instead of ~21). So a GPU op
         # streams at B * eta_max; the CPU (no launch interval) keeps the law.
         self._mem_latency_bytes = 0.0 if self.gpu else self.x_half * hw.l2_bytes
+        # NOTE(predictor): a GPU GEMM kernel's fixed time (ramp and tail, ~6 us on an H200), when the
+        # calibration measured it (`gpubench fit`: the intercept of the gemm probe's time against
+        # bytes at M = 1); its eta_duty(M) curve was then fitted on the time net of it, so the probe's
+        # own shapes cost what they measured and a smaller GEMM still pays the fixed part.
+        fixed = cal.params.get("t_gemm_fixed_s")
+        self.t_gemm_fixed_s = float(fixed.value) if (self.gpu and fixed is not None) else 0.0
+        self._op_fixed_s = np.where(g.kinds == "gemm", self.t_gemm_fixed_s * g.num_kernels, 0.0)
         if hw.backend == "cpu":
             self.num_kernels = g.total_cpu_dispatches()
             self.t_launch_s = v("t_dispatch_s")
@@ -196,7 +203,7 @@ class StepModel:
                 for j, i in enumerate(g.gemm_index)}
         self._scalar_ops = [
             (tuple(g.flops[i]), tuple(g.bytes[i]), float(self._flops_per_s[i]), float(g.num_calls[i]),
-             gemm.get(i), i == g.sample_index)
+             gemm.get(i), i == g.sample_index, float(self._op_fixed_s[i]))
             for i in range(g.num_ops)
         ]
         self._scalar_env = {int(i): self._gemm.env_list[j] for j, i in enumerate(g.gemm_index)}
@@ -235,7 +242,7 @@ class StepModel:
         mask = self._block_mask
         compute_s = t_c[:, mask] @ calls[mask]
         memory_s = t_m[:, mask] @ calls[mask]
-        op_t = np.maximum(t_c, t_m) if op_t is None else op_t
+        op_t = np.maximum(t_c, t_m) + self._op_fixed_s if op_t is None else op_t
         if self.form == "additive":
             blocks_s = op_t[:, mask] @ calls[mask]
         else:
@@ -289,7 +296,7 @@ class StepModel:
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
         comp = mem = add = sample = 0.0
         last_seg = GEMM_ENVELOPE_SEGMENTS + 1
-        for i, (fc, bc, rate, calls, gemm, is_sample) in enumerate(self._scalar_ops):
+        for i, (fc, bc, rate, calls, gemm, is_sample, fixed) in enumerate(self._scalar_ops):
             flops = fc[0] * f[0] + fc[1] * f[1] + fc[2] * f[2] + fc[3] * f[3] + fc[4] * f[4]
             nbytes = bc[0] * f[0] + bc[1] * f[1] + bc[2] * f[2] + bc[3] * f[3] + bc[4] * f[4]
             if expert_unread and i in self._expert_bytes:
@@ -310,11 +317,11 @@ class StepModel:
                 t_c = flops / rate
             t_m = (nbytes + lat) / bw if nbytes > 0 else 0.0
             if is_sample:
-                sample = max(t_c, t_m)
+                sample = max(t_c, t_m) + fixed
                 continue
             comp += calls * t_c
             mem += calls * t_m
-            add += calls * max(t_c, t_m)
+            add += calls * (max(t_c, t_m) + fixed)
         blocks = add if self.form == "additive" else max(comp, mem)
         if self.hardware.backend == "cpu" or self.form == "additive":
             launch = self.launch_s
@@ -351,7 +358,7 @@ class StepModel:
         t_c, t_m = self._op_times(feats)
         if self.cpu_table is not None:
             return table_prediction(self, self.cpu_table.op_times([tuple(b) for b in batch]), feats, t_c, t_m)
-        op_t = np.maximum(t_c, t_m)
+        op_t = np.maximum(t_c, t_m) + self._op_fixed_s
         if self.gpu:
             i = self._attn_index
             f, decode, longest = _batch_sums(batch)

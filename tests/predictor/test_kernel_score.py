@@ -54,12 +54,17 @@ def test_a_scored_row_is_the_step_models_own_prediction(tmp_path, monkeypatch):
     for r in rows[rows.model == "llama-3.1-8b"].itertuples():
         step = steps.loc[r.key]
         pred = model.predict([tuple(s) for s in json.loads(step.batch_json)])
+        # the loop runs 7 projection kernels per layer (q, k, v, o, gate, up, down) + lm_head where the
+        # model's graph has a serving engine's fused 4 + 1: 3 more fixed GEMM times per layer
+        model_kernels = sum(op.num_kernels for op in pred.ops.values() if op.kind == "gemm")
+        assert model_kernels == 4 * 32 + 1
+        separate = 3 * 32 * model.t_gemm_fixed_s
         if r.kind == "kernels":
             assert r.measured_s == pytest.approx(step.op_sum_s)
-            assert r.predicted_s == pytest.approx(pred.blocks_s + pred.sample_s)
+            assert r.predicted_s == pytest.approx(pred.blocks_s + pred.sample_s + separate)
         elif r.kind == "linear":
             assert r.measured_s == pytest.approx(json.loads(step.ops_json)["linear"])
-            assert r.predicted_s == pytest.approx(sum(op.t_s for op in pred.ops.values() if op.kind == "gemm"))
+            assert r.predicted_s == pytest.approx(sum(op.t_s for op in pred.ops.values() if op.kind == "gemm") + separate)
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
@@ -76,3 +81,49 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err
     assert not (tmp_path / "o" / "summary.csv").exists()
+
+
+def test_the_h200_gemm_fixed_time_is_the_probes_intercept_and_every_path_charges_it(monkeypatch):
+    """t_gemm_fixed_s is the intercept of the gemm rows' time against bytes at M = 1 (measured, so
+    only a measured calibration charges it; a calibration without it charges none); the scalar,
+    vectorized and breakdown paths agree, and each adds exactly one fixed time per GEMM kernel."""
+    import numpy as np
+
+    from gpubench import results
+    from predictor.calibrate_compute import fit_gemm_fixed
+    from predictor.calibration_model import Calibration as Cal
+    from predictor.hardware import HardwareSpec
+    from predictor.ops import batch_features
+
+    monkeypatch.chdir(ROOT)
+    run = results.load(RUNS[0])
+    gemm = run.frames["gemm"]
+    at1 = gemm[(gemm.dtype == "bf16") & (gemm.m == 1)]
+    slope, intercept = np.polyfit(at1["bytes"], at1["t_median_s"], 1)
+    fixed = fit_gemm_fixed(run, HardwareSpec.from_sku("h200"), "bf16")
+    assert fixed.tier == "measured" and fixed.value == pytest.approx(intercept) and 2e-6 < fixed.value < 10e-6
+    assert fit_gemm_fixed(run, HardwareSpec.from_sku("cpu"), "bf16") is None  # the CPU keeps its memory law
+
+    cal = Calibration.load(H200 / "calibration.json")
+    assert cal.params["t_gemm_fixed_s"].value == pytest.approx(fixed.value)
+    with_fixed = StepModel("h200", "llama-3.1-8b", calibration=cal)
+    doc = cal.to_dict()
+    del doc["params"]["t_gemm_fixed_s"]
+    without = StepModel("h200", "llama-3.1-8b", calibration=Cal.from_dict(doc))
+    assert without.t_gemm_fixed_s == 0.0
+    for batch in ([(1, 64)], [(1, 1024)] * 16, [(1, 512)] * 7 + [(64, 256)], [(1024, 0)] * 4):
+        p = with_fixed.predict(batch)
+        assert with_fixed.predict_time(batch) == pytest.approx(p.total_s, rel=1e-12)
+        assert without.predict_time(batch) == pytest.approx(without.predict(batch).total_s, rel=1e-12)
+        if all(n == 1 for n, _ in batch):
+            vec = with_fixed.predict_features(batch_features(batch)[None, :])[0]
+            assert vec == pytest.approx(p.total_s, rel=1e-9)
+    # the scalar path's fixed part alone: same calibration, curve untouched, fixed time doubled
+    doc2 = cal.to_dict()
+    doc2["params"]["t_gemm_fixed_s"]["value"] *= 2
+    doubled = StepModel("h200", "llama-3.1-8b", calibration=Cal.from_dict(doc2))
+    p1, p2 = with_fixed.predict([(1, 128)] * 4), doubled.predict([(1, 128)] * 4)
+    kernels = sum(op.num_kernels for op in p1.ops.values() if op.kind == "gemm")
+    assert doubled.predict_time([(1, 128)] * 4) - with_fixed.predict_time([(1, 128)] * 4) == pytest.approx(
+        kernels * fixed.value, rel=1e-9)
+    assert p2.total_s - p1.total_s == pytest.approx(kernels * fixed.value, rel=1e-9)
