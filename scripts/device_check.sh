@@ -8,7 +8,7 @@
 #   5. print % of spec per figure, with what published measurements lead one to expect
 #   6. optional: real engine steps (`gpubench profile --grid gpu`) of the models in STEP_MODELS, one
 #      after another, each within what is left of DEADLINE_S (counted from the script's start)
-# Everything it leaves is five files directly in $OUT (a device tool returns only a handful of
+# Everything it leaves is five files (six with STEP_MODELS) directly in $OUT (a device tool returns only a handful of
 # files, at most two folders deep):
 #   env.txt           host, driver, GPU, clocks, MIG and compute mode, toolchain versions
 #   device_check.log  every step's output
