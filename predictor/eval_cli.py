@@ -85,6 +85,9 @@ def register(sub) -> None:
                    help="calibration.json from `gpubench fit` of that GPU (default: spec/published tier)")
     k.add_argument("--force-calibration", action="store_true", help="use a calibration of another SKU anyway")
     k.add_argument("--out", required=True, type=Path, help="output directory")
+    k.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (out_dir, files written, rows scored, and MAPE / mean signed "
+                        "error per kind, pooled and by model) instead of the Markdown table")
     k.set_defaults(func=_score_kernels)
 
 
@@ -230,8 +233,25 @@ def _score_kernels(args) -> int:
 
         for line in check_calibration_host(Calibration.load(args.calibration), sku, force=args.force_calibration):
             print(f"warning: {line}", file=sys.stderr)
-    print(run_score([str(r) for r in args.rows], sku=args.sku, calibration=str(args.calibration) if args.calibration else None,
-                    out=str(args.out)))
+    text = run_score([str(r) for r in args.rows], sku=args.sku, calibration=str(args.calibration) if args.calibration else None,
+                     out=str(args.out))
+    if not args.json:
+        print(text)
+        return 0
+    import json
+
+    import pandas as pd
+
+    summary = pd.read_csv(args.out / "summary.csv")
+    pooled = summary[(summary["model"] == "all") & (summary["phase"] == "all")]
+    by_model = summary[summary["model"] != "all"]
+    names = ("kernels.csv", "summary.csv", "kernels.md", "kernels.png", "COMMAND")
+    doc = {"out_dir": str(args.out), "files": [str(args.out / n) for n in names if (args.out / n).is_file()],
+           "num_rows": int(pd.read_csv(args.out / "kernels.csv", usecols=["key"])["key"].nunique()),
+           "mape_pct": {r.kind: float(r.mape_pct) for r in pooled.itertuples()},
+           "signed_pct": {r.kind: float(r.signed_pct) for r in pooled.itertuples()},
+           "mape_pct_by_model": {k: {r.model: float(r.mape_pct) for r in g.itertuples()} for k, g in by_model.groupby("kind")}}
+    print(json.dumps(doc, indent=2, allow_nan=False))
     return 0
 
 

@@ -1,6 +1,11 @@
 """Each CPU probe on tiny sizes through the Python API, on the real compiled extension."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -96,21 +101,38 @@ def test_peak_checksum_and_spec(cfg):
             assert row["clock_mhz_measured"] > 100
 
 
+# One thread's FMA loop and the clock, in a fresh process (OpenMP fixes its team size at first use).
+FMA_ONE_THREAD = """
+import json
+from gpubench import _cpu
+from gpubench.hostinfo import host_cpu
+from gpubench.probes.peak import measured_clock_mhz
+h = host_cpu()
+for dtype, size in (("fp64", 8), ("fp32", 4)):
+    _cpu.peak_fma(dtype, 50000, 2)
+    out = _cpu.peak_fma(dtype, 50000, 40)
+    mhz, _ = measured_clock_mhz()
+    per_core_at_mhz = h.peak_flops(size) / h.num_cpus * mhz / h.clock_mhz
+    print(json.dumps({"dtype": dtype, "threads": out["threads"], "share": out["flops_per_rep"] / min(out["times_s"]) / per_core_at_mhz,
+                      "formula": f"{h.fp_lanes(size)} lanes x {h.fma_units_per_core} FMA units x 2 x {mhz:.0f} MHz"}))
+"""
+
+
 def test_the_fma_loop_reaches_the_spec_at_its_measured_clock():
-    """The spec's FMA units per core, checked on this host: each thread's best repetition, at the
-    measured clock, lands near 100 % of cores x lanes x units x 2. A wrong unit count shows as
-    ~50 % (Zen 4 counted with two 512-bit units) or ~200 %. Each thread's own best window is
-    used, not the team's, so a descheduled thread on a shared host does not fail it."""
-    backend, _ = get_backend("cpu")
-    probe = cpu_probes()["peak"]
-    config = ProbeConfig(quick=True, num_reps=4, device=backend.device_info(),
-                         options={"peak.num_reps": "40", "peak.iters": "50000"})
-    for spec in probe.plan(config):
-        if spec.params["kind"] != "fma":
-            continue
-        (row,) = _rows(probe, spec)
-        share = row["thread_sum_tflops_best"] / row["measured_clock_tflops"]
-        assert 0.7 <= share <= 1.1, (spec.key, row["spec_formula"], f"{share:.0%} of the peak at {row['clock_mhz_measured']:.0f} MHz")
+    """The spec's FMA units per core, checked on this host: one thread's best repetition, at the
+    measured clock, lands near 100 % of lanes x units x 2 per core. A wrong unit count shows as
+    ~50 % (Zen 4 counted with two 512-bit units) or ~200 %. One thread, not the team: two vCPUs
+    the hypervisor places on one core's hyperthreads share its FMA units (CI saw the team at 61 %).
+    Best of up to three tries, so a neighbour's burst does not fail it; a wrong count fails them all."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for attempt in range(3):
+        res = subprocess.run([sys.executable, "-c", FMA_ONE_THREAD], capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 0, res.stderr
+        rows = [json.loads(line) for line in res.stdout.splitlines()]
+        assert [r["threads"] for r in rows] == [1, 1]
+        if all(0.7 <= r["share"] <= 1.1 for r in rows):
+            return
+    pytest.fail("; ".join(f"{r['dtype']}: {r['share']:.0%} of {r['formula']}" for r in rows))
 
 
 def test_fma_units_per_core_by_microarchitecture():

@@ -32,7 +32,7 @@ def test_the_committed_h200_calibration_is_the_fit_of_its_two_runs(monkeypatch):
     assert committed.meta["run_dirs"] == [str(r.relative_to(ROOT)) for r in RUNS]
 
 
-def test_the_committed_kernel_score_regenerates(tmp_path, monkeypatch):
+def test_the_committed_kernel_score_regenerates(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # the committed COMMAND names paths relative to the checkout
     out = tmp_path / "k"
     args = [str(p.relative_to(ROOT)) for p in ROWS]
@@ -41,6 +41,13 @@ def test_the_committed_kernel_score_regenerates(tmp_path, monkeypatch):
     got, want = pd.read_csv(out / "summary.csv"), pd.read_csv(COMMITTED / "summary.csv")
     pd.testing.assert_frame_equal(got, want, rtol=1e-9)
     assert {p.name for p in out.iterdir()} >= {"kernels.csv", "summary.csv", "kernels.md", "kernels.png", "COMMAND"}
+    capsys.readouterr()
+    assert main(["score-kernels", *args, "--sku", "h200", "--calibration", "results/h200/calibration.json",
+                 "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["num_rows"] == 40 and set(doc["mape_pct"]) == {"linear", "attention", "kernels"}
+    assert doc["mape_pct_by_model"]["linear"]["llama-3.1-8b"] == pytest.approx(
+        float(want[(want.kind == "linear") & (want.model == "llama-3.1-8b")]["mape_pct"].iloc[0]))
     # what the committed figures say: the two Llama-shaped 7-8B models' GEMMs within 5 % of their kernels
     lin = want[(want.kind == "linear") & (want.phase == "all")].set_index("model")
     assert lin.loc["llama-3.1-8b", "mape_pct"] < 5 and lin.loc["mistral-7b", "mape_pct"] < 5
