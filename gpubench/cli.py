@@ -104,6 +104,11 @@ def main(argv=None) -> int:
         # not a fault of gpubench. The reader that hit it may not know the path; the position helps.
         print(f"gpubench: error: an input file is not UTF-8 text ({err.reason} at byte {err.start})", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of stdout went away (`gpubench ... | head`): not an error of the user's input.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command ended by a closed pipe
     except OSError as err:
         # A path the user named that cannot be read or written (missing, a directory where a file
         # is expected, no permission, a full disk): one line that names it.

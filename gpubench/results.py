@@ -242,6 +242,12 @@ def load_many(run_dirs) -> Run:
     merged manifest is the first run's, with each probe's entry from the run whose rows it holds and
     ``merged_from`` listing the runs; ``run_dir`` is a label naming them all.
     """
+    seen: dict = {}
+    for d in run_dirs:
+        key = Path(d).resolve()
+        if key in seen:
+            raise ResultsFormatError(f"{d}: given twice (as {seen[key]} too); pass each run once")
+        seen[key] = d
     runs = [load(d) for d in run_dirs]
     if len(runs) == 1:
         return runs[0]

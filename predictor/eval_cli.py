@@ -25,8 +25,9 @@ def register(sub) -> None:
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
     p.add_argument("--grid", default="default", choices=("tiny", "quick", "default", "gpu"),
-                   help="grid of points (tiny: --engine vllm only, a CI smoke run; gpu: the default grid "
-                        "with a GPU's memory and FLOP caps, for 7-8B models)")
+                   help="grid of points (tiny: --engine vllm only, a CI smoke run; gpu: the default grid with a "
+                        "GPU's memory cap and no FLOP cap that binds, for 7-8B models on a GPU: the others drop the "
+                        "points over a 2-core CPU's caps)")
     p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
     p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -233,8 +234,10 @@ def _score_kernels(args) -> int:
 
         for line in check_calibration_host(Calibration.load(args.calibration), sku, force=args.force_calibration):
             print(f"warning: {line}", file=sys.stderr)
-    text = run_score([str(r) for r in args.rows], sku=args.sku, calibration=str(args.calibration) if args.calibration else None,
-                     out=str(args.out))
+    text, notes = run_score([str(r) for r in args.rows], sku=args.sku,
+                            calibration=str(args.calibration) if args.calibration else None, out=str(args.out))
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
     if not args.json:
         print(text)
         return 0

@@ -39,6 +39,7 @@ class KernelScore:
     rows: pd.DataFrame     # key, model, phase, num_seqs, context_max, kind, measured_s, predicted_s, ape_pct, signed_pct
     by_model: pd.DataFrame  # kind, model, n, mape_pct, signed_pct
     pooled: pd.DataFrame    # kind, phase, n, mape_pct, signed_pct, median_ape_pct
+    notes: tuple = ()       # warnings for the user (rows of another GPU than --sku)
 
 
 # NOTE(kernel_score): `gpubench profile`'s torch engine runs each layer's projections as separate
@@ -73,6 +74,11 @@ def score_kernels(df: pd.DataFrame, *, sku: str, calibration) -> KernelScore:
                           "`gpubench evaluate`, whose op tables price them)")
     if set(df.device_type) != {"cuda"}:
         raise ConfigError(f"score-kernels needs GPU step rows; these were measured on {', '.join(sorted(set(df.device_type)))}")
+    notes = []
+    names = sorted({str(n) for n in df.get("device_name", pd.Series(dtype=str)).dropna()})
+    family = sku.split("-")[0].lower()
+    if names and not any(family in n.lower().replace(" ", "") for n in names):
+        notes.append(f"--sku {sku}: the rows were measured on {', '.join(names)}; scored as {sku} anyway")
     prof = df[df["ops_profiled"].fillna(False).astype(bool)]
     if not len(prof):
         raise ConfigError("no row was profiled per op (profile with --ops-subset K > 0)")
@@ -103,7 +109,7 @@ def score_kernels(df: pd.DataFrame, *, sku: str, calibration) -> KernelScore:
 
     pooled = pd.concat([summarize(rows, ["kind"]).assign(phase="all"), summarize(rows, ["kind", "phase"])],
                        ignore_index=True)[["kind", "phase", "n", "mape_pct", "median_ape_pct", "signed_pct"]]
-    return KernelScore(rows=rows, by_model=summarize(rows, ["kind", "model"]), pooled=pooled)
+    return KernelScore(rows=rows, by_model=summarize(rows, ["kind", "model"]), pooled=pooled, notes=tuple(notes))
 
 
 def command_line(rows: list[str], *, sku: str, calibration: str | None, out: str) -> str:
@@ -163,8 +169,9 @@ def plot(score: KernelScore, path: Path) -> Path:
     return write_bytes_atomic(path, buf.getvalue())
 
 
-def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str) -> str:
-    """Score, then write kernels.csv, summary.csv, kernels.md, kernels.png and COMMAND into ``out``."""
+def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str) -> tuple[str, tuple]:
+    """Score, then write kernels.csv, summary.csv, kernels.md, kernels.png and COMMAND into ``out``;
+    return the Markdown and the notes for the user."""
     from gpubench.outdir import locked, write_command, write_text_atomic
     from predictor.evaluate import load_rows
 
@@ -178,4 +185,4 @@ def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str) -
         write_text_atomic(d / "kernels.md", text)
         plot(score, d / "kernels.png")
         write_command(d, command)
-    return text
+    return text, score.notes

@@ -50,7 +50,7 @@ archive() {
   local run_dir
   run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
   if [ -n "$run_dir" ]; then
-    tar -czf "$OUT/run.tar.gz" -C "$(dirname "$run_dir")" "$(basename "$run_dir")" 2>>"$LOG" \
+    tar -czf "$OUT/run.tar.gz" --exclude=.gpubench.lock -C "$(dirname "$run_dir")" "$(basename "$run_dir")" 2>>"$LOG" \
       && say "run directory archived to $OUT/run.tar.gz ($(basename "$run_dir"))"
   else
     say "no run directory to archive"

@@ -179,7 +179,12 @@ def test_fit_of_two_runs_takes_each_probe_from_the_run_that_measured_it(tmp_path
     assert str(memory) in split.params["eta_max"].source and str(compute) in split.params["eta_max"].source
     assert "run_dirs" not in whole.meta
     cpu = write_cpu_run(tmp_path / "d", np.random.default_rng(3))
-    for runs, msg in (([compute, compute], "probe 'gemm' has rows in both"), ([compute, cpu], "must be of one device")):
+    other = tmp_path / "e"
+    import shutil
+
+    shutil.copytree(compute, other)  # the same probes in another run directory
+    for runs, msg in (([compute, compute], "given twice"), ([compute, other], "probe 'gemm' has rows in both"),
+                      ([compute, cpu], "must be of one device")):
         assert main(["fit", *map(str, runs), "-o", str(tmp_path / "x.json")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err and "Traceback" not in err, err

@@ -134,3 +134,11 @@ def test_the_h200_gemm_fixed_time_is_the_probes_intercept_and_every_path_charges
     assert doubled.predict_time([(1, 128)] * 4) - with_fixed.predict_time([(1, 128)] * 4) == pytest.approx(
         kernels * fixed.value, rel=1e-9)
     assert p2.total_s - p1.total_s == pytest.approx(kernels * fixed.value, rel=1e-9)
+
+
+def test_rows_of_another_gpu_than_the_sku_are_scored_with_a_warning(tmp_path, capsys):
+    assert main(["score-kernels", str(ROWS[0]), "--sku", "h100", "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: --sku h100") and "NVIDIA H200" in err
+    assert main(["score-kernels", str(ROWS[0]), "--sku", "h200", "--out", str(tmp_path / "p")]) == 0
+    assert capsys.readouterr().err == ""

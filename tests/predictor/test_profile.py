@@ -142,3 +142,11 @@ def test_an_interrupted_profile_says_how_to_resume_and_resumes(tmp_path):
     assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
     rows = pd.read_parquet(out)
     assert len(rows) == 12 and rows["key"].is_unique
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path):
+    """`gpubench profile --list | head -1`: head closes the pipe early; no error line, no traceback."""
+    res = subprocess.run(f"{sys.executable} -m gpubench profile --model llama-3.1-8b --device cuda --grid gpu --list "
+                         f"| head -1", shell=True, capture_output=True, text=True, timeout=120)
+    assert res.stdout == "decode:1x1+64\n"
+    assert res.stderr == "", res.stderr
