@@ -296,6 +296,19 @@ def utc_now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
+def retarget(cal: Calibration, sku_id: str, backend: str) -> Calibration:
+    """``cal`` used for another SKU of the same backend (``--force-calibration``): its fitted
+    efficiencies, curves and host residual apply; the device figures its run read (SM count, L2,
+    measured bandwidth) stay with the device it measured, so the target's spec ones are used.
+    ConfigError across backends (a CPU's efficiencies do not describe a GPU)."""
+    if cal.backend != backend:
+        raise ConfigError(f"the calibration is for a {cal.backend} SKU ('{cal.sku}'); it cannot describe "
+                          f"the {backend} SKU '{sku_id}', forced or not")
+    return Calibration(sku=sku_id, backend=backend, dtype=cal.dtype, params=dict(cal.params), hardware={},
+                       host_residual=dict(cal.host_residual), meta={**cal.meta, "retargeted_from": cal.sku},
+                       curves={k: dict(v) for k, v in cal.curves.items()}, cpu_ops=dict(cal.cpu_ops))
+
+
 def resolve(calibration, hw: HardwareSpec, dtype: str) -> Calibration:
     """A complete Calibration for ``hw``: ``calibration`` (None, a path, a dict or a Calibration)
     with anything it lacks filled from ``defaults``. ConfigError if it was made for another SKU."""

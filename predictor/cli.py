@@ -109,8 +109,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
         calibration = Calibration.load(calibration)
         sku = sku or calibration.sku
-        for line in check_calibration_host(calibration, sku_table.get(sku).id, force=args.force_calibration):
+        target = sku_table.get(sku).id
+        for line in check_calibration_host(calibration, target, force=args.force_calibration):
             print(f"warning: {line}", file=sys.stderr)
+        if calibration.sku != target:  # forced (check_calibration_host refused it otherwise)
+            from predictor.calibration_model import retarget
+            from predictor.hardware import HardwareSpec
+
+            calibration = retarget(calibration, target, HardwareSpec.from_sku(target).backend)
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
     batch = parse_batch_json(args.batch_json) if args.batch_json else \

@@ -235,7 +235,8 @@ def _score_kernels(args) -> int:
         for line in check_calibration_host(Calibration.load(args.calibration), sku, force=args.force_calibration):
             print(f"warning: {line}", file=sys.stderr)
     text, notes = run_score([str(r) for r in args.rows], sku=args.sku,
-                            calibration=str(args.calibration) if args.calibration else None, out=str(args.out))
+                            calibration=str(args.calibration) if args.calibration else None, out=str(args.out),
+                            force_calibration=args.force_calibration)
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     if not args.json:

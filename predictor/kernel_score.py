@@ -112,10 +112,10 @@ def score_kernels(df: pd.DataFrame, *, sku: str, calibration) -> KernelScore:
     return KernelScore(rows=rows, by_model=summarize(rows, ["kind", "model"]), pooled=pooled, notes=tuple(notes))
 
 
-def command_line(rows: list[str], *, sku: str, calibration: str | None, out: str) -> str:
+def command_line(rows: list[str], *, sku: str, calibration: str | None, out: str, force_calibration: bool = False) -> str:
     parts = ["gpubench", "score-kernels", *rows, "--sku", sku]
     if calibration:
-        parts += ["--calibration", calibration]
+        parts += ["--calibration", calibration] + (["--force-calibration"] if force_calibration else [])
     return shlex.join(parts + ["--out", out])
 
 
@@ -169,14 +169,25 @@ def plot(score: KernelScore, path: Path) -> Path:
     return write_bytes_atomic(path, buf.getvalue())
 
 
-def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str) -> tuple[str, tuple]:
+def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str,
+              force_calibration: bool = False) -> tuple[str, tuple]:
     """Score, then write kernels.csv, summary.csv, kernels.md, kernels.png and COMMAND into ``out``;
-    return the Markdown and the notes for the user."""
+    return the Markdown and the notes for the user. ``force_calibration``: a calibration of another
+    SKU is used for ``sku`` (its efficiencies; the device figures stay the target's)."""
+    from gpubench import skus
     from gpubench.outdir import locked, write_command, write_text_atomic
+    from predictor.calibration_model import Calibration, retarget
     from predictor.evaluate import load_rows
+    from predictor.hardware import HardwareSpec
 
-    score = score_kernels(load_rows(rows), sku=sku, calibration=calibration)
-    command = command_line(rows, sku=sku, calibration=calibration, out=out)
+    cal: Calibration | str | None = calibration
+    target = skus.get(sku).id
+    if calibration is not None and force_calibration:
+        loaded = Calibration.load(calibration)
+        if loaded.sku != target:
+            cal = retarget(loaded, target, HardwareSpec.from_sku(target).backend)
+    score = score_kernels(load_rows(rows), sku=sku, calibration=cal)
+    command = command_line(rows, sku=sku, calibration=calibration, out=out, force_calibration=force_calibration)
     text = markdown(score, command)
     with locked(out) as d:
         write_text_atomic(d / "kernels.csv", score.rows.to_csv(index=False))

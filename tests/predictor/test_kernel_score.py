@@ -142,3 +142,29 @@ def test_rows_of_another_gpu_than_the_sku_are_scored_with_a_warning(tmp_path, ca
     assert err.count("\n") == 1 and err.startswith("warning: --sku h100") and "NVIDIA H200" in err
     assert main(["score-kernels", str(ROWS[0]), "--sku", "h200", "--out", str(tmp_path / "p")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_force_calibration_uses_another_skus_efficiencies_on_the_targets_device(tmp_path, capsys):
+    """--force-calibration with the H200 calibration on an H100: a warning, then the H200's fitted
+    efficiencies with the H100's own SMs and L2 (the device figures the H200 run read stay with it);
+    without --force one line and exit 2, and never across backends."""
+    from predictor.calibration_model import retarget
+
+    cal_path = str(H200 / "calibration.json")
+    base = ["predict", "--sku", "h100", "--calibration", cal_path, "--model", "llama-3.1-8b", "--batch", "4", "--context", "1024", "--json"]
+    assert main(base) == 2
+    assert "--force-calibration" in capsys.readouterr().err
+    assert main([*base, "--force-calibration"]) == 0
+    io = capsys.readouterr()
+    assert io.err.startswith("warning: the calibration is for SKU 'h200', not 'h100-sxm' (forced)")
+    cal = retarget(Calibration.load(cal_path), "h100-sxm", "cuda")
+    model = StepModel("h100-sxm", "llama-3.1-8b", calibration=cal)
+    assert json.loads(io.out)["total_s"] == pytest.approx(model.predict([(1, 1024)] * 4).total_s)
+    assert model.hardware.l2_bytes == StepModel("h100-sxm", "llama-3.1-8b").hardware.l2_bytes != 62914560
+    assert model.t_gemm_fixed_s == pytest.approx(Calibration.load(cal_path).params["t_gemm_fixed_s"].value)
+    assert main(["predict", "--sku", "cpu", "--calibration", cal_path, "--force-calibration"]) == 2
+    assert "cannot describe the cpu SKU" in capsys.readouterr().err
+    out = tmp_path / "k"
+    assert main(["score-kernels", str(ROWS[0]), "--sku", "h100", "--calibration", cal_path, "--force-calibration",
+                 "--out", str(out)]) == 0
+    assert "--force-calibration" in (out / "COMMAND").read_text().splitlines()[0]
