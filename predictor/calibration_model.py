@@ -296,11 +296,12 @@ def utc_now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def retarget(cal: Calibration, sku_id: str, backend: str) -> Calibration:
+def retarget(cal: Calibration, sku_id: str) -> Calibration:
     """``cal`` used for another SKU of the same backend (``--force-calibration``): its fitted
     efficiencies, curves and host residual apply; the device figures its run read (SM count, L2,
     measured bandwidth) stay with the device it measured, so the target's spec ones are used.
     ConfigError across backends (a CPU's efficiencies do not describe a GPU)."""
+    backend = HardwareSpec.from_sku(sku_id).backend
     if cal.backend != backend:
         raise ConfigError(f"the calibration is for a {cal.backend} SKU ('{cal.sku}'); it cannot describe "
                           f"the {backend} SKU '{sku_id}', forced or not")

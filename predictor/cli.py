@@ -105,18 +105,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if calibration is not None:
         from gpubench import skus as sku_table
         from predictor.calibrate import Calibration
-        from predictor.host_match import check_calibration_host
+        from predictor.host_match import calibration_for
 
-        calibration = Calibration.load(calibration)
-        sku = sku or calibration.sku
-        target = sku_table.get(sku).id
-        for line in check_calibration_host(calibration, target, force=args.force_calibration):
+        sku = sku or Calibration.load(calibration).sku
+        calibration, warnings = calibration_for(calibration, sku_table.get(sku).id, force=args.force_calibration)
+        for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
-        if calibration.sku != target:  # forced (check_calibration_host refused it otherwise)
-            from predictor.calibration_model import retarget
-            from predictor.hardware import HardwareSpec
-
-            calibration = retarget(calibration, target, HardwareSpec.from_sku(target).backend)
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
     batch = parse_batch_json(args.batch_json) if args.batch_json else \

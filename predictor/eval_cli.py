@@ -227,34 +227,30 @@ def _score_kernels(args) -> int:
     from gpubench import skus as sku_table
     from predictor.kernel_score import run_score
 
-    sku = sku_table.get(args.sku).id
+    calibration = None
     if args.calibration is not None:
-        from predictor.calibrate import Calibration
-        from predictor.host_match import check_calibration_host
+        from predictor.host_match import calibration_for
 
-        for line in check_calibration_host(Calibration.load(args.calibration), sku, force=args.force_calibration):
+        calibration, warnings = calibration_for(args.calibration, sku_table.get(args.sku).id,
+                                                force=args.force_calibration)
+        for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
-    text, notes = run_score([str(r) for r in args.rows], sku=args.sku,
-                            calibration=str(args.calibration) if args.calibration else None, out=str(args.out),
-                            force_calibration=args.force_calibration)
-    for note in notes:
+    score, text, files = run_score([str(r) for r in args.rows], sku=args.sku, calibration=calibration,
+                                   calibration_path=str(args.calibration) if args.calibration else None,
+                                   force_calibration=args.force_calibration, out=str(args.out))
+    for note in score.notes:
         print(f"warning: {note}", file=sys.stderr)
     if not args.json:
         print(text)
         return 0
     import json
 
-    import pandas as pd
-
-    summary = pd.read_csv(args.out / "summary.csv")
-    pooled = summary[(summary["model"] == "all") & (summary["phase"] == "all")]
-    by_model = summary[summary["model"] != "all"]
-    names = ("kernels.csv", "summary.csv", "kernels.md", "kernels.png", "COMMAND")
-    doc = {"out_dir": str(args.out), "files": [str(args.out / n) for n in names if (args.out / n).is_file()],
-           "num_rows": int(pd.read_csv(args.out / "kernels.csv", usecols=["key"])["key"].nunique()),
+    pooled = score.pooled[score.pooled["phase"] == "all"]
+    doc = {"out_dir": str(args.out), "files": [str(f) for f in files], "num_rows": int(score.rows["key"].nunique()),
            "mape_pct": {r.kind: float(r.mape_pct) for r in pooled.itertuples()},
            "signed_pct": {r.kind: float(r.signed_pct) for r in pooled.itertuples()},
-           "mape_pct_by_model": {k: {r.model: float(r.mape_pct) for r in g.itertuples()} for k, g in by_model.groupby("kind")}}
+           "mape_pct_by_model": {k: {r.model: float(r.mape_pct) for r in g.itertuples()}
+                                 for k, g in score.by_model.groupby("kind")}}
     print(json.dumps(doc, indent=2, allow_nan=False))
     return 0
 

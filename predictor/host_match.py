@@ -90,6 +90,19 @@ def check_calibration_host(cal, sku_id: str, *, force: bool = False) -> list[str
     return warnings
 
 
+def calibration_for(path, sku_id: str, *, force: bool = False):
+    """The calibration at ``path`` for predicting ``sku_id``, and the warnings to print: loaded,
+    checked against the machine (check_calibration_host) and, when ``force`` let another GPU SKU's
+    calibration through, retargeted to ``sku_id`` (calibration_model.retarget)."""
+    from predictor.calibration_model import Calibration, retarget
+
+    cal = Calibration.load(path)
+    warnings = check_calibration_host(cal, sku_id, force=force)
+    if cal.sku != sku_id:  # forced: check_calibration_host refuses it otherwise
+        cal = retarget(cal, sku_id)
+    return cal, warnings
+
+
 def run_contention(run) -> str | None:
     """Why a probe run counts as contended (None when quiet): the load at its start and at the end
     of each probe against its logical CPUs, and the CPU share its rows recorded (CPU runs)."""

@@ -169,31 +169,21 @@ def plot(score: KernelScore, path: Path) -> Path:
     return write_bytes_atomic(path, buf.getvalue())
 
 
-def run_score(rows: list[str], *, sku: str, calibration: str | None, out: str,
-              force_calibration: bool = False) -> tuple[str, tuple]:
-    """Score, then write kernels.csv, summary.csv, kernels.md, kernels.png and COMMAND into ``out``;
-    return the Markdown and the notes for the user. ``force_calibration``: a calibration of another
-    SKU is used for ``sku`` (its efficiencies; the device figures stay the target's)."""
-    from gpubench import skus
+def run_score(rows: list[str], *, sku: str, calibration, calibration_path: str | None, out: str,
+              force_calibration: bool = False) -> tuple[KernelScore, str, list[Path]]:
+    """Score, then write kernels.csv, summary.csv, kernels.md, kernels.png and COMMAND into ``out``.
+    ``calibration``: what the model uses (None, or the Calibration host_match.calibration_for gave);
+    ``calibration_path`` and ``force_calibration`` are what the COMMAND records. Returns the score,
+    its Markdown and the files written."""
     from gpubench.outdir import locked, write_command, write_text_atomic
-    from predictor.calibration_model import Calibration, retarget
     from predictor.evaluate import load_rows
-    from predictor.hardware import HardwareSpec
 
-    cal: Calibration | str | None = calibration
-    target = skus.get(sku).id
-    if calibration is not None and force_calibration:
-        loaded = Calibration.load(calibration)
-        if loaded.sku != target:
-            cal = retarget(loaded, target, HardwareSpec.from_sku(target).backend)
-    score = score_kernels(load_rows(rows), sku=sku, calibration=cal)
-    command = command_line(rows, sku=sku, calibration=calibration, out=out, force_calibration=force_calibration)
+    score = score_kernels(load_rows(rows), sku=sku, calibration=calibration)
+    command = command_line(rows, sku=sku, calibration=calibration_path, out=out, force_calibration=force_calibration)
     text = markdown(score, command)
     with locked(out) as d:
-        write_text_atomic(d / "kernels.csv", score.rows.to_csv(index=False))
         summary = pd.concat([score.pooled.assign(model="all"), score.by_model.assign(phase="all")], ignore_index=True)
-        write_text_atomic(d / "summary.csv", summary.to_csv(index=False))
-        write_text_atomic(d / "kernels.md", text)
-        plot(score, d / "kernels.png")
-        write_command(d, command)
-    return text, score.notes
+        files = [write_text_atomic(d / "kernels.csv", score.rows.to_csv(index=False)),
+                 write_text_atomic(d / "summary.csv", summary.to_csv(index=False)),
+                 write_text_atomic(d / "kernels.md", text), plot(score, d / "kernels.png"), write_command(d, command)]
+    return score, text, files

@@ -157,7 +157,7 @@ def test_force_calibration_uses_another_skus_efficiencies_on_the_targets_device(
     assert main([*base, "--force-calibration"]) == 0
     io = capsys.readouterr()
     assert io.err.startswith("warning: the calibration is for SKU 'h200', not 'h100-sxm' (forced)")
-    cal = retarget(Calibration.load(cal_path), "h100-sxm", "cuda")
+    cal = retarget(Calibration.load(cal_path), "h100-sxm")
     model = StepModel("h100-sxm", "llama-3.1-8b", calibration=cal)
     assert json.loads(io.out)["total_s"] == pytest.approx(model.predict([(1, 1024)] * 4).total_s)
     assert model.hardware.l2_bytes == StepModel("h100-sxm", "llama-3.1-8b").hardware.l2_bytes != 62914560
