@@ -144,27 +144,45 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
           f"eta_duty {t['eta_duty']}, launch {t['t_dispatch_s' if hw.backend == 'cpu' else 't_launch_s']}, host {t['s_floor_ms']}")
     if args.breakdown:
-        _print_breakdown(pred)
+        _print_breakdown(pred, total_s, overlap)
     return 0
 
 
-def _print_breakdown(pred) -> None:
+def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list[list[str]]]:
+    """The per-op table's columns and rows. ``total_s`` is the headline total; with ``overlap``
+    (asynchronous scheduling) the host residual runs beside the device and is not added, so its
+    share is left blank and the total row is the headline, not the synchronous sum."""
+    with_fixed = any(op.t_fixed_s > 0 for op in pred.ops.values())
+    cols = ["op", "kind", "calls", "GEMM (M,N,K)", "GFLOP", "MB", "t_c ms", "t_m ms", *(["fixed ms"] if with_fixed else []),
+            "t ms", "share", "bound"]
+    rows = []
+    for op in pred.ops.values():
+        mnk = "" if op.gemm_mnk is None else "x".join(str(v) for v in op.gemm_mnk)
+        rows.append([op.name, op.kind, str(op.num_calls), mnk, f"{op.flops / 1e9:.3f}", f"{op.bytes / 1e6:.2f}",
+                     f"{op.t_c_s * 1e3:.4f}", f"{op.t_m_s * 1e3:.4f}", *([f"{op.t_fixed_s * 1e3:.4f}"] if with_fixed else []),
+                     f"{op.t_s * 1e3:.4f}", f"{op.t_s / total_s:.1%}", op.bound])
+    blank = [""] * (len(cols) - 4)
+    rows.append(["launch (added)", *blank, f"{pred.launch_added_s * 1e3:.4f}", f"{pred.launch_added_s / total_s:.1%}", ""])
+    host_share = "overlapped" if overlap else f"{pred.host_s / total_s:.1%}"
+    rows.append(["host residual", *blank, f"{pred.host_s * 1e3:.4f}", host_share, ""])
+    flops = f"{sum(o.flops for o in pred.ops.values()) / 1e9:.3f}"
+    nbytes = f"{sum(o.bytes for o in pred.ops.values()) / 1e6:.2f}"
+    total_name = "total (async: max of device, host)" if overlap else "total"
+    rows.append([total_name, "", "", "", flops, nbytes, *[""] * (len(cols) - 9), f"{total_s * 1e3:.4f}", "100%", ""])
+    return cols, rows
+
+
+def _print_breakdown(pred, total_s: float, overlap: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    cols, rows = breakdown_rows(pred, total_s, overlap)
     table = Table(title=f"per-op breakdown ({pred.form} form; times summed over layers)")
-    for col in ("op", "kind", "calls", "GEMM (M,N,K)", "GFLOP", "MB", "t_c ms", "t_m ms", "t ms", "share", "bound"):
+    for col in cols:
         table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right")
-    for op in pred.ops.values():
-        mnk = "" if op.gemm_mnk is None else "x".join(str(v) for v in op.gemm_mnk)
-        table.add_row(op.name, op.kind, str(op.num_calls), mnk, f"{op.flops / 1e9:.3f}", f"{op.bytes / 1e6:.2f}",
-                      f"{op.t_c_s * 1e3:.4f}", f"{op.t_m_s * 1e3:.4f}", f"{op.t_s * 1e3:.4f}",
-                      f"{op.t_s / pred.total_s:.1%}", op.bound)
-    for name, v in (("launch (added)", pred.launch_added_s), ("host residual", pred.host_s)):
-        table.add_row(name, "", "", "", "", "", "", "", f"{v * 1e3:.4f}", f"{v / pred.total_s:.1%}", "")
-    table.add_row("total", "", "", "", f"{sum(o.flops for o in pred.ops.values()) / 1e9:.3f}",
-                  f"{sum(o.bytes for o in pred.ops.values()) / 1e6:.2f}", "", "", f"{pred.total_s * 1e3:.4f}", "100%", "")
-    Console(width=max(Console().width, 150)).print(table)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=max(Console().width, 160)).print(table)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

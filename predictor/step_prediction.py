@@ -31,7 +31,12 @@ class OpTime:
     t_c_s: float
     t_m_s: float
     t_s: float  # what this op contributes to the total in the chosen form
-    bound: str  # "compute" or "memory"
+    # Which roof the op sits under: "compute" when its arithmetic intensity (FLOPs per byte) is at or
+    # above the ridge point of the rates it runs at (calibrated peak / calibrated bandwidth), else
+    # "memory". Not t_c > t_m: a calibrated t_c carries the measured efficiency at the op's M, and a
+    # batch-1 GEMV, which streams its weights, would read "compute bound" whenever that is low.
+    bound: str
+    t_fixed_s: float = 0.0  # the fixed per-kernel time inside t_s (GPU GEMMs, when calibrated)
 
     @property
     def bytes(self) -> float:
@@ -65,8 +70,13 @@ class StepPrediction:
 
     @property
     def bound(self) -> str:
-        """What dominates the blocks: "compute" or "memory"."""
-        return "compute" if self.compute_s > self.memory_s else "memory"
+        """What dominates the blocks: "compute" when the compute-bound ops' time (each op's ``bound``)
+        exceeds the memory-bound ops', else "memory"."""
+        t = {"compute": 0.0, "memory": 0.0}
+        for name, op in self.ops.items():
+            if name != "sample":
+                t[op.bound] += op.t_s
+        return "compute" if t["compute"] > t["memory"] else "memory"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,9 +85,11 @@ class StepPrediction:
         return d
 
 
-def _op_breakdown(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_seconds) -> dict:
+def _op_breakdown(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_seconds,
+                  fixed_s: np.ndarray) -> dict:
     """Per op of the step graph for one step (``feats`` (1, 5)): its calls, kernels (CPU: dispatched
-    ops), FLOPs and bytes, the roofline's t_c and t_m, and ``op_seconds(i, name, t_c, t_m)`` as its time."""
+    ops), FLOPs and bytes, the roofline's t_c and t_m, ``op_seconds(i, name, t_c, t_m)`` as its time
+    and ``fixed_s[i]`` (per call) as the fixed kernel time inside it."""
     g = model.graph
     calls = g.num_calls
     flops = (feats @ g.flops.T)[0]
@@ -85,16 +97,19 @@ def _op_breakdown(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_m: np.
     b_written = (feats @ g.bytes_written.T)[0]
     w = g.per_call(feats, "weight_read_bytes")[0]
     kernels_per_call = g.num_cpu_dispatches if model.hardware.backend == "cpu" else g.num_kernels
+    ridge = model._flops_per_s / model._mem_bytes_per_s  # FLOPs per byte where the two roofs meet, per op
     ops = {}
     for i, spec in enumerate(g.ops):
         tc, tm = t_c[0, i] * calls[i], t_m[0, i] * calls[i]
         mnk = (int(feats[0, spec.m_feature]), *spec.gemm_nk) if spec.gemm_nk is not None else None
+        op_flops, op_bytes = float(flops[i] * calls[i]), float((b_read[i] + b_written[i]) * calls[i])
+        compute_bound = op_flops >= ridge[i] * op_bytes if op_bytes > 0 else op_flops > 0
         ops[spec.name] = OpTime(
             name=spec.name, kind=spec.kind, num_calls=int(calls[i]), num_kernels=int(calls[i] * kernels_per_call[i]),
-            flops=float(flops[i] * calls[i]), bytes_read=float(b_read[i] * calls[i]),
+            flops=op_flops, bytes_read=float(b_read[i] * calls[i]),
             bytes_written=float(b_written[i] * calls[i]), weight_bytes=float(w[i] * calls[i]),
             gemm_mnk=mnk, t_c_s=float(tc), t_m_s=float(tm), t_s=float(op_seconds(i, spec.name, tc, tm)),
-            bound="compute" if tc > tm else "memory")
+            bound="compute" if compute_bound else "memory", t_fixed_s=float(fixed_s[i] * calls[i]))
     return ops
 
 
@@ -110,7 +125,9 @@ def roofline_prediction(model: StepModel, feats: np.ndarray, t_c: np.ndarray, t_
             return op_t[0, i] * g.num_calls[i]
         return tc if compute_wins else tm
 
-    ops = _op_breakdown(model, feats, t_c, t_m, op_seconds)
+    # the max form prices the blocks as one roofline, with no per-kernel fixed time
+    fixed = model._op_fixed_s if model.form == "additive" else np.zeros(g.num_ops)
+    ops = _op_breakdown(model, feats, t_c, t_m, op_seconds, fixed)
     return StepPrediction(
         total_s=float(total[0]), form=model.form, backend=model.hardware.backend, ops=ops,
         blocks_s=float(parts["blocks_s"][0]), compute_s=float(parts["compute_s"][0]),
@@ -124,7 +141,7 @@ def table_prediction(model: StepModel, times: dict, feats: np.ndarray, t_c: np.n
     """``predict`` with the CPU op tables: each op's time is the table's (``times``, from
     ``CpuTableStep.op_times``); t_c/t_m stay the roofline's (what the op would take at peak rate or
     bandwidth, for reading the breakdown)."""
-    ops = _op_breakdown(model, feats, t_c, t_m, lambda _i, name, _tc, _tm: times[name])
+    ops = _op_breakdown(model, feats, t_c, t_m, lambda _i, name, _tc, _tm: times[name], np.zeros(model.graph.num_ops))
     sample_s = float(times["sample"])
     host_s = float(times.pop("engine", 0.0))  # vLLM's per-step engine cost (cpu_step.engine_s)
     blocks_s = float(sum(v for k, v in times.items() if k != "sample"))

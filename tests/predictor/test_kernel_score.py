@@ -168,3 +168,45 @@ def test_force_calibration_uses_another_skus_efficiencies_on_the_targets_device(
     assert main(["score-kernels", str(ROWS[0]), "--sku", "h100", "--calibration", cal_path, "--force-calibration",
                  "--out", str(out)]) == 0
     assert "--force-calibration" in (out / "COMMAND").read_text().splitlines()[0]
+
+
+def test_breakdown_with_async_scheduling_totals_the_headline_and_shows_the_fixed_time(capsys, monkeypatch):
+    """`predict --breakdown --async-scheduling`: the total row is the headline (max of device and
+    host), not the synchronous sum; the host row says it overlaps; the fixed GEMM time has its own
+    column; a batch-1 GEMV, which streams its weights, is memory bound whatever its calibrated t_c."""
+    import re
+
+    from predictor.cli import breakdown_rows
+
+    monkeypatch.chdir(ROOT)
+    cal = "results/h200/calibration.json"
+    assert main(["predict", "--calibration", cal, "--model", "llama-3.1-8b", "--batch", "1", "--context", "1024",
+                 "--cuda-graphs", "--async-scheduling", "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    headline_ms = float(re.search(r": ([0-9.]+) ms \[additive, async\]", out).group(1))
+    total_row = next(line for line in out.splitlines() if "total (async" in line)
+    assert float(total_row.split("│")[-4]) == pytest.approx(headline_ms, abs=1e-3)
+    assert "overlapped" in next(line for line in out.splitlines() if "host residual" in line)
+
+    model = StepModel.for_names(sku="h200", model="llama-3.1-8b", calibration=cal, cuda_graphs=True)
+    batch = [(1, 1024)]
+    pred = model.predict(batch)
+    total_async = model.predict_time(batch, async_scheduling=True)
+    assert total_async < pred.total_s  # the host overlaps: the two totals differ, so the check means something
+    cols, rows = breakdown_rows(pred, total_async, overlap=True)
+    assert rows[-1][cols.index("t ms")] == f"{total_async * 1e3:.4f}"
+    gemms = [op for op in pred.ops.values() if op.kind == "gemm"]
+    assert all(op.bound == "memory" for op in gemms)
+    assert any(op.t_c_s > op.t_m_s for op in gemms)  # what the old label read as "compute bound"
+    assert sum(op.t_fixed_s for op in gemms) == pytest.approx(
+        model.t_gemm_fixed_s * sum(op.num_kernels for op in gemms))
+    # synchronous: the rows sum to the total
+    cols, rows = breakdown_rows(pred, pred.total_s, overlap=False)
+    t = [float(r[cols.index("t ms")]) for r in rows[:-1]]
+    assert sum(t) == pytest.approx(pred.total_s * 1e3, rel=1e-4)
+    assert pred.total_s > total_async
+    # prefill of 8K tokens is compute bound, op by op and as a whole, but for the LM head, which
+    # projects only the sequence's last token (M = 1)
+    prefill = model.predict([(8192, 0)])
+    assert prefill.bound == "compute" and prefill.ops["lm_head"].bound == "memory"
+    assert all(op.bound == "compute" for op in prefill.ops.values() if op.kind == "gemm" and op.name != "lm_head")
