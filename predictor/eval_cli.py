@@ -24,10 +24,10 @@ def register(sub) -> None:
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
-    p.add_argument("--grid", default="default", choices=("tiny", "quick", "default", "gpu"),
-                   help="grid of points (tiny: --engine vllm only, a CI smoke run; gpu: the default grid with a "
-                        "GPU's memory cap and no FLOP cap that binds, for 7-8B models on a GPU: the others drop the "
-                        "points over a 2-core CPU's caps)")
+    p.add_argument("--grid", default=None, choices=("tiny", "quick", "default", "gpu"),
+                   help="grid of points (default: gpu with --device cuda, else default; tiny: --engine vllm only, a "
+                        "CI smoke run; gpu: the default grid with a GPU's memory cap and no FLOP cap that binds, for "
+                        "7-8B models on a GPU: the others drop the points over a 2-core CPU's caps, and say how many)")
     p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
     p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -42,7 +42,7 @@ def register(sub) -> None:
     v.add_argument("--takes", type=argtypes.positive_int, default=3, metavar="N",
                    help="run the grid N times, each a fresh engine start, and make each row the median of its step "
                         "over them (a vLLM step cannot be repeated in place, and the steps of one scenario run move together)")
-    p.add_argument("--list", action="store_true", help="print the grid points and exit")
+    p.add_argument("--list", action="store_true", help="print the grid points (with --json: a JSON list) and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
                         "phases and models) instead of the summary line; progress stays on stderr")
@@ -96,16 +96,30 @@ def _profile(args) -> int:
     from gpubench.errors import ConfigError
     from predictor.config import load_model_config
     from predictor.profile import ProfileConfig, run_profile
-    from predictor.profile_grid import GRIDS, build_grid
+    from predictor.profile_grid import GRIDS, build_grid, default_grid, num_dropped
 
     cfg = load_model_config(args.model)
     if args.engine == "vllm":
+        args.grid = args.grid or "default"
         return _profile_vllm(args, cfg)
     if args.grid == "tiny":
         raise ConfigError("--grid tiny is a vLLM smoke grid; use quick or default with --engine torch")
+    on_gpu = args.device.startswith("cuda")
+    args.grid = args.grid or default_grid(args.device)
+    dtype_bytes = 2 if (args.dtype or ("bf16" if on_gpu else "fp32")) != "fp32" else 4
+    dropped = num_dropped(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)
+    if on_gpu and args.grid != "gpu" and dropped:
+        print(f"warning: --grid {args.grid} drops {dropped} points of {cfg.name} over a 2-core CPU's caps "
+              f"(KV cache, FLOPs per step); --grid gpu keeps them", file=sys.stderr)
     if args.list:
-        dtype_bytes = 2 if (args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")) != "fp32" else 4
-        for pt in build_grid(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)[: args.max_points]:
+        points = build_grid(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)[: args.max_points]
+        if args.json:
+            import json
+
+            print(json.dumps([{"key": pt.key, "phase": pt.phase, "batch": [list(s) for s in pt.batch]} for pt in points],
+                             indent=2))
+            return 0
+        for pt in points:
             print(pt.key)
         return 0
     if args.out is None:
@@ -173,7 +187,15 @@ def _profile_vllm(args, cfg) -> int:
     from predictor.vllm_profile import MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios, contention_summary, run_vllm_profile
 
     if args.list:
-        for s in build_scenarios(VLLM_GRIDS[args.grid], cfg, block_size=args.block_size):
+        if args.grid not in VLLM_GRIDS:
+            raise ConfigError(f"--grid '{args.grid}': use one of {', '.join(VLLM_GRIDS)} with --engine vllm")
+        scenarios = build_scenarios(VLLM_GRIDS[args.grid], cfg, block_size=args.block_size)
+        if args.json:
+            import json
+
+            print(json.dumps([{"name": s["name"], "num_requests": len(s["requests"])} for s in scenarios], indent=2))
+            return 0
+        for s in scenarios:
             print(s["name"], len(s["requests"]), "requests")
         return 0
     if args.out is None or args.out.suffix != ".parquet":

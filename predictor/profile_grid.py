@@ -89,8 +89,8 @@ def step_flops(cfg: ModelConfig, batch: Iterable[tuple[int, int]]) -> float:
     return 2.0 * dense * num_new + attn + 2.0 * cfg.vocab_size * cfg.hidden_size * len(batch)
 
 
-def build_grid(spec: GridSpec, cfg: ModelConfig, *, dtype_bytes: int) -> list[GridPoint]:
-    """Decode, prefill and mixed points of ``spec`` that fit its memory and FLOP caps, in run order."""
+def _all_points(spec: GridSpec) -> list[GridPoint]:
+    """Every decode, prefill and mixed point of ``spec``, caps not applied, in run order."""
     pts: list[GridPoint] = []
     for b in spec.batch_sizes:
         for ctx in spec.contexts:
@@ -104,10 +104,24 @@ def build_grid(spec: GridSpec, cfg: ModelConfig, *, dtype_bytes: int) -> list[Gr
         for n in spec.prefill_tokens[:2]:
             for ctx in spec.contexts[:: max(1, len(spec.contexts) // 2)]:
                 pts.append(GridPoint("mixed", ((1, ctx),) * (b - 1) + ((n, ctx // 2),)))
+    return list(dict.fromkeys(pts))  # drop duplicates, keep order
+
+
+def build_grid(spec: GridSpec, cfg: ModelConfig, *, dtype_bytes: int) -> list[GridPoint]:
+    """Decode, prefill and mixed points of ``spec`` that fit its memory and FLOP caps, in run order."""
     kv_per_token = cfg.kv_bytes_per_token(dtype_bytes)
-    out = [p for p in pts if p.kv_tokens * kv_per_token <= spec.max_kv_bytes
-           and step_flops(cfg, p.batch) <= spec.max_step_gflop * 1e9]
-    return list(dict.fromkeys(out))  # drop duplicates, keep order
+    return [p for p in _all_points(spec) if p.kv_tokens * kv_per_token <= spec.max_kv_bytes
+            and step_flops(cfg, p.batch) <= spec.max_step_gflop * 1e9]
+
+
+def num_dropped(spec: GridSpec, cfg: ModelConfig, *, dtype_bytes: int) -> int:
+    """How many of ``spec``'s points its caps drop for ``cfg``."""
+    return len(_all_points(spec)) - len(build_grid(spec, cfg, dtype_bytes=dtype_bytes))
+
+
+def default_grid(device: str) -> str:
+    """The grid ``gpubench profile`` times when none is named: a GPU's caps on a GPU, else the CPU's."""
+    return "gpu" if device.startswith("cuda") else "default"
 
 
 def point_features(cfg: ModelConfig, point: GridPoint, dtype_bytes: int) -> dict:

@@ -150,3 +150,27 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
                          f"| head -1", shell=True, capture_output=True, text=True, timeout=120)
     assert res.stdout == "decode:1x1+64\n"
     assert res.stderr == "", res.stderr
+
+
+def test_list_json_and_the_grid_a_gpu_gets_by_default(capsys):
+    """`profile --list --json` is JSON (it printed plain text); on a GPU with no --grid the GPU grid is
+    timed (an 8B model kept 8 of 68 points under the CPU's caps, silently); naming a CPU grid there
+    says how many points its caps drop."""
+    from gpubench.cli import main
+
+    assert main(["profile", "--model", "llama-3.1-8b", "--device", "cuda", "--list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    points = json.loads(out)
+    assert len(points) == 68 and err == ""
+    assert points[0] == {"key": "decode:1x1+64", "phase": "decode", "batch": [[1, 64]]}
+    assert main(["profile", "--model", "llama-3.1-8b", "--device", "cuda", "--grid", "default", "--list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    kept = len(json.loads(out))
+    assert kept < 68 and f"drops {68 - kept} points" in err and "--grid gpu" in err
+    # the CPU default is unchanged, and says nothing about caps
+    assert main(["profile", "--model", "llama-60m", "--list"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "decode:1x1+64" and err == ""
+    assert main(["profile", "--engine", "vllm", "--model", "llama-60m", "--grid", "quick", "--list", "--json"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)
+    assert scenarios and all(set(s) == {"name", "num_requests"} and s["num_requests"] >= 1 for s in scenarios)
