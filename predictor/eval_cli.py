@@ -225,18 +225,19 @@ def _evaluate(args) -> int:
 
     if args.out.exists() and not args.out.is_dir():  # before the fits, not after them
         raise ConfigError(f"{args.out}: exists and is not a directory (--out is the output directory)")
+    loaded = None
     if args.calibration is not None:
         from gpubench import skus as sku_table
-        from predictor.calibrate import Calibration
-        from predictor.host_match import check_calibration_host
+        from predictor.host_match import calibration_for
 
-        for line in check_calibration_host(Calibration.load(args.calibration), sku_table.get(args.sku).id,
-                                           force=args.force_calibration):
+        loaded, warnings = calibration_for(args.calibration, sku_table.get(args.sku).id, force=args.force_calibration)
+        for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
                     sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,
-                    allow_contended=args.allow_contended)
+                    allow_contended=args.allow_contended, loaded_calibration=loaded,
+                    force_calibration=args.force_calibration)
     summary = run_evaluation(ec)
     if getattr(args, "json", False):
         _print_evaluate_json(args.out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,10 @@ class EvalConfig:
     target: str = "wall_s"
     allow_contended: bool = False
     command: list[str] = field(default_factory=list)
+    # The Calibration to score (host_match.calibration_for: checked, and retargeted when
+    # --force-calibration let another GPU SKU's through); None: load ``calibration`` as it is.
+    loaded_calibration: Any = None
+    force_calibration: bool = False
 
 
 @dataclass
@@ -279,7 +284,10 @@ def output_calibration(df: pd.DataFrame, base: pd.Series, *, sku: str, calibrati
     from predictor.calibrate import Calibration, defaults
     from predictor.hardware import HardwareSpec
 
-    cal = Calibration.load(calibration) if calibration else defaults(HardwareSpec.from_sku(sku), df.dtype.iloc[0])
+    if calibration is None:
+        cal = defaults(HardwareSpec.from_sku(sku), df.dtype.iloc[0])
+    else:
+        cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     y = df[target].to_numpy(np.float64)
     floor_s, slope_s = fit_host_residual(df.num_seqs, y - base.to_numpy(), y)
     pred = base.to_numpy() + floor_s + slope_s * np.maximum(0.0, df.num_seqs.to_numpy(np.float64) - 1)
@@ -336,6 +344,8 @@ def command_line(ec: EvalConfig) -> str:
     parts = ["gpubench", "evaluate", *ec.rows]
     if ec.calibration:
         parts += ["--calibration", ec.calibration]
+    if ec.force_calibration:
+        parts.append("--force-calibration")
     parts += ["--sku", ec.sku, "--target", ec.target, "--seed", str(ec.seed), "--out", ec.out]
     return shlex.join(parts)
 
@@ -377,7 +387,8 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
 def run_evaluation(ec: EvalConfig) -> str:
     """Load rows, score, write tables, plots, the calibration and COMMAND into ``ec.out``; return the headline."""
     df = load_rows(ec.rows, allow_contended=ec.allow_contended)
-    res = evaluate_rows(df, sku=ec.sku, calibration=ec.calibration, target=ec.target, seed=ec.seed)
+    calibration = ec.loaded_calibration if ec.loaded_calibration is not None else ec.calibration
+    res = evaluate_rows(df, sku=ec.sku, calibration=calibration, target=ec.target, seed=ec.seed)
     out = Path(ec.out)
     out.mkdir(parents=True, exist_ok=True)
     res.metrics.to_csv(out / "metrics.csv", index=False)
@@ -389,11 +400,11 @@ def run_evaluation(ec: EvalConfig) -> str:
     cmd = command_line(ec)
     split = "by_model" if (res.predictions.split == "by_model").any() else "by_batch"
     plot_predictions(res.predictions, out, split)
-    base_add = step_model_base(df, sku=ec.sku, calibration=ec.calibration, form="additive")
-    cal = output_calibration(df, base_add, sku=ec.sku, calibration=ec.calibration, target=ec.target, rows=ec.rows)
+    base_add = step_model_base(df, sku=ec.sku, calibration=calibration, form="additive")
+    cal = output_calibration(df, base_add, sku=ec.sku, calibration=calibration, target=ec.target, rows=ec.rows)
     (out / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
-    parts = step_model_parts(df, sku=ec.sku, calibration=ec.calibration)
-    rowcal = rowcal_calibration(df, parts, sku=ec.sku, calibration=ec.calibration, target=ec.target, rows=ec.rows)
+    parts = step_model_parts(df, sku=ec.sku, calibration=calibration)
+    rowcal = rowcal_calibration(df, parts, sku=ec.sku, calibration=calibration, target=ec.target, rows=ec.rows)
     (out / "calibration-rowcal.json").write_text(json.dumps(rowcal, indent=2) + "\n")
     from gpubench.outdir import write_command
 

@@ -210,3 +210,20 @@ def test_breakdown_with_async_scheduling_totals_the_headline_and_shows_the_fixed
     prefill = model.predict([(8192, 0)])
     assert prefill.bound == "compute" and prefill.ops["lm_head"].bound == "memory"
     assert all(op.bound == "compute" for op in prefill.ops.values() if op.kind == "gemm" and op.name != "lm_head")
+
+
+def test_evaluate_takes_a_forced_calibration_of_another_gpu(tmp_path, capsys):
+    """`evaluate --force-calibration` across GPU SKUs scores with the retargeted calibration (it
+    warned "(forced)" and then exited 2, as predict did before calibration_for)."""
+    rows = str(H200 / "steps" / "gpu-qwen2.5-0.5b.parquet")
+    cal = str(H200 / "calibration.json")
+    base = ["evaluate", rows, "--calibration", cal, "--sku", "h100"]
+    assert main([*base, "--out", str(tmp_path / "refused")]) == 2
+    assert "pass --force-calibration" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+    assert main([*base, "--force-calibration", "--out", str(tmp_path / "forced")]) == 0
+    assert "(forced)" in capsys.readouterr().err
+    assert "--force-calibration" in (tmp_path / "forced" / "COMMAND").read_text().splitlines()[0]
+    written = Calibration.load(tmp_path / "forced" / "calibration.json")
+    assert written.sku == "h100-sxm"  # the retargeted calibration, with its fitted efficiencies
+    assert written.params["t_gemm_fixed_s"].value == pytest.approx(Calibration.load(cal).params["t_gemm_fixed_s"].value)
