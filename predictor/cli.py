@@ -58,6 +58,9 @@ def register(sub) -> None:
     p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPUs, fp32 on the CPU")
     p.add_argument("--breakdown", action="store_true", help="print the per-op table")
+    p.add_argument("--check-drift", action="store_true",
+                   help="CPU: time the probes' cold reference GEMV now (about two seconds) and compare it with the "
+                        "calibration's probe run; warns when this host's memory phase is more than 10%% off it")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(func=cmd_predict)
 
@@ -111,16 +114,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
         calibration, warnings = calibration_for(calibration, sku_table.get(sku).id, force=args.force_calibration)
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
+    if args.check_drift and calibration is None:
+        raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
                                 cuda_graphs=args.cuda_graphs, dtype=args.dtype)
     batch = parse_batch_json(args.batch_json) if args.batch_json else \
         build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
+    drift = None
+    if args.check_drift:  # after the batch is validated: bad input costs no second of timing
+        from predictor.host_drift import calibration_phase, measure_drift
+
+        calibration_phase(model.calibration, model.dtype)  # one line before any timing if it cannot
+        drift = measure_drift(model.calibration, model.dtype)
+        print(f"{'warning: ' if drift.drifted else ''}{drift.line()}", file=sys.stderr)
+        if drift.drifted:
+            print(f"warning: {drift.warning()}", file=sys.stderr)
     overlap = args.async_scheduling and model.hardware.backend != "cpu"
     total_s = model.predict_time(batch, async_scheduling=True) if overlap else pred.total_s
     if args.json:
         out = pred.to_dict()
         out["total_sync_s"], out["total_s"], out["async_scheduling"] = pred.total_s, total_s, overlap
+        if drift is not None:
+            out["host_drift"] = drift.to_dict()
         out["request"] = {"sku": model.hardware.sku_id, "model": model.model.name, "dtype": model.dtype,
                           "phase": None if args.batch_json else args.phase, "batch": [list(s) for s in batch],
                           "cuda_graphs": model.cuda_graphs, "async_scheduling": overlap}
