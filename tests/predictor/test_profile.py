@@ -128,7 +128,11 @@ def test_an_interrupted_profile_says_how_to_resume_and_resumes(tmp_path):
     out = tmp_path / "i.parquet"
     cmd = [sys.executable, "-m", "gpubench", "profile", "--model", "llama-60m", "--grid", "quick",
            "--ops-subset", "0", "--threads", "1", "--max-points", "12", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child: a shell starts a background job with SIGINT ignored, and a
+    # Python started with SIGINT ignored installs no KeyboardInterrupt handler, so under
+    # `nohup pytest &` the profile ran to the end and exited 0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     side = sidecar_path(out)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (side.exists() and side.read_text().count("\n") >= 1):
