@@ -7,6 +7,7 @@ rows raise ``ResultsFormatError``, a trace ``TraceFormatError``), never a traceb
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Any, Iterator
@@ -22,12 +23,15 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigEr
     ``PATH:LINE: expected a JSON object, got T`` for a non-object when ``objects_only``, and
     ``PATH: not UTF-8 text (...)`` for bytes that are not UTF-8.
 
+    A path ending in ``.gz`` is read through gzip (committed runs compress their large rows files).
+
     Args:
         torn_tail_ok: a last line without its newline is left out. Writers end every row with a
             newline, so such a line is one a killed writer did not finish.
     """
+    opener = gzip.open if str(path).endswith(".gz") else open
     try:
-        with open(path, encoding="utf-8", errors="strict") as f:
+        with opener(path, "rt", encoding="utf-8", errors="strict") as f:
             for lineno, line in enumerate(f, 1):
                 if torn_tail_ok and not line.endswith("\n"):
                     return  # only the last line can lack its newline
@@ -42,6 +46,8 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigEr
                 yield lineno, value
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise error(f"{path}: not a complete gzip file ({e})") from None
 
 
 def read_json(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigError, what: str = "a JSON file") -> Any:

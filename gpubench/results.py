@@ -225,11 +225,22 @@ def load(run_dir: str | os.PathLike) -> Run:
 
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
-    frames = {}
-    for p in sorted(run_dir.glob("*.jsonl")):
-        rows = read_rows(p)
-        frames[p.stem] = pd.DataFrame(rows)
+    frames = {probe: pd.DataFrame(read_rows(p)) for probe, p in rows_files(run_dir).items()}
     return Run(run_dir=run_dir, manifest=manifest, frames=frames)
+
+
+def rows_files(run_dir: str | os.PathLike) -> dict[str, Path]:
+    """Each probe's rows file in a run directory: ``<probe>.jsonl``, or ``<probe>.jsonl.gz`` as a
+    committed run keeps its large ones (``gzip -9``). A probe with both is refused: which one
+    holds its rows would be a guess."""
+    files: dict[str, Path] = {}
+    for p in sorted(Path(run_dir).glob("*.jsonl")) + sorted(Path(run_dir).glob("*.jsonl.gz")):
+        probe = p.name.removesuffix(".gz").removesuffix(".jsonl")
+        if probe in files:
+            raise ResultsFormatError(f"{run_dir}: probe {probe!r} has both {files[probe].name} and {p.name}; "
+                                     "keep one")
+        files[probe] = p
+    return files
 
 
 def load_many(run_dirs) -> Run:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpubench.backends.base import Backend
-from gpubench.errors import ConfigError, suggest
+from gpubench.errors import ConfigError, ResultsFormatError, suggest
 from gpubench.probe_worker import find_probe
 from gpubench.results import RunWriter, read_manifest, read_rows
 
@@ -249,6 +249,9 @@ def _check_resumable(run_dir) -> None:
     """ResultsFormatError for a --resume path that is not a run directory or holds a corrupt rows
     file (a torn last line, from a kill, is fine: the resume re-measures it)."""
     read_manifest(run_dir)
+    if any(Path(run_dir).glob("*.jsonl.gz")):
+        raise ResultsFormatError(f"{run_dir}: its rows files are compressed (a committed run); gunzip them to "
+                                 "resume it")
     for rows in sorted(Path(run_dir).glob("*.jsonl")):
         read_rows(rows, torn_tail_ok=True)
 
