@@ -139,3 +139,9 @@ def test_committed_metrics_regenerate(eval_dir, regenerated_root):
     decode = metrics[(metrics.phase == "decode") & (metrics.method == "additive")]
     assert len(decode) and np.isfinite(decode["mape_pct"]).all()
     assert res.headline.strip()
+    # the figure, measured here: the probe-only predictor, held out by model, beats the roofline max
+    # form on the same rows and stays within 25 % (its goal is 10 %; on this project's hosts the chains
+    # so far scored 6.7-19.7 %, and a vLLM row regenerated here is one engine start, not five)
+    pooled = metrics[(metrics.split == "by_model") & (metrics.fold == "pooled") & (metrics.phase == "decode")
+                     & (metrics.rows == "all")].set_index("method")["mape_pct"]
+    assert pooled["cpu_ops"] < pooled["max"] and pooled["cpu_ops"] < 25.0, pooled.to_dict()
