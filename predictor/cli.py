@@ -106,14 +106,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     calibration, sku = args.calibration, args.sku
     if calibration is not None:
-        from gpubench import skus as sku_table
-        from predictor.calibrate import Calibration
-        from predictor.host_match import calibration_for
+        from predictor.host_match import calibration_for_command
 
-        sku = sku or Calibration.load(calibration).sku
-        calibration, warnings = calibration_for(calibration, sku_table.get(sku).id, force=args.force_calibration)
-        for line in warnings:
-            print(f"warning: {line}", file=sys.stderr)
+        calibration = calibration_for_command(calibration, sku, force=args.force_calibration)
+        sku = sku or calibration.sku
     if args.check_drift and calibration is None:
         raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
     model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
@@ -123,10 +119,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     pred = model.predict(batch)
     drift = None
     if args.check_drift:  # after the batch is validated: bad input costs no second of timing
-        from predictor.host_drift import calibration_phase, measure_drift
+        from predictor.host_drift import measure_drift
 
-        calibration_phase(model.calibration, model.dtype)  # one line before any timing if it cannot
-        drift = measure_drift(model.calibration, model.dtype)
+        drift = measure_drift(model.calibration, model.dtype)  # one line, before any timing, if it cannot
         print(f"{'warning: ' if drift.drifted else ''}{drift.line()}", file=sys.stderr)
         if drift.drifted:
             print(f"warning: {drift.warning()}", file=sys.stderr)

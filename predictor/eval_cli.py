@@ -107,8 +107,7 @@ def _profile(args) -> int:
     on_gpu = args.device.startswith("cuda")
     args.grid = args.grid or default_grid(args.device)
     dtype_bytes = 2 if (args.dtype or ("bf16" if on_gpu else "fp32")) != "fp32" else 4
-    dropped = num_dropped(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)
-    if on_gpu and args.grid != "gpu" and dropped:
+    if on_gpu and args.grid != "gpu" and (dropped := num_dropped(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)):
         print(f"warning: --grid {args.grid} drops {dropped} points of {cfg.name} over a 2-core CPU's caps "
               f"(KV cache, FLOPs per step); --grid gpu keeps them", file=sys.stderr)
     if args.list:
@@ -227,12 +226,9 @@ def _evaluate(args) -> int:
         raise ConfigError(f"{args.out}: exists and is not a directory (--out is the output directory)")
     loaded = None
     if args.calibration is not None:
-        from gpubench import skus as sku_table
-        from predictor.host_match import calibration_for
+        from predictor.host_match import calibration_for_command
 
-        loaded, warnings = calibration_for(args.calibration, sku_table.get(args.sku).id, force=args.force_calibration)
-        for line in warnings:
-            print(f"warning: {line}", file=sys.stderr)
+        loaded = calibration_for_command(args.calibration, args.sku, force=args.force_calibration)
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
                     sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,
@@ -247,17 +243,13 @@ def _evaluate(args) -> int:
 
 
 def _score_kernels(args) -> int:
-    from gpubench import skus as sku_table
     from predictor.kernel_score import run_score
 
     calibration = None
     if args.calibration is not None:
-        from predictor.host_match import calibration_for
+        from predictor.host_match import calibration_for_command
 
-        calibration, warnings = calibration_for(args.calibration, sku_table.get(args.sku).id,
-                                                force=args.force_calibration)
-        for line in warnings:
-            print(f"warning: {line}", file=sys.stderr)
+        calibration = calibration_for_command(args.calibration, args.sku, force=args.force_calibration)
     score, text, files = run_score([str(r) for r in args.rows], sku=args.sku, calibration=calibration,
                                    calibration_path=str(args.calibration) if args.calibration else None,
                                    force_calibration=args.force_calibration, out=str(args.out))

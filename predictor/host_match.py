@@ -90,17 +90,32 @@ def check_calibration_host(cal, sku_id: str, *, force: bool = False) -> list[str
     return warnings
 
 
-def calibration_for(path, sku_id: str, *, force: bool = False):
-    """The calibration at ``path`` for predicting ``sku_id``, and the warnings to print: loaded,
-    checked against the machine (check_calibration_host) and, when ``force`` let another GPU SKU's
-    calibration through, retargeted to ``sku_id`` (calibration_model.retarget)."""
+def calibration_for(path, sku_id: str | None, *, force: bool = False):
+    """The calibration at ``path`` for predicting ``sku_id`` (None: the calibration's own SKU), and
+    the warnings to print: loaded, checked against the machine (check_calibration_host) and, when
+    ``force`` let another GPU SKU's calibration through, retargeted to ``sku_id``
+    (calibration_model.retarget)."""
     from predictor.calibration_model import Calibration, retarget
 
     cal = Calibration.load(path)
+    sku_id = sku_id or cal.sku
     warnings = check_calibration_host(cal, sku_id, force=force)
     if cal.sku != sku_id:  # forced: check_calibration_host refuses it otherwise
         cal = retarget(cal, sku_id)
     return cal, warnings
+
+
+def calibration_for_command(path, sku: str | None, *, force: bool = False):
+    """``calibration_for`` as the commands use it: ``sku`` as the user named it (an id or alias; None:
+    the calibration's own), each warning printed on stderr."""
+    import sys
+
+    from gpubench import skus as sku_table
+
+    cal, warnings = calibration_for(path, sku_table.get(sku).id if sku else None, force=force)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    return cal
 
 
 def run_contention(run) -> str | None:
