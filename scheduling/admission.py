@@ -147,9 +147,10 @@ class Admission:
 
         NOTE(perf): a queue head that cannot be admitted is looked up again every step, and its
         chain can be thousands of blocks. The last result is kept on the request with a position
-        in the pool's eviction log; a repeat lookup only truncates it at the first block evicted
-        since (a cached block is never replaced while cached, so the others are unchanged), then
-        extends it block by block as a fresh lookup would.
+        in the pool's eviction log; a repeat lookup only truncates it at the first hash evicted
+        since, then extends it block by block as a fresh lookup would. That is exact with duplicate
+        blocks too: a lookup's answer for a hash changes only when a copy of it is evicted (caching
+        another copy leaves the oldest the answer), and every evicted copy logs its hash.
         """
         num = max_tokens // self.block_size
         if num == 0:

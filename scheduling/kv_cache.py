@@ -13,6 +13,13 @@ blocks are evicted before its head blocks (heads are shared prefixes, more likel
 A freed block keeps its hash (stays a prefix-cache hit) until it is popped for reuse; every such
 eviction is logged in order (``evicted_since``), which the engine's lookup memo reads.
 
+Duplicate blocks, as vLLM's ``BlockHashToBlockMap``: the pool does not de-duplicate. When a request
+computes a full block whose hash another block already holds (two requests computed it at once, or
+a prompt that ends on a block boundary recomputes its last block because a hit is capped at known
+tokens - 1), that block is hashed and indexed too. A lookup returns the oldest surviving copy; each
+copy is evicted on its own (its hash is logged each time), the hash leaving the cache only with its
+last copy; a freed copy holds a hash, so it joins the tail of the free queue like any cached block.
+
 Blocks are ints; a request's blocks are a Python list of them. Two implementations with one API:
 
 * ``scheduling._kvpool.BlockPool`` — C++ (csrc/sim/kvpool.cpp), what the engine uses;
@@ -64,7 +71,10 @@ class PyBlockPool:
             self._prev[b] = a
         self.num_free_blocks = n - 1
         self.num_cached_free = 0  # free blocks that still hold a hash (evictable prefix cache)
+        # hash -> its oldest surviving copy (what a lookup returns), and hash -> the later copies in
+        # the order they were cached, only for the (rare) hashes held by more than one block.
         self._cached: dict[int, int] = {}
+        self._copies: dict[int, list[int]] = {}
         self._evicted: list[int] = []
 
     @property
@@ -98,7 +108,7 @@ class PyBlockPool:
             h = hsh[b]
             if h is not None:
                 self.num_cached_free -= 1
-                del self._cached[h]
+                self._uncache(b, h)
                 hsh[b] = None
                 self._evicted.append(h)
             ref[b] = 1
@@ -108,6 +118,19 @@ class PyBlockPool:
         prv_of[b] = self._head
         self.num_free_blocks -= num_blocks
         return out
+
+    def _uncache(self, block: int, block_hash: int) -> None:
+        """Take ``block`` out of the hash map; a later copy of its hash, if any, takes its place."""
+        later = self._copies.get(block_hash)
+        if self._cached[block_hash] == block:
+            if later is None:
+                del self._cached[block_hash]
+                return
+            self._cached[block_hash] = later.pop(0)
+        else:
+            later.remove(block)  # type: ignore[union-attr]  # a copy that is not the oldest
+        if not later:
+            del self._copies[block_hash]
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks, pulling free ones off the free queue."""
@@ -160,14 +183,17 @@ class PyBlockPool:
         return sum(1 for b in blocks if ref[b] == 0)
 
     def cache_block(self, block: int, block_hash: int) -> None:
-        """Mark a full, in-use block as holding ``block_hash``.
+        """Mark a full, in-use block as holding ``block_hash`` (a block keeps a hash it has).
 
-        If another block already caches that hash (two requests computed the same block at once),
-        the first stays the cached one and ``block`` stays uncached, as in vLLM.
+        If another block already holds that hash, ``block`` is indexed as a later copy: lookups
+        go on returning the oldest copy (see the module docstring).
         """
-        if self._hash[block] is None and block_hash not in self._cached:
-            self._hash[block] = block_hash
-            self._cached[block_hash] = block
+        if self._hash[block] is not None:
+            return
+        self._hash[block] = block_hash
+        first = self._cached.setdefault(block_hash, block)
+        if first != block:
+            self._copies.setdefault(block_hash, []).append(block)
 
     def cache_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
         """:meth:`cache_block` for ``blocks[k]`` with ``hashes[k]``, ``k`` in ``[start, stop)``."""
@@ -190,7 +216,13 @@ class PyBlockPool:
         return out
 
     def get_cached_block(self, block_hash: int) -> int | None:
+        """The oldest surviving block holding ``block_hash`` (None when no block does)."""
         return self._cached.get(block_hash)
+
+    def cached_copies(self, block_hash: int) -> list[int]:
+        """Every block holding ``block_hash``, oldest first (for tests and invariant checks)."""
+        first = self._cached.get(block_hash)
+        return [] if first is None else [first, *self._copies.get(block_hash, ())]
 
     def evicted_since(self, pos: int) -> list[int]:
         """Hashes evicted since position ``pos`` of the eviction log, in order."""
@@ -225,9 +257,16 @@ class PyBlockPool:
         for b in range(1, self._n):
             if self._ref[b] < 0 or (self._ref[b] == 0) != (b in free_set):
                 raise RuntimeError(f"block {b}: ref count and free queue disagree")
+        indexed = 0
         for h, b in self._cached.items():
-            if self._hash[b] != h:
+            copies = [b, *self._copies.get(h, ())]
+            if any(self._hash[c] != h for c in copies) or len(set(copies)) != len(copies):
                 raise RuntimeError("hash map corrupt")
+            indexed += len(copies)
+        if self._copies.keys() - self._cached.keys() or any(not v for v in self._copies.values()):
+            raise RuntimeError("hash map corrupt: copies of an uncached hash")
+        if indexed != sum(1 for b in range(1, self._n) if self._hash[b] is not None):
+            raise RuntimeError("hash map corrupt: a hashed block is not indexed")
 
 
 class PyHashLRU:

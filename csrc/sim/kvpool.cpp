@@ -10,12 +10,17 @@
 // intrusive doubly linked list over two int arrays with head/tail sentinels at N and N+1:
 // popped from the head (least recently freed), appended at the tail. A freed block keeps its
 // hash (a prefix-cache hit) until it is popped for reuse; every such eviction is logged in order.
+// As vLLM's block pool, the hash map does not de-duplicate: a block computed again under a hash
+// another block holds is indexed as a later copy; a lookup returns the oldest surviving copy, and a
+// hash leaves the map only with its last copy (scheduling/kv_cache.py says when copies arise).
 // Lists passed in and returned are Python lists of ints (the engine's Request.blocks).
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -60,6 +65,7 @@ class FlatMap {
     }
     return nullptr;
   }
+  int32_t* find(int64_t key) { return const_cast<int32_t*>(static_cast<const FlatMap*>(this)->find(key)); }
 
   bool erase(int64_t key) {
     size_t i = home(key);
@@ -174,7 +180,7 @@ class BlockPool {
       prev_[b] = next_[b] = -1;
       if (has_hash_[b]) {
         --num_cached_free_;
-        cached_.erase(hash_[b]);
+        uncache(b, hash_[b]);
         has_hash_[b] = 0;
         evicted_.push_back(hash_[b]);
       }
@@ -251,29 +257,32 @@ class BlockPool {
     return c;
   }
 
-  // Give blocks[k] the hash hashes[k] for k in [start, stop), unless the block already has one or
-  // another block caches that hash (vLLM keeps the first).
+  // Give blocks[k] the hash hashes[k] for k in [start, stop), unless the block already has one; a
+  // hash another block holds makes this block a later copy (lookups keep returning the oldest).
   void cache_blocks(const py::list& blocks, const py::list& hashes, int64_t start, int64_t stop) {
     if (start < 0 || stop > PyList_GET_SIZE(blocks.ptr()) || stop > PyList_GET_SIZE(hashes.ptr()))
       throw std::out_of_range("cache_blocks range outside the lists");
     for (int64_t k = start; k < stop; ++k) {
       int32_t b = id_at(blocks, k);
-      if (has_hash_[b]) continue;
-      int64_t h = hash_at(hashes, k);
-      if (cached_.emplace(h, b)) {
-        has_hash_[b] = 1;
-        hash_[b] = h;
-      }
+      if (!has_hash_[b]) index_block(b, hash_at(hashes, k));
     }
   }
 
   void cache_block(int64_t b, int64_t h) {
     check_id(b);
-    if (has_hash_[b]) return;
-    if (cached_.emplace(h, static_cast<int32_t>(b))) {
-      has_hash_[b] = 1;
-      hash_[b] = h;
-    }
+    if (!has_hash_[b]) index_block(static_cast<int32_t>(b), h);
+  }
+
+  // Every block holding h, oldest first (for tests and invariant checks).
+  py::list cached_copies(int64_t h) const {
+    py::list out;
+    const int32_t* first = cached_.find(h);
+    if (first == nullptr) return out;
+    out.append(*first);
+    auto later = copies_.find(h);
+    if (later != copies_.end())
+      for (int32_t b : later->second) out.append(b);
+    return out;
   }
 
   // Cached blocks for hashes[start:stop], in order, up to the first miss.
@@ -334,9 +343,16 @@ class BlockPool {
     for (int32_t b = 1; b < n_; ++b)
       if (ref_[b] < 0 || (ref_[b] == 0) != static_cast<bool>(in_queue[b]))
         throw std::runtime_error("block " + std::to_string(b) + ": ref count and free queue disagree");
-    size_t hashed = 0;
+    size_t hashed = 0, indexed = cached_.size();
     for (int32_t b = 1; b < n_; ++b) hashed += has_hash_[b] != 0;
-    if (hashed != cached_.size()) throw std::runtime_error("hash map corrupt: size");
+    for (const auto& [h, later] : copies_) {
+      if (later.empty() || cached_.find(h) == nullptr)
+        throw std::runtime_error("hash map corrupt: copies of an uncached hash");
+      for (int32_t b : later)
+        if (b <= 0 || b >= n_ || !has_hash_[b] || hash_[b] != h) throw std::runtime_error("hash map corrupt: a copy");
+      indexed += later.size();
+    }
+    if (hashed != indexed) throw std::runtime_error("hash map corrupt: a hashed block is not indexed");
     cached_.for_each([this](int64_t h, int32_t b) {
       if (b <= 0 || b >= n_ || !has_hash_[b] || hash_[b] != h) throw std::runtime_error("hash map corrupt");
     });
@@ -353,12 +369,39 @@ class BlockPool {
     if (b < 0 || b >= n_) throw std::out_of_range("block id " + std::to_string(b) + " outside the pool");
   }
 
+  // Give block b (hash-less) the hash h: the hash's first block, or a later copy of it.
+  void index_block(int32_t b, int64_t h) {
+    has_hash_[b] = 1;
+    hash_[b] = h;
+    if (!cached_.emplace(h, b)) copies_[h].push_back(b);
+  }
+
+  // Take block b out of the map under its hash h; the oldest later copy, if any, takes its place.
+  void uncache(int32_t b, int64_t h) {
+    auto later = copies_.empty() ? copies_.end() : copies_.find(h);
+    int32_t* first = cached_.find(h);
+    if (*first == b) {
+      if (later == copies_.end()) {
+        cached_.erase(h);
+        return;
+      }
+      *first = later->second.front();
+      later->second.erase(later->second.begin());
+    } else {
+      auto& v = later->second;  // b is a later copy
+      v.erase(std::find(v.begin(), v.end(), b));
+    }
+    if (later->second.empty()) copies_.erase(later);
+  }
+
   int32_t n_, head_, tail_;
   std::vector<int32_t> ref_, prev_, next_;
   std::vector<int32_t> uncached_;  // scratch of free_blocks (kept to avoid an allocation per call)
   std::vector<char> has_hash_;
   std::vector<int64_t> hash_;
-  FlatMap cached_;
+  FlatMap cached_;  // hash -> its oldest surviving copy
+  // hash -> later copies in the order they were cached; only hashes held by two or more blocks (rare).
+  std::unordered_map<int64_t, std::vector<int32_t>> copies_;
   std::vector<int64_t> evicted_;
   int64_t num_free_ = 0, num_cached_free_ = 0;
 };
@@ -485,6 +528,7 @@ PYBIND11_MODULE(_kvpool, m) {
       .def("cache_block", &BlockPool::cache_block)
       .def("lookup", &BlockPool::lookup)
       .def("get_cached_block", &BlockPool::get_cached_block)
+      .def("cached_copies", &BlockPool::cached_copies)
       .def("evicted_since", &BlockPool::evicted_since)
       .def("ref_cnt", &BlockPool::ref_cnt)
       .def("block_hash", &BlockPool::block_hash)

@@ -85,15 +85,50 @@ def test_touch_takes_free_cached_blocks_off_the_queue_and_ref_counts(Pool):
     pool.check_invariants()
 
 
-def test_duplicate_hash_keeps_first_block_cached(Pool):
+def test_a_block_keeps_the_hash_it_has(Pool):
     pool = Pool(4)
-    a, b = pool.get_new_blocks(2)
+    (a,) = pool.get_new_blocks(1)
     h = chain_hash(None, ("g", "x", 0))
     pool.cache_block(a, h)
+    pool.cache_block(a, h + 1)
+    assert pool.block_hash(a) == h and pool.get_cached_block(h + 1) is None
+
+
+def test_duplicate_blocks_are_each_indexed_as_vllm_does(Pool):
+    """vLLM's block pool does not de-duplicate: every copy of a computed block is hashed and
+    indexed, a lookup returns the oldest surviving copy, the hash stays cached while any copy
+    survives, and a freed copy is a cached block (tail of the free queue)."""
+    pool = Pool(6)  # 5 usable
+    a, b, c = pool.get_new_blocks(3)
+    h = chain_hash(None, ("g", "x", 0))
+    for blk in (a, b, c):
+        pool.cache_block(blk, h)
+    assert [pool.block_hash(x) for x in (a, b, c)] == [h, h, h]
+    assert pool.cached_copies(h) == [a, b, c] and pool.get_cached_block(h) == a and pool.lookup([h], 0, 1) == [a]
+    pool.free_blocks([b, a, c])  # every copy holds the hash: all join the tail, in order
+    assert pool.free_queue_ids() == [4, 5, b, a, c] and pool.num_cached_free == 3
+    pool.check_invariants()
+    assert pool.get_new_blocks(3) == [4, 5, b]  # evicting a later copy leaves the oldest the answer
+    assert pool.cached_copies(h) == [a, c] and pool.get_cached_block(h) == a and pool.evicted_since(0) == [h]
+    assert pool.get_new_blocks(1) == [a]  # the oldest goes: the next copy answers
+    assert pool.get_cached_block(h) == c and pool.lookup([h], 0, 1) == [c] and pool.evicted_since(0) == [h, h]
+    pool.check_invariants()
+    assert pool.get_new_blocks(1) == [c]  # the last copy takes the hash with it
+    assert pool.get_cached_block(h) is None and pool.cached_copies(h) == [] and pool.num_evictions == 3
+    pool.check_invariants()
+
+
+def test_a_copy_cached_after_its_first_is_evicted_answers_after_the_older_survivor(Pool):
+    pool = Pool(5)
+    a, b = pool.get_new_blocks(2)
+    h = chain_hash(None, ("g", "y", 0))
+    pool.cache_block(a, h)
     pool.cache_block(b, h)
-    assert pool.get_cached_block(h) == a and pool.block_hash(b) is None and pool.block_hash(a) == h
-    pool.cache_block(a, h + 1)  # a block keeps the hash it has
-    assert pool.block_hash(a) == h
+    pool.free_blocks([a])
+    assert pool.get_new_blocks(3) == [3, 4, a]  # a evicted: b is the oldest survivor
+    pool.cache_block(a, h)  # a computes the block again: a later copy than b
+    assert pool.cached_copies(h) == [b, a] and pool.get_cached_block(h) == b
+    pool.check_invariants()
 
 
 def test_bad_ids_and_ranges_are_errors_not_corruption(Pool):
@@ -113,7 +148,7 @@ def _state(pool, hashes):
     return (pool.free_queue_ids(), [pool.ref_cnt(b) for b in range(pool.num_total_blocks + 1)],
             [pool.block_hash(b) for b in range(pool.num_total_blocks + 1)], pool.num_free_blocks,
             pool.num_used_blocks, pool.num_cached_free, pool.num_evictions, pool.evicted_since(0),
-            [pool.get_cached_block(h) for h in hashes])
+            [pool.get_cached_block(h) for h in hashes], [pool.cached_copies(h) for h in hashes])
 
 
 @pytest.mark.parametrize("num_blocks, num_chains, chain_len, max_req", [(41, 6, 30, 12), (3001, 40, 400, 300)])
@@ -143,6 +178,8 @@ def test_compiled_pool_matches_the_reference_under_random_operations(num_blocks,
             n = rng.randint(1, max_req)
             hit = ref.lookup(chain, 0, n)
             assert fast.lookup(chain, 0, n) == hit
+            if hit and rng.random() < 0.3:  # compute part of the hit again (a capped hit, or a
+                del hit[rng.randrange(len(hit)):]  # concurrent prefill): duplicate blocks
             assert fast.count_free(hit) == ref.count_free(hit)
             if n - len(hit) > ref.num_free_blocks:
                 assert fast.get_new_blocks(n - len(hit)) is None and ref.get_new_blocks(n - len(hit)) is None
@@ -164,6 +201,7 @@ def test_compiled_pool_matches_the_reference_under_random_operations(num_blocks,
         assert fast.num_free_blocks == ref.num_free_blocks and fast.num_evictions == ref.num_evictions
     assert _state(fast, all_hashes) == _state(ref, all_hashes)
     assert ref.num_evictions > 50  # the test did exercise eviction
+    assert any(len(ref.cached_copies(h)) > 1 for h in all_hashes)  # ... and duplicate copies
 
 
 def test_invariant_check_catches_corruption():

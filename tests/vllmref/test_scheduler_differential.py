@@ -28,6 +28,12 @@ def scaled(n: int, seed: int, jps: float) -> list[Job]:
     return with_poisson_arrivals(synthetic_jobs(n, seed=seed, params=scaled_cpu_params()), jps, seed=seed)
 
 
+def burst(n: int, group: str, system_tokens: int, turns: tuple[Turn, ...], t0: float, tag: str = "b",
+          gap: float = 0.0) -> list[Job]:
+    """``n`` jobs of one prefix group with the same turns, arriving ``gap`` seconds apart from ``t0``."""
+    return [Job(f"{tag}{group}{i}", group, system_tokens, turns, t0 + gap * i) for i in range(n)]
+
+
 CASES = {
     # Six jobs of one prefix group arriving 0.5 s apart: the system prompt's blocks are shared.
     "shared-prefix": ([Job(f"j{i}", "g", 200, (Turn(50 + 7 * i, 6),), 0.5 * i) for i in range(6)],
@@ -51,6 +57,22 @@ CASES = {
     # Many arrivals at once into a pool the full-sequence admission gate must hold back.
     "admission-gate": (scaled(12, 5, 20.0), DiffSettings(num_gpu_blocks=170, max_num_batched_tokens=1024,
                                                           max_num_seqs=16)),
+    # Duplicate blocks (vLLM indexes every copy of a block under its hash). Identical prompts (the whole
+    # prompt is the group's) in bursts: the copies of a burst are computed at once.
+    "identical-burst": (burst(4, "g", 256, (Turn(0, 12),), 0.0) + burst(4, "g", 256, (Turn(0, 12),), 6.0, "c"),
+                        DiffSettings(num_gpu_blocks=160, max_num_batched_tokens=512)),
+    # Resent prompts ending on a block boundary: the hit is capped at known tokens - 1, so each resend
+    # computes its last block again, a copy of the cached one.
+    "boundary-resend": (burst(6, "h", 160, (Turn(0, 5, "bash", 1.0), Turn(16, 4)), 0.0, gap=2.5),
+                        DiffSettings(num_gpu_blocks=100, max_num_batched_tokens=256)),
+    # Both under pressure: copies evicted one by one and hit again in small pools, with preemption.
+    "dup-eviction": (burst(5, "p", 128, (Turn(0, 20, "x", 0.5), Turn(32, 10)), 0.0, gap=0.7)
+                     + burst(5, "q", 96, (Turn(0, 30),), 0.3, gap=1.1),
+                     DiffSettings(num_gpu_blocks=40, max_num_batched_tokens=256, max_num_seqs=8)),
+    "dup-eviction-b32": (burst(8, "r", 192, (Turn(0, 40, "x", 1.0), Turn(0, 20)), 0.0, gap=0.4),
+                         DiffSettings(block_size=32, num_gpu_blocks=30, max_num_batched_tokens=512, max_num_seqs=6)),
+    "dup-preempt": (burst(6, "s", 64, (Turn(0, 120, "x", 0.5), Turn(0, 60)), 0.0, gap=0.2),
+                    DiffSettings(num_gpu_blocks=36, max_num_batched_tokens=256, max_num_seqs=8)),
 }
 
 
@@ -106,3 +128,55 @@ def test_a_divergence_is_caught(results):
     jobs, settings = CASES["admission-gate"]
     mismatches = compare_steps(sim_steps(jobs, settings, reserve_full_sequence=False), results["admission-gate"].vllm)
     assert mismatches and mismatches[0]["field"] in ("scheduled", "free_blocks", "free_queue")
+
+
+DUPLICATE_CASES = ("identical-burst", "boundary-resend", "dup-eviction", "dup-eviction-b32", "dup-preempt")
+
+
+@pytest.mark.parametrize("name", DUPLICATE_CASES)
+def test_the_duplicate_block_scenarios_need_vllms_rule(results, name, monkeypatch):
+    # A pool that keeps only the first copy of a hash cached (the simulator's rule before it
+    # followed vLLM) must diverge from vLLM on each of these scenarios: they do exercise copies.
+    from scheduling import engine
+    from scheduling.kv_cache import PyBlockPool
+    from scheduling.vllm_diff import compare_steps, sim_steps
+
+    class FirstCopyOnly(PyBlockPool):
+        def cache_blocks(self, blocks, hashes, start, stop):
+            for k in range(start, stop):
+                if self.get_cached_block(hashes[k]) is None:
+                    self.cache_block(blocks[k], hashes[k])
+
+    monkeypatch.setattr(engine, "BlockPool", FirstCopyOnly)
+    jobs, settings = CASES[name]
+    assert compare_steps(sim_steps(jobs, settings), results[name].vllm)
+
+
+def random_scenario(seed: int) -> tuple[list[Job], DiffSettings]:
+    """A small random workload of three prefix groups whose prompts often are the group's alone or
+    end on a block boundary (so duplicate blocks are common), in a random pool and budget."""
+    import random
+
+    rng = random.Random(seed)
+    bs = rng.choice([16, 16, 32])
+    system = {"a": 8 * bs, "b": 5 * bs, "c": 3 * bs + 7}
+    jobs = []
+    for i in range(rng.randint(4, 12)):
+        group = rng.choice("abc")
+        turns = []
+        for k in range(rng.randint(1, 3)):
+            new_input = rng.choice([0, 0, bs, rng.randint(1, 3 * bs)]) if k else rng.choice([0, 0, rng.randint(1, 2 * bs)])
+            turns.append(Turn(new_input, rng.randint(2, 60), "x", rng.random()))
+        turns[-1] = Turn(turns[-1].input_tokens, turns[-1].output_tokens)
+        jobs.append(Job(f"r{i}", group, system[group], tuple(turns), round(rng.random() * 6, 1)))
+    blocks = max(-(-max(j.total_tokens() for j in jobs) // bs) + 2, rng.randint(20, 120))
+    return jobs, DiffSettings(block_size=bs, num_gpu_blocks=blocks, max_num_batched_tokens=rng.choice([128, 256, 512]),
+                              max_num_seqs=rng.choice([4, 8, 16]))
+
+
+def test_random_scenarios_match_step_for_step():
+    # 30 random workloads (seeds 1000-1029; with the first-copy-only pool 25 of them diverged).
+    cases = [random_scenario(seed) for seed in range(1000, 1030)]
+    for seed, res in zip(range(1000, 1030), run_differentials(cases)):
+        assert res.mismatches == [] and res.fast_mismatches == [], (seed, res.first(1), res.fast_mismatches[:1])
+        assert len(res.sim) == len(res.vllm) > 0
