@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from gpubench.errors import ConfigError
 from scheduling.admission import Admission
+from scheduling.batch_tally import BatchTally
 from scheduling.decode_group import DecodeGroup
 from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
 from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
@@ -76,6 +77,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
         # The batch of the step in flight (reused lists: a step allocates nothing for them).
         self._sched_reqs: list[Request] = []
         self._sched_n: list[int] = []
+        self._tally = BatchTally()
         self._prefill_memo: dict[int, float] = {}
         # Decode group (see the NOTE in the scheduler section).
         self._g = 0  # index of the next step
@@ -205,14 +207,14 @@ class Engine(Admission, StepOutput, DecodeGroup):
         scheduled_num_tokens.clear()
         budget = cfg.max_num_batched_tokens
         bs = self.block_size
-        num_prefill_tokens = num_prefill_seqs = prefill_context_tokens = num_decode_seqs = decode_context_tokens = 0
+        tally = self._tally
+        tally.reset()
         extra_s = 0.0
         num_preempted = hit_tokens = pool_tokens = 0
         reason = ""
         if fast:  # every decode-group member gets its token; the loop below sees the rest
-            num_decode_seqs = len(self._dec)
-            decode_context_tokens = self._group_step(self._g)
-            budget -= num_decode_seqs
+            tally.add_decodes(len(self._dec), self._group_step(self._g))
+            budget -= len(self._dec)
             running = self._prefilling
         else:
             running = self.running
@@ -244,14 +246,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
                         vn = scheduled_num_tokens[k]
                         del scheduled_reqs[k], scheduled_num_tokens[k]
                         budget += vn
-                        vc = victim.num_computed
-                        if victim.num_output and vc == victim.num_tokens - 1:
-                            num_decode_seqs -= 1
-                            decode_context_tokens -= vc
-                        else:
-                            num_prefill_tokens -= vn
-                            num_prefill_seqs -= 1
-                            prefill_context_tokens -= vc
+                        tally.remove(victim, vn, victim.num_computed)
                         i -= 1
                     self._preempt(victim)
                     num_preempted += 1
@@ -270,15 +265,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
             # vLLM caches a request's full blocks when it allocates them (schedule time), so a
             # request admitted later in this same pass can hit blocks this step computes.
             self._cache_full_blocks(r, c + n)
-            if r.num_output and n == 1 and c == r.num_tokens - 1:  # a decode (priced as one)
-                num_decode_seqs += 1
-                decode_context_tokens += c
-            else:
-                num_prefill_tokens += n
-                num_prefill_seqs += 1
-                prefill_context_tokens += c
-                if c + n == r.num_tokens:
-                    extra_s += policy.on_prefill_complete(r, c + n)
+            if not tally.add(r, n, c) and c + n == r.num_tokens:
+                extra_s += policy.on_prefill_complete(r, c + n)
             i += 1
 
         # 2. Waiting requests, only if nothing was preempted (vLLM: preemption means no room).
@@ -315,32 +303,29 @@ class Engine(Admission, StepOutput, DecodeGroup):
                 scheduled_reqs.append(r)
                 scheduled_num_tokens.append(n)
                 budget -= n
-                num_prefill_tokens += n
-                num_prefill_seqs += 1
-                prefill_context_tokens += c
-                if c + n == r.num_tokens:
+                # one rule with the running loop: a re-admitted preempted request with only its
+                # last token left is a decode (scheduling.batch_tally)
+                if not tally.add(r, n, c) and c + n == r.num_tokens:
                     extra_s += policy.on_prefill_complete(r, c + n)
 
         self._step_fast = fast
         if not fast:
             self._prefilling = list(self.running)  # the group is empty in exact mode
         self._pass_preempted = num_preempted
-        if not scheduled_reqs and not num_decode_seqs:
+        if not scheduled_reqs and not tally.num_decode_seqs:
             # NOTE: a pass that only preempted (the last running request evicted itself) schedules
             # nothing; like vLLM's next engine iteration, try_step runs another pass at once.
             self.result.num_preemptions += num_preempted
             self._check_step(budget)
             return None
-        dur_s = self.step_cost.step_s(
-            num_prefill_tokens=num_prefill_tokens, num_prefill_seqs=num_prefill_seqs,
-            prefill_context_tokens=prefill_context_tokens, num_decode_seqs=num_decode_seqs,
-            decode_context_tokens=decode_context_tokens) + extra_s
+        dur_s = tally.step_s(self.step_cost) + extra_s
         res = self.result
         res.num_steps += 1
         res.num_preemptions += num_preempted
         if cfg.record_steps:
             res.steps.append((
-                res.num_steps, now_s, dur_s, num_prefill_tokens, num_decode_seqs, num_prefill_seqs, num_decode_seqs,
+                res.num_steps, now_s, dur_s, tally.num_prefill_tokens, tally.num_decode_seqs, tally.num_prefill_seqs,
+                tally.num_decode_seqs,
                 len(self.running),
                 len(self.queue) + len(self.loading), pool.num_used_blocks, policy.num_pinned_blocks(),
                 pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),

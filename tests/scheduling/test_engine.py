@@ -5,7 +5,7 @@ from typing import ClassVar
 import pytest
 
 from gpubench.errors import ConfigError
-from scheduling.engine import Engine, EngineConfig
+from scheduling.engine import STEP_COLUMNS, Engine, EngineConfig
 from scheduling.events import Event
 from scheduling.policies import make_policy
 from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
@@ -210,3 +210,33 @@ def test_tight_pool_with_async_loads_never_waits_on_itself():
     assert sum(t["pool_hit_tokens"] for t in turns) > 0
     for t in turns:
         assert t["hit_tokens"] + t["pool_hit_tokens"] + t["computed_tokens"] == t["prompt_tokens"]
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["exact", "decode-group"])
+def test_every_one_token_step_of_a_sampled_request_is_priced_as_a_decode(fast_path):
+    """One rule labels a request decode or prefill wherever it is scheduled: a preempted request
+    re-admitted with all but its last token hit (it was preempted when its next token needed a new
+    block) is a decode, as it is in the running loop. The label is checked against the recorded
+    batch alone: an entry of one token, after at least its whole prompt, is a decode."""
+    from scheduling.traces import Job, Turn
+    from scheduling.vllm_diff import DiffSettings, _RecordingEngine
+
+    jobs = [Job(f"e{i}", f"g{i % 2}", 150, (Turn(80, 250, "bash", 2.0), Turn(40, 120, "x", 0.5), Turn(30, 60)), 0.2 * i)
+            for i in range(8)]  # the differential test's preempt-resume-b32 scenario
+    settings = DiffSettings(block_size=32, num_gpu_blocks=45, max_num_batched_tokens=256, max_num_seqs=16)
+    config = EngineConfig(num_gpu_blocks=settings.num_gpu_blocks, max_num_batched_tokens=settings.max_num_batched_tokens,
+                          max_num_seqs=settings.max_num_seqs, block_size=settings.block_size, fast_path=fast_path,
+                          record_steps=True)
+    engine = _RecordingEngine(jobs, config, make_policy("fcfs", {}), ConstantStepCost(1.0))
+    res = engine.run()
+    prompt = {(j.job_id, k): j.prompt_tokens(k) for j in jobs for k in range(j.num_turns)}
+    readmitted_decodes = 0
+    preempted: set = set()
+    last_scheduled: set = set()
+    for rec, row in zip(engine.trace, res.steps):
+        decodes = [(job, turn) for job, turn, n, before in rec.scheduled if n == 1 and before >= prompt[job, turn]]
+        assert row[STEP_COLUMNS.index("num_decode_seqs")] == len(decodes), rec
+        readmitted_decodes += sum(1 for key in decodes if key in preempted and key not in last_scheduled)
+        preempted |= {tuple(p) for p in rec.preempted}
+        last_scheduled = {(job, turn) for job, turn, _, _ in rec.scheduled}
+    assert res.num_preemptions > 0 and readmitted_decodes > 0  # the case the rule is about happened
