@@ -19,7 +19,7 @@ from scheduling.request import Request, Status
 
 if TYPE_CHECKING:
     from scheduling.engine_config import EngineConfig
-    from scheduling.kv_cache import BlockPool
+    from scheduling.kv_manager import KVCacheManager
     from scheduling.outputs import EngineResult
     from scheduling.policies.base import KVPolicy, RequestQueue
 
@@ -29,7 +29,7 @@ class Admission:
 
     # the engine's state these methods use, set by Engine.__init__
     config: EngineConfig
-    pool: BlockPool
+    kv: KVCacheManager
     policy: KVPolicy
     queue: RequestQueue  # the policy's waiting queue (KVPolicy.make_queue)
     running: list[Request]
@@ -41,7 +41,6 @@ class Admission:
 
     if TYPE_CHECKING:  # another part of the engine defines these (no runtime stub can shadow them)
         def push(self, event_cls, time_s: float, *payload) -> None: ...  # Engine
-        def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None: ...  # Engine
 
     def _admit(self, r: Request, budget: int, now_s: float) -> tuple[int, int, int, float] | None:
         """Try to move the head of the waiting queue into the running batch.
@@ -49,28 +48,29 @@ class Admission:
         Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
         step)``, or None when the blocks it needs are not free (the request stays queued).
         """
-        pool, policy, bs = self.pool, self.policy, self.block_size
+        kv, policy = self.kv, self.policy
+        pool = kv.pool
         h = e = 0
         hit_blocks: list[int] = []
         if r.status == Status.WAITING:
-            max_tokens = (r.num_tokens - 1) // bs * bs  # hit capped at known tokens - 1, whole blocks
-            hit_blocks = self._prefix_hit(r, max_tokens)
-            h = len(hit_blocks) * bs
+            max_tokens = kv.max_hit_tokens(r)
+            hit_blocks = kv.get_computed_blocks(r, max_tokens)
+            h = len(hit_blocks) * kv.block_size
             e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
             c0 = h + e
             is_async = bool(e) and policy.asynchronous_load
             n = 0 if is_async else min(r.num_tokens - c0, budget)
-            need = -(-(c0 + n) // bs) - len(hit_blocks)
+            need = kv.blocks_for(c0 + n) - len(hit_blocks)
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default): the free blocks must
             # hold the request's whole known sequence, not only its first chunk.
-            gate = -(-r.num_tokens // bs) - len(hit_blocks) if self.config.reserve_full_sequence else need
+            gate = kv.blocks_for(r.num_tokens) - len(hit_blocks) if self.config.reserve_full_sequence else need
             if gate > pool.num_free_blocks:
                 return None
             if not policy.holds_blocks(r.job_state):
                 # NOTE(perf): only shared system-prompt blocks can be in use by others (a job runs one
                 # turn at a time), so at least k − system blocks of the hit are free: a cheap bound
                 # that rejects a queue head retried every step without counting its whole prefix.
-                used_max = min(len(hit_blocks), r.job_state.job.system_tokens // bs)
+                used_max = min(len(hit_blocks), r.job_state.job.system_tokens // kv.block_size)
                 if gate + len(hit_blocks) - used_max > pool.num_free_blocks:
                     return None
             free_hits = pool.count_free(hit_blocks)  # touching takes them off the free queue
@@ -78,15 +78,13 @@ class Admission:
                 return None
             r.hit_memo = None  # admitted: the blocks become the request's own
             self.queue.pop()
-            pool.touch(hit_blocks)
-            r.blocks = hit_blocks + pool.get_new_blocks(need)
-            r.num_cached_blocks = len(hit_blocks)
+            kv.take_hit_and_allocate(r, hit_blocks, need)
             r.hit_tokens = min(h, r.prompt_tokens)
             r.pool_hit_tokens = min(c0, r.prompt_tokens) - r.hit_tokens
             r.prompt_computed_tokens = 0
             r.num_computed = h
             if not is_async:
-                self._cache_full_blocks(r, c0 + n)  # at schedule time, as vLLM (see the running loop)
+                kv.cache_full_blocks(r, c0 + n)  # at schedule time, as vLLM (see the running loop)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now_s
             load_s = 0.0
@@ -102,13 +100,13 @@ class Admission:
         else:  # WAITING_LOADED: blocks are held; continue the prefill
             c0 = r.num_computed
             n = min(r.num_tokens - c0, budget)
-            need = -(-(c0 + n) // bs) - len(r.blocks)
+            need = kv.num_new_blocks(r, c0 + n)
             if need > pool.num_free_blocks:
                 return None
             self.queue.pop()
             if need > 0:
-                r.blocks.extend(pool.get_new_blocks(need))
-            self._cache_full_blocks(r, c0 + n)
+                kv.allocate(r, need)
+            kv.cache_full_blocks(r, c0 + n)
             load_s = 0.0
         r.status = Status.RUNNING
         r.job_state.waiting_request = None
@@ -133,49 +131,9 @@ class Admission:
                 victim = r
         if victim is None:
             return False
-        self.pool.free_blocks(victim.blocks, True)
-        victim.blocks = []
+        self.kv.free(victim)
         victim.num_computed = 0
-        victim.num_cached_blocks = 0
         victim.status = Status.WAITING
         victim.num_preemptions += 1
         self.result.num_preemptions += 1
         return True
-
-    def _prefix_hit(self, r: Request, max_tokens: int) -> list[int]:
-        """Cached blocks along the request's hash chain, from block 0 until the first miss.
-
-        NOTE(perf): a queue head that cannot be admitted is looked up again every step, and its
-        chain can be thousands of blocks. The last result is kept on the request with a position
-        in the pool's eviction log; a repeat lookup only truncates it at the first hash evicted
-        since, then extends it block by block as a fresh lookup would. That is exact with duplicate
-        blocks too: a lookup's answer for a hash changes only when a copy of it is evicted (caching
-        another copy leaves the oldest the answer), and every evicted copy logs its hash.
-        """
-        num = max_tokens // self.block_size
-        if num == 0:
-            return []
-        js = r.job_state
-        hashes = js.block_hashes(num)
-        pool = self.pool
-        num_evicted = pool.num_evictions
-        out = r.hit_memo
-        if out is None:
-            out = []
-        else:
-            if len(out) > num:
-                del out[num:]
-            if r.hit_log_pos < num_evicted and out:
-                index = js.hash_index
-                cut = len(out)
-                for h in pool.evicted_since(r.hit_log_pos):
-                    i = index.get(h)
-                    if i is not None and i < cut:
-                        cut = i
-                del out[cut:]
-        if len(out) < num:
-            out.extend(pool.lookup(hashes, len(out), num))
-        r.hit_memo = out
-        r.hit_log_pos = num_evicted
-        return out
-

@@ -26,7 +26,7 @@ from scheduling.batch_tally import BatchTally
 from scheduling.decode_group import DecodeGroup
 from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
 from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
-from scheduling.kv_cache import BlockPool
+from scheduling.kv_manager import KVCacheManager
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
 from scheduling.policies.base import KVPolicy
 from scheduling.request import JobState, Request, Status
@@ -58,7 +58,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
         self.config = config
         self.policy = policy
         self.step_cost = step_cost
-        self.pool = BlockPool(config.num_gpu_blocks + 1)
+        self.kv = KVCacheManager(config.num_gpu_blocks, config.block_size)
+        self.pool = self.kv.pool  # for policies and the step log; the engine's blocks go through self.kv
         self.queue = policy.make_queue()
         self.running: list[Request] = []
         self.loading: dict[int, Request] = {}
@@ -142,8 +143,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
     def on_arrival(self, js: JobState, turn: int, now_s: float) -> None:
         prompt = js.prompt_tokens(turn)
         total = prompt + js.job.turns[turn].output_tokens - 1  # the last sampled token gets no KV
-        bs = self.block_size
-        if -(-total // bs) * bs > self._max_request_tokens:
+        if self.kv.blocks_for(total) > self.config.num_gpu_blocks:
             raise ConfigError(f"job {js.job.job_id} turn {turn} needs {total} tokens of KV cache, more than the "
                               f"whole GPU pool ({self._max_request_tokens} tokens); use a larger SKU or smaller model")
         req = Request(js, turn, next(self._req_seq), now_s, prompt)
@@ -157,7 +157,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
     def on_load_done(self, req: Request, num_computed: int, now_s: float) -> None:
         del self.loading[req.seq]
         req.num_computed = num_computed
-        self._cache_full_blocks(req)
+        self.kv.cache_full_blocks(req)
         req.status = Status.WAITING_LOADED
         self.queue.prepend(req)
         self.wake(now_s)
@@ -201,12 +201,11 @@ class Engine(Admission, StepOutput, DecodeGroup):
         fast = self.config.fast_path and self._fast_plan()
         if not fast and self._dec:
             self._leave_fast_mode()
-        cfg, pool, policy = self.config, self.pool, self.policy
+        cfg, kv, policy = self.config, self.kv, self.policy
         scheduled_reqs, scheduled_num_tokens = self._sched_reqs, self._sched_n
         scheduled_reqs.clear()
         scheduled_num_tokens.clear()
         budget = cfg.max_num_batched_tokens
-        bs = self.block_size
         tally = self._tally
         tally.reset()
         extra_s = 0.0
@@ -230,13 +229,13 @@ class Engine(Admission, StepOutput, DecodeGroup):
             n = r.num_tokens - c
             if n > budget:
                 n = budget
-            need = -(-(c + n) // bs) - len(r.blocks)
+            need = kv.num_new_blocks(r, c + n)
             if need > 0:
-                new = pool.get_new_blocks(need)
-                while new is None:
+                got = kv.allocate(r, need)
+                while not got:
                     assert not fast, "fast path planned blocks that are not free"
                     if policy.relieve_pressure(now_s, len(running) - 1):
-                        new = pool.get_new_blocks(need)
+                        got = kv.allocate(r, need)
                         continue
                     victim = policy.preemption_victim(running)
                     vi = running.index(victim)
@@ -252,19 +251,18 @@ class Engine(Admission, StepOutput, DecodeGroup):
                     num_preempted += 1
                     if victim is r:
                         break
-                    new = pool.get_new_blocks(need)
-                if new is None:
+                    got = kv.allocate(r, need)
+                if not got:
                     # r itself was preempted (nothing else was left to preempt): like vLLM, stop
                     # scheduling running requests for this step.
                     reason = "no_blocks"
                     break
-                r.blocks.extend(new)
             scheduled_reqs.append(r)
             scheduled_num_tokens.append(n)
             budget -= n
             # vLLM caches a request's full blocks when it allocates them (schedule time), so a
             # request admitted later in this same pass can hit blocks this step computes.
-            self._cache_full_blocks(r, c + n)
+            kv.cache_full_blocks(r, c + n)
             if not tally.add(r, n, c) and c + n == r.num_tokens:
                 extra_s += policy.on_prefill_complete(r, c + n)
             i += 1
@@ -327,8 +325,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
                 res.num_steps, now_s, dur_s, tally.num_prefill_tokens, tally.num_decode_seqs, tally.num_prefill_seqs,
                 tally.num_decode_seqs,
                 len(self.running),
-                len(self.queue) + len(self.loading), pool.num_used_blocks, policy.num_pinned_blocks(),
-                pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),
+                len(self.queue) + len(self.loading), kv.pool.num_used_blocks, policy.num_pinned_blocks(),
+                kv.pool.num_cached_free, kv.pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),
                 reason, num_preempted, hit_tokens, pool_tokens,
             ))
         if self._progress and not res.num_steps & 511:
@@ -341,24 +339,14 @@ class Engine(Admission, StepOutput, DecodeGroup):
 
     def _preempt(self, r: Request) -> None:
         """Preemption by recompute: free the blocks (they stay cached), requeue at the front."""
-        self.pool.free_blocks(r.blocks, True)
-        r.blocks = []
+        self.kv.free(r)
         r.num_computed = 0
-        r.num_cached_blocks = 0
         r.num_recomputed_tokens += r.num_admission_tokens
         r.num_admission_tokens = 0
         r.prompt_computed_tokens = 0
         r.num_preemptions += 1
         r.status = Status.WAITING
         self.queue.prepend(r)
-
-    def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None:
-        """Give the request's blocks that are full at ``num_tokens`` (default: its computed tokens)
-        their hashes (``BlockPool.cache_full_blocks`` semantics)."""
-        full = (r.num_computed if num_tokens is None else num_tokens) // self.block_size
-        if full > r.num_cached_blocks:
-            self.pool.cache_blocks(r.blocks, r.job_state.block_hashes(full), r.num_cached_blocks, full)
-            r.num_cached_blocks = full
 
     # --- estimates for policies ---------------------------------------------------------------
     def estimate_prefill_s(self, num_tokens: int) -> float:

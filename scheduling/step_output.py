@@ -16,7 +16,7 @@ from scheduling.events import ArrivalEvent
 from scheduling.request import Request, Status
 
 if TYPE_CHECKING:
-    from scheduling.kv_cache import BlockPool
+    from scheduling.kv_manager import KVCacheManager
     from scheduling.outputs import EngineResult
     from scheduling.policies.base import KVPolicy
 
@@ -25,7 +25,7 @@ class StepOutput:
     """The step-completion half of the engine (see the module docstring)."""
 
     # the engine's state these methods use, set by Engine.__init__
-    pool: BlockPool
+    kv: KVCacheManager
     policy: KVPolicy
     running: list[Request]
     result: EngineResult
@@ -44,7 +44,6 @@ class StepOutput:
 
     if TYPE_CHECKING:  # another part of the engine defines these (no runtime stub can shadow them)
         def push(self, event_cls, time_s: float, *payload) -> None: ...  # Engine
-        def _cache_full_blocks(self, r: Request, num_tokens: int | None = None) -> None: ...  # Engine
         def _check_step(self, budget: int) -> None: ...  # Engine
         def _materialize(self, r: Request, g: int) -> None: ...  # DecodeGroup
         def _join_decode_group(self, r: Request, next_g: int) -> None: ...  # DecodeGroup
@@ -110,8 +109,8 @@ class StepOutput:
         r.status = Status.FINISHED
         r.finish_s = now_s
         if self.policy.on_turn_finish(r, now_s):
-            self.pool.free_blocks(r.blocks, True)
-        r.blocks = []
+            self.kv.free(r)
+        r.blocks = []  # (kept when the policy holds them: it frees them itself)
         js = r.job_state
         scheduled = r.num_recomputed_tokens + r.num_admission_tokens
         # a finished turn was scheduled and generated its first token

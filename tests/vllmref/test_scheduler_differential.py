@@ -137,7 +137,7 @@ DUPLICATE_CASES = ("identical-burst", "boundary-resend", "dup-eviction", "dup-ev
 def test_the_duplicate_block_scenarios_need_vllms_rule(results, name, monkeypatch):
     # A pool that keeps only the first copy of a hash cached (the simulator's rule before it
     # followed vLLM) must diverge from vLLM on each of these scenarios: they do exercise copies.
-    from scheduling import engine
+    from scheduling import kv_manager
     from scheduling.kv_cache import PyBlockPool
     from scheduling.vllm_diff import compare_steps, sim_steps
 
@@ -147,7 +147,7 @@ def test_the_duplicate_block_scenarios_need_vllms_rule(results, name, monkeypatc
                 if self.get_cached_block(hashes[k]) is None:
                     self.cache_block(blocks[k], hashes[k])
 
-    monkeypatch.setattr(engine, "BlockPool", FirstCopyOnly)
+    monkeypatch.setattr(kv_manager, "BlockPool", FirstCopyOnly)
     jobs, settings = CASES[name]
     assert compare_steps(sim_steps(jobs, settings), results[name].vllm)
 
