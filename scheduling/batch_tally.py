@@ -23,10 +23,12 @@ def is_decode(r: Request, num_new_tokens: int, num_computed: int) -> bool:
 
 
 class BatchTally:
-    """Prefill tokens, sequences and context, decode sequences and context of the step being built."""
+    """Prefill tokens, sequences and context, decode sequences and context of the step being built,
+    and what else the pass adds to it: seconds the KV policy charges inside the step (``extra_s``),
+    prefix-hit and connector tokens of admitted requests, and requests preempted."""
 
     __slots__ = ("num_prefill_tokens", "num_prefill_seqs", "prefill_context_tokens", "num_decode_seqs",
-                 "decode_context_tokens")
+                 "decode_context_tokens", "extra_s", "num_hit_tokens", "num_pool_tokens", "num_preempted")
 
     def __init__(self) -> None:
         self.reset()
@@ -34,6 +36,8 @@ class BatchTally:
     def reset(self) -> None:
         self.num_prefill_tokens = self.num_prefill_seqs = self.prefill_context_tokens = 0
         self.num_decode_seqs = self.decode_context_tokens = 0
+        self.extra_s = 0.0
+        self.num_hit_tokens = self.num_pool_tokens = self.num_preempted = 0
 
     def add_decodes(self, num_seqs: int, context_tokens: int) -> None:
         """The decode group's members, one token each, ``context_tokens`` computed in all."""
@@ -62,8 +66,8 @@ class BatchTally:
             self.prefill_context_tokens -= num_computed
 
     def step_s(self, step_cost: StepCost) -> float:
-        """The step's duration under ``step_cost``."""
+        """The step's duration under ``step_cost``, with what the policy charges inside it."""
         return step_cost.step_s(
             num_prefill_tokens=self.num_prefill_tokens, num_prefill_seqs=self.num_prefill_seqs,
             prefill_context_tokens=self.prefill_context_tokens, num_decode_seqs=self.num_decode_seqs,
-            decode_context_tokens=self.decode_context_tokens)
+            decode_context_tokens=self.decode_context_tokens) + self.extra_s

@@ -201,29 +201,49 @@ class Engine(Admission, StepOutput, DecodeGroup):
         fast = self.config.fast_path and self._fast_plan()
         if not fast and self._dec:
             self._leave_fast_mode()
-        cfg, kv, policy = self.config, self.kv, self.policy
-        scheduled_reqs, scheduled_num_tokens = self._sched_reqs, self._sched_n
-        scheduled_reqs.clear()
-        scheduled_num_tokens.clear()
-        budget = cfg.max_num_batched_tokens
+        self._sched_reqs.clear()
+        self._sched_n.clear()
         tally = self._tally
         tally.reset()
-        extra_s = 0.0
-        num_preempted = hit_tokens = pool_tokens = 0
-        reason = ""
+        budget = self.config.max_num_batched_tokens
         if fast:  # every decode-group member gets its token; the loop below sees the rest
             tally.add_decodes(len(self._dec), self._group_step(self._g))
             budget -= len(self._dec)
-            running = self._prefilling
+        budget, reason = self._schedule_running(self._prefilling if fast else self.running, budget, fast, now_s)
+        if tally.num_preempted:  # vLLM: preemption means no room, so nothing waiting is admitted
+            reason = reason or "preempted"
         else:
-            running = self.running
+            budget, reason = self._schedule_waiting(budget, reason, now_s)
+        self._step_fast = fast
+        if not fast:
+            self._prefilling = list(self.running)  # the group is empty in exact mode
+        self._pass_preempted = tally.num_preempted
+        if not self._sched_reqs and not tally.num_decode_seqs:
+            # NOTE: a pass that only preempted (the last running request evicted itself) schedules
+            # nothing; like vLLM's next engine iteration, try_step runs another pass at once.
+            self.result.num_preemptions += tally.num_preempted
+            self._check_step(budget)
+            return None
+        dur_s = tally.step_s(self.step_cost)
+        res = self.result
+        res.num_steps += 1
+        res.num_preemptions += tally.num_preempted
+        if self.config.record_steps:
+            self._record_step(now_s, dur_s, reason)
+        if self._progress and not res.num_steps & 511:
+            self._progress(self._num_jobs_done, len(self.jobs), now_s)
+        return dur_s
 
-        # 1. Running requests, in order: decodes take 1 token, a chunked prefill what is left.
+    def _schedule_running(self, running: list[Request], budget: int, fast: bool, now_s: float) -> tuple[int, str]:
+        """Running requests, in order: a decode takes 1 token, a chunked prefill what is left of the
+        budget; a request that cannot get its blocks preempts the policy's victim until it can (or
+        is the victim). Returns the budget left and why the loop stopped early ("" if it did not)."""
+        kv, policy, tally = self.kv, self.policy, self._tally
+        scheduled_reqs, scheduled_num_tokens = self._sched_reqs, self._sched_n
         i = 0
         while i < len(running):
             if budget == 0:
-                reason = "token_budget"
-                break
+                return budget, "token_budget"
             r = running[i]
             c = r.num_computed
             n = r.num_tokens - c
@@ -248,15 +268,14 @@ class Engine(Admission, StepOutput, DecodeGroup):
                         tally.remove(victim, vn, victim.num_computed)
                         i -= 1
                     self._preempt(victim)
-                    num_preempted += 1
+                    tally.num_preempted += 1
                     if victim is r:
                         break
                     got = kv.allocate(r, need)
                 if not got:
                     # r itself was preempted (nothing else was left to preempt): like vLLM, stop
                     # scheduling running requests for this step.
-                    reason = "no_blocks"
-                    break
+                    return budget, "no_blocks"
             scheduled_reqs.append(r)
             scheduled_num_tokens.append(n)
             budget -= n
@@ -264,74 +283,52 @@ class Engine(Admission, StepOutput, DecodeGroup):
             # request admitted later in this same pass can hit blocks this step computes.
             kv.cache_full_blocks(r, c + n)
             if not tally.add(r, n, c) and c + n == r.num_tokens:
-                extra_s += policy.on_prefill_complete(r, c + n)
+                tally.extra_s += policy.on_prefill_complete(r, c + n)
             i += 1
+        return budget, ""
 
-        # 2. Waiting requests, only if nothing was preempted (vLLM: preemption means no room).
-        if num_preempted:
-            reason = reason or "preempted"
-        else:
-            queue = self.queue
-            max_seqs = cfg.max_num_seqs
-            running = self.running
-            while True:
-                if budget == 0:
-                    reason = "token_budget"
-                    break
-                if not queue:
-                    reason = reason or ("waiting_on_load" if self.loading else "queue_empty")
-                    break
-                if len(running) >= max_seqs:
-                    reason = "max_seqs"
-                    break
-                r = queue.peek()
-                admitted = self._admit(r, budget, now_s)
-                if admitted is None:
-                    if policy.relieve_pressure(now_s, len(running)) or self._release_loaded(len(running)):
-                        continue
-                    reason = "no_blocks"
-                    break
-                n, h, e, load_s = admitted
-                hit_tokens += h
-                pool_tokens += e
-                extra_s += load_s
-                if n == 0:
-                    continue  # an asynchronous load started; the request waits for it
-                c = r.num_computed
-                scheduled_reqs.append(r)
-                scheduled_num_tokens.append(n)
-                budget -= n
-                # one rule with the running loop: a re-admitted preempted request with only its
-                # last token left is a decode (scheduling.batch_tally)
-                if not tally.add(r, n, c) and c + n == r.num_tokens:
-                    extra_s += policy.on_prefill_complete(r, c + n)
+    def _schedule_waiting(self, budget: int, reason: str, now_s: float) -> tuple[int, str]:
+        """Waiting requests from the head of the policy's queue while the budget, max_num_seqs and
+        the free blocks allow. Returns the budget left and why admission stopped."""
+        queue, policy, tally, running = self.queue, self.policy, self._tally, self.running
+        max_seqs = self.config.max_num_seqs
+        while True:
+            if budget == 0:
+                return budget, "token_budget"
+            if not queue:
+                return budget, reason or ("waiting_on_load" if self.loading else "queue_empty")
+            if len(running) >= max_seqs:
+                return budget, "max_seqs"
+            r = queue.peek()
+            admitted = self._admit(r, budget, now_s)
+            if admitted is None:
+                if policy.relieve_pressure(now_s, len(running)) or self._release_loaded(len(running)):
+                    continue
+                return budget, "no_blocks"
+            n, h, e, load_s = admitted
+            tally.num_hit_tokens += h
+            tally.num_pool_tokens += e
+            tally.extra_s += load_s
+            if n == 0:
+                continue  # an asynchronous load started; the request waits for it
+            c = r.num_computed
+            self._sched_reqs.append(r)
+            self._sched_n.append(n)
+            budget -= n
+            # one rule with the running loop: a re-admitted preempted request with only its
+            # last token left is a decode (scheduling.batch_tally)
+            if not tally.add(r, n, c) and c + n == r.num_tokens:
+                tally.extra_s += policy.on_prefill_complete(r, c + n)
 
-        self._step_fast = fast
-        if not fast:
-            self._prefilling = list(self.running)  # the group is empty in exact mode
-        self._pass_preempted = num_preempted
-        if not scheduled_reqs and not tally.num_decode_seqs:
-            # NOTE: a pass that only preempted (the last running request evicted itself) schedules
-            # nothing; like vLLM's next engine iteration, try_step runs another pass at once.
-            self.result.num_preemptions += num_preempted
-            self._check_step(budget)
-            return None
-        dur_s = tally.step_s(self.step_cost) + extra_s
-        res = self.result
-        res.num_steps += 1
-        res.num_preemptions += num_preempted
-        if cfg.record_steps:
-            res.steps.append((
-                res.num_steps, now_s, dur_s, tally.num_prefill_tokens, tally.num_decode_seqs, tally.num_prefill_seqs,
-                tally.num_decode_seqs,
-                len(self.running),
-                len(self.queue) + len(self.loading), kv.pool.num_used_blocks, policy.num_pinned_blocks(),
-                kv.pool.num_cached_free, kv.pool.num_total_blocks, policy.pool_used_blocks(), policy.pool_total_blocks(),
-                reason, num_preempted, hit_tokens, pool_tokens,
-            ))
-        if self._progress and not res.num_steps & 511:
-            self._progress(self._num_jobs_done, len(self.jobs), now_s)
-        return dur_s
+    def _record_step(self, now_s: float, dur_s: float, reason: str) -> None:
+        """Append the step just scheduled to the step log (``outputs.StepRecord``'s columns)."""
+        tally, pool, policy, res = self._tally, self.kv.pool, self.policy, self.result
+        res.steps.append((
+            res.num_steps, now_s, dur_s, tally.num_prefill_tokens, tally.num_decode_seqs, tally.num_prefill_seqs,
+            tally.num_decode_seqs, len(self.running), len(self.queue) + len(self.loading), pool.num_used_blocks,
+            policy.num_pinned_blocks(), pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(),
+            policy.pool_total_blocks(), reason, tally.num_preempted, tally.num_hit_tokens, tally.num_pool_tokens,
+        ))
 
     def _check_step(self, budget: int) -> None:
         assert 0 <= budget <= self.config.max_num_batched_tokens, budget
