@@ -28,7 +28,7 @@ from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: th
 from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
 from scheduling.kv_manager import KVCacheManager
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
-from scheduling.policies.base import KVPolicy
+from scheduling.policies.base import KVPolicy, PolicyContext
 from scheduling.request import JobState, Request, Status
 from scheduling.step_cost import StepCost
 from scheduling.step_output import StepOutput
@@ -93,7 +93,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
         self._pass_preempted = 0
         self._step_end: float | None = None  # end of the step in flight (kept off the heap)
         self._run_pos = itertools.count()
-        policy.attach(self)
+        policy.attach(PolicyContext(config=config, push=self.push, free_blocks=self._free_held_blocks,
+                                    estimate_prefill_s=self.estimate_prefill_s))
 
     # --- event plumbing -----------------------------------------------------------------------
     def push(self, event_cls, time_s: float, *payload) -> None:
@@ -329,6 +330,10 @@ class Engine(Admission, StepOutput, DecodeGroup):
             policy.num_pinned_blocks(), pool.num_cached_free, pool.num_total_blocks, policy.pool_used_blocks(),
             policy.pool_total_blocks(), reason, tally.num_preempted, tally.num_hit_tokens, tally.num_pool_tokens,
         ))
+
+    def _free_held_blocks(self, blocks: list[int]) -> None:
+        """A policy's blocks back to the pool, last first (PolicyContext.free_blocks)."""
+        self.kv.pool.free_blocks(blocks, True)
 
     def _check_step(self, budget: int) -> None:
         assert 0 <= budget <= self.config.max_num_batched_tokens, budget

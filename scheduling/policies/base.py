@@ -1,8 +1,8 @@
 """The KV-policy interface: hooks the engine calls, and the waiting-queue orders they choose.
 
-A policy never touches the engine's running list or the event heap directly; it reads the
-engine (pool, step cost, clock) through ``self.engine`` and pushes its own timed events through
-``engine.push``.
+A policy never sees the engine: it is attached to a :class:`PolicyContext`, the four things of
+the engine a policy may use (its sizes, pushing a timed event, freeing blocks it held, and the
+estimated time to recompute a context), and the engine calls its hooks.
 """
 from __future__ import annotations
 
@@ -10,11 +10,28 @@ import heapq
 from abc import ABC
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scheduling.engine import Engine
+    from scheduling.engine_config import EngineConfig
     from scheduling.request import JobState, Request
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may use of the engine that runs it.
+
+    Args:
+        config: the engine's sizes (block size and bytes, host link, KV bytes per token, ...).
+        push: ``push(event_cls, time_s, *payload)`` schedules one of the engine's events.
+        free_blocks: drop one reference on each of blocks the policy held (last block first).
+        estimate_prefill_s: seconds to recompute a context of so many tokens alone.
+    """
+
+    config: EngineConfig
+    push: Callable[..., None]
+    free_blocks: Callable[[list[int]], None]
+    estimate_prefill_s: Callable[[int], float]
 
 
 def check_params(policy: str, params, *, positive=(), non_negative=(), counts=(), optional_positive=()) -> None:
@@ -144,10 +161,11 @@ class KVPolicy(ABC):
     asynchronous_load = False  # see ExternalLoad
 
     def __init__(self) -> None:
-        self.engine: "Engine | None" = None
+        self.ctx: PolicyContext | None = None
 
-    def attach(self, engine: "Engine") -> None:
-        self.engine = engine
+    def attach(self, ctx: PolicyContext) -> None:
+        """Called once by the engine before it runs (a policy serves one run)."""
+        self.ctx = ctx
 
     def make_queue(self) -> RequestQueue:
         return FCFSQueue()

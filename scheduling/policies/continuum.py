@@ -124,8 +124,8 @@ class ContinuumPolicy(KVPolicy):
         self.num_pins += 1
         from scheduling.events import PinExpiryEvent
 
-        assert self.engine is not None  # attached before the engine runs
-        self.engine.push(PinExpiryEvent, pin.deadline_s, js)
+        assert self.ctx is not None  # attached before the engine runs
+        self.ctx.push(PinExpiryEvent, pin.deadline_s, js)
         return False
 
     def holds_blocks(self, job_state: JobState) -> bool:
@@ -144,8 +144,8 @@ class ContinuumPolicy(KVPolicy):
     def _release(self, js: JobState) -> None:
         blocks = self._pins.pop(js.index).blocks
         self._num_pinned_blocks -= len(blocks)
-        assert self.engine is not None  # attached before the engine runs
-        self.engine.pool.free_blocks(blocks, True)
+        assert self.ctx is not None  # attached before the engine runs
+        self.ctx.free_blocks(blocks)
 
     def relieve_pressure(self, now_s: float, num_other_running: int) -> bool:
         if num_other_running > 0 or not self._pins:
@@ -191,8 +191,8 @@ class ContinuumPolicy(KVPolicy):
 
     def reload_s(self, context_tokens: int) -> float:
         """What losing the job's KV costs when its next turn arrives: recomputing the context."""
-        assert self.engine is not None  # attached before the engine runs
-        return self.engine.estimate_prefill_s(context_tokens)
+        assert self.ctx is not None  # attached before the engine runs
+        return self.ctx.estimate_prefill_s(context_tokens)
 
     # --- reporting ----------------------------------------------------------------------------
     def num_pinned_blocks(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.policies.base import PolicyContext
 from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
 from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool, HostPoolMixin
 from scheduling.request import Request
@@ -36,9 +37,9 @@ class ContinuumOffloadPolicy(HostPoolMixin, ContinuumPolicy):
         super().__init__(params)
         self.host = HostBlockPool(params)
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        self.host.attach(engine)
+    def attach(self, ctx: PolicyContext) -> None:
+        super().attach(ctx)
+        self.host.attach(ctx)
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
         stored_s = self.host.store(req, now_s)  # every turn's KV goes to the host, pinned or not

@@ -33,7 +33,7 @@ from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
 from scheduling.request import Request
 
 if TYPE_CHECKING:
-    from scheduling.engine import Engine
+    from scheduling.policies.base import PolicyContext
 
 GIB = 1 << 30
 STORE_MODES = ("eager", "lazy")
@@ -84,12 +84,12 @@ class HostBlockPool:
         self._version = 0
         self._memo: dict[int, tuple] = {}
 
-    def attach(self, engine) -> None:
-        self._block_bytes = engine.config.block_bytes
-        self._block_size = engine.config.block_size
+    def attach(self, ctx: PolicyContext) -> None:
+        self._block_bytes = ctx.config.block_bytes
+        self._block_size = ctx.config.block_size
         self.capacity_blocks = int(self.p.cpu_gib * GIB // self._block_bytes)
         self._pool = HashLRU(self.capacity_blocks)
-        gbs = self.p.link_gbs if self.p.link_gbs is not None else engine.config.host_link_gbs
+        gbs = self.p.link_gbs if self.p.link_gbs is not None else ctx.config.host_link_gbs
         self._bytes_per_s = gbs * 1e9 * self.p.link_efficiency
 
     def _transfer_s(self, num_blocks: int) -> float:
@@ -160,8 +160,8 @@ class HostPoolMixin:
 
     host: HostBlockPool
     num_delayed_frees: int = 0
-    # From the KVPolicy it is mixed into: the attached engine and the policy's parameters.
-    engine: Engine | None
+    # From the KVPolicy it is mixed into: the context it is attached to and the policy's parameters.
+    ctx: PolicyContext | None
     p: Any
 
     def free_when_stored(self, req: Request, now_s: float, stored_s: float) -> bool:
@@ -171,8 +171,8 @@ class HostPoolMixin:
         from scheduling.events import BlocksReleaseEvent
 
         self.num_delayed_frees += 1
-        assert self.engine is not None  # attached before the engine runs
-        self.engine.push(BlocksReleaseEvent, stored_s, list(req.blocks))
+        assert self.ctx is not None  # attached before the engine runs
+        self.ctx.push(BlocksReleaseEvent, stored_s, list(req.blocks))
         return False
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
@@ -203,9 +203,9 @@ class CPUOffloadPolicy(HostPoolMixin, KVPolicy):
         self.p = params or CPUOffloadParams()
         self.host = HostBlockPool(self.p)
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        self.host.attach(engine)
+    def attach(self, ctx: PolicyContext) -> None:
+        super().attach(ctx)
+        self.host.attach(ctx)
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
         """Store the turn's blocks; free them now if the copy is done, else when it ends."""

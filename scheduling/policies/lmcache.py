@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
+from scheduling.policies.base import ExternalLoad, KVPolicy, PolicyContext, check_params
 from scheduling.request import Request
 
 
@@ -62,18 +62,18 @@ class LMCachePolicy(KVPolicy):
         self._version = 0  # store membership changes (memo of lookups, as in cpu_offload)
         self._memo: dict[int, tuple] = {}
 
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        block_size = engine.config.block_size
+    def attach(self, ctx: PolicyContext) -> None:
+        super().attach(ctx)
+        block_size = ctx.config.block_size
         if self.p.chunk_tokens % block_size:
             from gpubench.errors import ConfigError
 
             raise ConfigError(f"lmcache chunk_tokens must be a multiple of the block size {block_size}, "
                               f"got {self.p.chunk_tokens}")
         self._blocks_per_chunk = self.p.chunk_tokens // block_size
-        self._chunk_bytes = engine.config.kv_bytes_per_token * self.p.chunk_tokens
+        self._chunk_bytes = ctx.config.kv_bytes_per_token * self.p.chunk_tokens
         self._capacity_chunks = int(self.p.cpu_gib * (1 << 30) // self._chunk_bytes)
-        link = engine.config.host_link_gbs
+        link = ctx.config.host_link_gbs
         self._store_bps = (self.p.store_gbs or link) * 1e9
         self._retrieve_bps = (self.p.retrieve_gbs or link) * 1e9
 

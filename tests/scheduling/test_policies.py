@@ -133,7 +133,7 @@ def test_ttl_fixed_and_tool_mean():
 def test_ttl_expected_benefit():
     pol = attached({"ttl_rule": "expected-benefit", "min_samples": 5, "prior_mean_s": 1.0})
     # reload of 16384 tokens = 2 budget-sized chunks x 1 s; no queueing seen yet -> V = 2 s
-    assert pol.engine.estimate_prefill_s(16384) == 2.0
+    assert pol.ctx.estimate_prefill_s(16384) == 2.0
     # prior (exponential, mean 1 s): argmax F(t)·V − t = ln(V) = 0.693 s
     assert pol.ttl_s("bash", 16384) == pytest.approx(math.log(2.0))
     assert pol.ttl_s("bash", 100) == 0.0  # V = 1 s reload <= prior mean: no pin
@@ -266,3 +266,21 @@ def test_continuum_offload_pins_like_continuum_and_reloads_from_the_host_after_e
     assert a1["expired"]["hit_tokens"] == 784 and a1["expired"]["pool_hit_tokens"] == 1600 - 784
     assert res.policy_stats["num_pin_expired"] == 1 and res.policy_stats["pool_loaded_blocks"] == 51
     assert set(param_names("continuum-offload")) == set(param_names("continuum")) | set(param_names("cpu-offload"))
+
+
+def test_a_policy_sees_only_its_context_not_the_engine():
+    # The engine attaches each policy to a PolicyContext of four things; no policy module imports
+    # the engine, so a policy cannot reach its running list, queue or heap.
+    import dataclasses
+    import pathlib
+
+    from scheduling.policies import POLICY_NAMES
+    from scheduling.policies.base import PolicyContext
+
+    assert [f.name for f in dataclasses.fields(PolicyContext)] == ["config", "push", "free_blocks", "estimate_prefill_s"]
+    for name in POLICY_NAMES:
+        pol = make_policy(name)
+        Engine([], EngineConfig(num_gpu_blocks=64), pol, ConstantStepCost(1.0))
+        assert isinstance(pol.ctx, PolicyContext), name
+    for path in pathlib.Path("scheduling/policies").glob("*.py"):
+        assert "scheduling.engine import" not in path.read_text(), path
