@@ -192,9 +192,6 @@ def load_jobs(args: argparse.Namespace):
 def config_from_args(args: argparse.Namespace):
     from scheduling.replay import ReplayConfig
 
-    reserve = args.activation_reserve_gib
-    if not (reserve >= 0 and reserve < float("inf")):
-        raise ConfigError(f"--activation-reserve-gib must be a finite number >= 0, got {reserve}")
     fields = dict(
         sku=args.sku, model=args.model or "llama-3.1-8b", policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
@@ -203,11 +200,7 @@ def config_from_args(args: argparse.Namespace):
         cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed,
         record_steps=not getattr(args, "no_step_log", False), block_size=args.block_size or 16)
     apply_assignments(fields, getattr(args, "assignments", []))
-    for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks"):
-        value = fields[name]
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ConfigError(f"--{name.replace('_', '-')} (--set {name}) must be an integer >= 1, got {value!r}")
-    return ReplayConfig(**fields)
+    return ReplayConfig(**fields)  # checks itself (one line naming the field) and resolves SKU and model
 
 
 # Fields --set may not change: the command line's own options and the outputs own them.
@@ -219,7 +212,6 @@ def apply_assignments(fields: dict, assignments: list[str]) -> None:
     reads them: ``POLICY.KEY=VALUE`` a parameter of the replayed policy, ``KEY=VALUE`` a ReplayConfig field."""
     import dataclasses
 
-    from scheduling.policies import make_policy
     from scheduling.replay import ReplayConfig
     from scheduling.sweep import parse_assignments
 
@@ -238,7 +230,6 @@ def apply_assignments(fields: dict, assignments: list[str]) -> None:
             raise ConfigError(f"--set {owner}.{next(iter(params))}=...: a parameter of policy '{owner}', "
                               f"not of the replayed '{policy}'")
         fields["policy_params"] = {**fields["policy_params"], **params}
-    make_policy(policy, fields["policy_params"])  # an unknown or out-of-range parameter: one line now
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

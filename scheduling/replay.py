@@ -37,6 +37,8 @@ from scheduling.step_cost import StepCost, make_step_cost
 from scheduling.traces import Job
 
 if TYPE_CHECKING:
+    from gpubench.skus import SKU
+    from predictor import ModelConfig
     from scheduling.live import LiveReplayConfig
 
 GIB = 1 << 30
@@ -65,6 +67,10 @@ class ReplayConfig:
         seed: the seed the jobs were made with (recorded; the engine itself draws nothing).
         record_steps: keep the step log.
         block_size: tokens per KV block (vLLM's GPU default 16; its CPU build 128).
+
+    A config checks itself when it is made (one ConfigError naming the field), and resolves its SKU
+    and model once: :attr:`sku_spec` and :attr:`model_config` are what every later stage reads, so
+    the CLI, a sweep cell and ``run_replay`` neither check nor look the names up again.
     """
 
     sku: str = "h100-sxm"
@@ -84,6 +90,26 @@ class ReplayConfig:
     record_steps: bool = True
     block_size: int = BLOCK_SIZE
 
+    def __post_init__(self) -> None:
+        from gpubench import skus
+        from predictor import load_model_config
+
+        _check_engine_fields(self)
+        make_policy(self.policy, self.policy_params)  # an unknown policy or parameter: one line now
+        # Not fields: equality, asdict and the recorded config stay the names.
+        object.__setattr__(self, "_sku_spec", skus.get(self.sku))
+        object.__setattr__(self, "_model_config", load_model_config(self.model))
+
+    @property
+    def sku_spec(self) -> SKU:
+        """The SKU table's entry for :attr:`sku` (resolved once, when the config was made)."""
+        return self._sku_spec  # type: ignore[attr-defined]
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's config for :attr:`model` (resolved once, when the config was made)."""
+        return self._model_config  # type: ignore[attr-defined]
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -97,7 +123,7 @@ class ReplayResult:
     jobs: pd.DataFrame
 
 
-def vllm_server_defaults(sku: str) -> tuple[int, int]:
+def vllm_server_defaults(s: SKU) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` (V1, 0.32) picks on one GPU.
 
     vLLM keys them on the driver-reported memory and the device name: at least 160 GiB (B200)
@@ -105,9 +131,6 @@ def vllm_server_defaults(sku: str) -> tuple[int, int]:
     L40S, RTX 5090) 2048 / 256. (Its offline ``LLM`` class uses larger budgets; a replay models a
     server.) The ``cpu`` SKU gets vLLM's CPU defaults of the offline engine the live replay runs.
     """
-    from gpubench import skus
-
-    s = skus.get(sku)
     if s.backend == "cpu":
         # vLLM's CPU platform defaults for its offline engine (4096 tokens, 256 sequences per
         # socket), which is what `replay --engine vllm` runs and the simulator stands in for.
@@ -120,18 +143,13 @@ def vllm_server_defaults(sku: str) -> tuple[int, int]:
     return 2048, 256
 
 
-def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
+def kv_pool_blocks(s: SKU, m: ModelConfig, *, gpu_memory_utilization: float = 0.9,
                    activation_reserve_gib: float = 2.0, block_size: int = BLOCK_SIZE) -> tuple[int, int, float]:
     """``(num_gpu_blocks, kv_bytes_per_token, host_link_gbs)`` for an SKU and model.
 
     Raises:
         ConfigError: the weights and reserve do not leave room for one block.
     """
-    from gpubench import skus
-    from predictor import load_model_config
-
-    s = skus.get(sku)
-    m = load_model_config(model)
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     kv_per_token = m.kv_bytes_per_token(DTYPE_BYTES)
@@ -144,7 +162,7 @@ def kv_pool_blocks(sku: str, model: str, *, gpu_memory_utilization: float = 0.9,
 
 
 def _check_engine_fields(cfg: ReplayConfig) -> None:
-    """The engine sizes a sweep's --set can give without the replay CLI's checks: one ConfigError."""
+    """The engine sizes (from the CLI's options, ``--set`` or a sweep's replay parameters): one ConfigError."""
     for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "num_gpu_blocks"):
         v = getattr(cfg, name, None)
         if v is None and name != "block_size":
@@ -155,14 +173,16 @@ def _check_engine_fields(cfg: ReplayConfig) -> None:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
 
 
 def engine_config(cfg: ReplayConfig) -> EngineConfig:
-    _check_engine_fields(cfg)
+    """The engine's sizes for a replay: its pool from the SKU and model, the server's defaults."""
     num_blocks, kv_per_token, link_gbs = kv_pool_blocks(
-        cfg.sku, cfg.model, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        cfg.sku_spec, cfg.model_config, gpu_memory_utilization=cfg.gpu_memory_utilization,
         activation_reserve_gib=cfg.activation_reserve_gib, block_size=cfg.block_size)
-    token_budget, max_seqs = vllm_server_defaults(cfg.sku)
+    token_budget, max_seqs = vllm_server_defaults(cfg.sku_spec)
     return EngineConfig(
         num_gpu_blocks=cfg.num_gpu_blocks if cfg.num_gpu_blocks is not None else num_blocks,
         max_num_batched_tokens=cfg.max_num_batched_tokens or token_budget, max_num_seqs=cfg.max_num_seqs or max_seqs,

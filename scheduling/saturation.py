@@ -22,16 +22,18 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
     """
     import numpy as np
 
+    from gpubench import skus
     from predictor import StepModel, load_model_config
     from scheduling.replay import kv_pool_blocks
     from scheduling.request import BLOCK_SIZE
     from scheduling.trace_synth import synthetic_jobs
 
-    load_model_config(model)  # an unknown model fails here, before the step model is built
+    sku_spec = skus.get(sku)
+    model_config = load_model_config(model)  # an unknown model fails here, before the step model is built
     step = StepModel.for_names(sku=sku, model=model)
     t_decode_s = float(step.predict([(1, 3000)] * 32).total_s)
     t_prefill_per_token_s = float(step.predict([(2048, 3000)]).total_s) / 2048
-    num_blocks, _, _ = kv_pool_blocks(sku, model, gpu_memory_utilization=gpu_memory_utilization,
+    num_blocks, _, _ = kv_pool_blocks(sku_spec, model_config, gpu_memory_utilization=gpu_memory_utilization,
                                       activation_reserve_gib=reserve_bytes / (1 << 30), block_size=BLOCK_SIZE)
     kv_tokens = num_blocks * BLOCK_SIZE
     demand, duration, outputs = [], [], []

@@ -116,7 +116,6 @@ class SweepSpec:
 
     def validate(self) -> None:
         """Check names and values before any cell runs (one clear error, not 120 failed cells)."""
-        from gpubench import skus as sku_table
         from scheduling.policies import policy_kind
 
         for name, values in (("policies", self.policies), ("skus", self.skus), ("jps", self.jps), ("seeds", self.seeds)):
@@ -133,8 +132,6 @@ class SweepSpec:
             if unknown:
                 raise ConfigError(f"policy {label!r}: {name} has no parameter(s) {', '.join(unknown)} "
                                   f"(known: {', '.join(param_names(name)) or 'none'})")
-        for s in self.skus:
-            sku_table.get(s)
         for j in self.jps:
             if not (math.isfinite(j) and j > 0):
                 raise ConfigError(f"--jps values must be finite and > 0, got {j}")
@@ -147,20 +144,17 @@ class SweepSpec:
         if self.trace is not None and not Path(self.trace).is_file():
             raise ConfigError(f"--trace {self.trace}: file not found")
         # Everything a cell would otherwise fail on identically, checked once before any cell runs
-        # (a typo must not become 120 "finished" error rows).
-        from predictor import load_model_config
-        from scheduling.policies import make_policy
-
-        load_model_config(self.model)
+        # (a typo must not become 120 "finished" error rows): each policy label's and each SKU's
+        # config, which checks itself (engine settings, policy parameters) and resolves SKU and model.
         if self.trace is not None:
             from scheduling.traces import load_trace
 
             load_trace(self.trace)
+        jps, seed = float(self.jps[0]), int(self.seeds[0])
         for label in self.policies:
-            name, variant = split_policy_label(label)
-            make_policy(name, {**self.policy_params.get(name, {}), **self.policy_params.get(label, {}), **variant})
-        if self.replay_params:
-            replay_config(self, SweepCell(self.policies[0], self.skus[0], float(self.jps[0]), int(self.seeds[0])))
+            replay_config(self, SweepCell(label, self.skus[0], jps, seed))
+        for sku in self.skus[1:]:
+            replay_config(self, SweepCell(self.policies[0], sku, jps, seed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,11 +300,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
     """
     from gpubench.outdir import locked, write_command
 
-    spec.validate()
-    from scheduling.replay import _check_engine_fields
-
-    for cell in spec.cells()[:1]:  # a bad engine setting (--set block_size=0): refused before OUT is touched
-        _check_engine_fields(replay_config(spec, cell))
+    spec.validate()  # makes the first cell's ReplayConfig, which checks itself: refused before OUT is touched
     out = Path(out_dir)
     with locked(out, "sweep directory"):
         csv_path = out / CSV_NAME

@@ -164,11 +164,12 @@ def token_budget(summary: dict[str, Any]) -> int | None:
             return value
     if not isinstance(config.get("sku"), str):
         return None
+    from gpubench import skus
     from gpubench.errors import GpubenchError
     from scheduling.replay import vllm_server_defaults
 
     try:
-        return vllm_server_defaults(config["sku"])[0]
+        return vllm_server_defaults(skus.get(config["sku"]))[0]
     except GpubenchError:  # an SKU this version does not know (a run from elsewhere)
         return None
 

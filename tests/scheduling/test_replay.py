@@ -28,12 +28,12 @@ def test_kv_pool_blocks_formula():
     # The driver-reported total in binary MiB (81,559 MiB on an H100 80GB), as vLLM reads it.
     assert s.device_memory_bytes == 81559 * 2**20
     expect = math.floor((81559 * 2**20 * 0.9 - m.weight_bytes(2) - 2 * 2**30) / (m.kv_bytes_per_token(2) * 16))
-    blocks, kv_per_token, link = kv_pool_blocks("h100-sxm", "llama-3.1-8b")
+    blocks, kv_per_token, link = kv_pool_blocks(skus.get("h100-sxm"), load_model_config("llama-3.1-8b"))
     assert blocks == expect and kv_per_token == m.kv_bytes_per_token(2) and link == s.host_link_gbs
     # more memory -> more blocks; a 70B model in bf16 does not fit a 40 GB card
-    assert kv_pool_blocks("h200", "llama-3.1-8b")[0] > blocks
+    assert kv_pool_blocks(skus.get("h200"), load_model_config("llama-3.1-8b"))[0] > blocks
     with pytest.raises(ConfigError, match="leaves no room"):
-        kv_pool_blocks("a100-40", "llama-3.1-70b")
+        kv_pool_blocks(skus.get("a100-40"), load_model_config("llama-3.1-70b"))
 
 
 def test_run_replay_with_the_predictor_and_outputs(tmp_path):
@@ -110,11 +110,14 @@ def test_token_budget_and_max_num_seqs_follow_vllm_serve_defaults():
     from scheduling.replay import engine_config, vllm_server_defaults
 
     # vllm serve keys its defaults on driver-reported memory and the device name.
-    assert vllm_server_defaults("b200") == (16384, 1024)
-    assert vllm_server_defaults("h100-sxm") == vllm_server_defaults("h200") == (8192, 1024)
-    assert vllm_server_defaults("a100-80") == (2048, 256)  # >= 70 GiB, but an A100
-    assert vllm_server_defaults("l40s") == vllm_server_defaults("a100-40") == (2048, 256)
-    assert vllm_server_defaults("cpu") == (4096, 256)  # what replay --engine vllm runs
+    def defaults(sku):
+        return vllm_server_defaults(skus.get(sku))
+
+    assert defaults("b200") == (16384, 1024)
+    assert defaults("h100-sxm") == defaults("h200") == (8192, 1024)
+    assert defaults("a100-80") == (2048, 256)  # >= 70 GiB, but an A100
+    assert defaults("l40s") == defaults("a100-40") == (2048, 256)
+    assert defaults("cpu") == (4096, 256)  # what replay --engine vllm runs
     ecfg = engine_config(ReplayConfig(sku="l40s"))
     assert (ecfg.max_num_batched_tokens, ecfg.max_num_seqs) == (2048, 256)
     ecfg = engine_config(ReplayConfig(sku="l40s", max_num_batched_tokens=4096, max_num_seqs=64))
@@ -133,3 +136,33 @@ def test_async_scheduling_overlaps_host_time_on_gpus():
     assert model.predict_time(batch, async_scheduling=True) < model.predict_time(batch)
     cpu = StepModel.for_names(sku="cpu", model="smollm2-135m")  # no device queue to overlap with
     assert cpu.predict_time(batch, async_scheduling=True) == cpu.predict_time(batch)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+    ({"block_size": 1.5}, "block_size must be an integer >= 1"),
+    ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\]"),
+    ({"activation_reserve_gib": float("nan")}, "activation_reserve_gib must be a finite number"),
+    ({"sku": "h1000"}, "h1000"),
+    ({"model": "llama-9000"}, "llama-9000"),
+    ({"policy": "lru-ish"}, "unknown policy 'lru-ish'"),
+    ({"policy": "continuum", "policy_params": {"ttl_s": -1.0}}, "ttl_s"),
+])
+def test_a_replay_config_checks_itself_when_made(fields, message):
+    # One place checks a replay's settings: the CLI, --set and a sweep's cells all make a ReplayConfig.
+    from gpubench.errors import GpubenchError  # ConfigError, UnknownSKUError, ...: one line at the CLI
+
+    with pytest.raises(GpubenchError, match=message):
+        ReplayConfig(**fields)
+
+
+def test_a_replay_config_resolves_its_sku_and_model_once(monkeypatch):
+    from scheduling import replay
+
+    cfg = ReplayConfig(sku="h200", model="llama-3.1-8b", num_gpu_blocks=None)
+    assert cfg.sku_spec.id == "h200" and cfg.model_config.num_layers > 0
+    calls = []
+    monkeypatch.setattr(skus, "get", lambda *a: calls.append(a))  # any later lookup would be seen
+    replay.engine_config(cfg)
+    assert calls == []
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and cfg.to_dict()["sku"] == "h200"
