@@ -1,6 +1,7 @@
 """predictor: turn gpubench measurements into a calibrated predictor of one forward step's time.
 
-Public API (other packages use only this): ``load_model_config``, ``ModelConfig``, ``StepModel``,
+Public API (other packages use only this): ``load_model_config``, ``ModelConfig``, ``StepModel`` (and
+its variants ``GpuRooflineStep``, ``CpuRooflineStep``, ``CpuOpTableStep``),
 ``StepPrediction``, ``OpTime``, ``HardwareSpec``, ``Calibration``.
 """
 from predictor.calibrate import Calibration, Param
@@ -8,6 +9,8 @@ from predictor.config import ModelConfig, available_models, load_model_config
 from predictor.hardware import HardwareSpec
 from predictor.step import StepModel
 from predictor.step_prediction import OpTime, StepPrediction
+from predictor.step_variants import CpuOpTableStep, CpuRooflineStep, GpuRooflineStep
 
-__all__ = ["ModelConfig", "available_models", "load_model_config", "StepModel", "StepPrediction", "OpTime",
+__all__ = ["ModelConfig", "available_models", "load_model_config", "StepModel", "GpuRooflineStep", "CpuRooflineStep",
+           "CpuOpTableStep", "StepPrediction", "OpTime",
            "HardwareSpec", "Calibration", "Param"]

@@ -306,3 +306,27 @@ def decode_features(batch_sizes, context_sums) -> np.ndarray:
     out[:, _A] = ctx + b
     out[:, _C] = ctx + b
     return out
+
+
+def batch_sums(batch) -> tuple:
+    """One pass over a batch: its features ``(1, T, S, A, C)`` as floats, the same (T, S, A, C) sums
+    over its decode sequences (one new token), and the longest decode sequence's KV tokens.
+    Raises the ConfigError ``batch_features`` names for an empty or malformed batch."""
+    num_new = num_seqs = pairs = kv_tokens = 0
+    num_decodes = decode_kv = longest_decode = 0
+    for n, c in batch:
+        if n < 1 or c < 0:
+            batch_features(batch)  # raises the ConfigError that names the problem
+        num_new += n
+        num_seqs += 1
+        pairs += n * c + n * (n + 1) // 2
+        kv_tokens += c + n
+        if n == 1:
+            num_decodes += 1
+            decode_kv += c + 1
+            longest_decode = max(longest_decode, c + 1)
+    if num_seqs == 0:
+        batch_features(batch)
+    features = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
+    decode = (float(num_decodes), float(num_decodes), float(decode_kv), float(decode_kv))
+    return features, decode, float(longest_decode)

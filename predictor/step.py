@@ -33,10 +33,17 @@ replaces the additive form: each op is priced from what the probe measured torch
 shape in a step's cold context (predictor.cpu_step); ``gemm_layout`` says whether the engine
 issues q/k/v and gate/up as separate calls ("separate", transformers and the torch engine) or
 fused ("fused", vLLM). ``form="max"`` stays the roofline baseline.
+
+Variants are types: ``StepModel(...)`` builds the one its hardware and calibration call for, each a
+``StepModel`` with the same interface (``predict_time``, ``predict_features``, ``predict_many``,
+``predict``, ``predict_interval``): :class:`predictor.step_variants.GpuRooflineStep`,
+:class:`predictor.step_variants.CpuRooflineStep` and :class:`predictor.step_variants.CpuOpTableStep`.
+This module holds what they share (the op graph, the calibrated rates and the roofline paths).
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -47,49 +54,21 @@ from predictor.config import ModelConfig, load_model_config
 from predictor.gemm_timing import GEMM_ENVELOPE_SEGMENTS, GemmTiming
 from predictor.gpu_attention import GpuAttention
 from predictor.hardware import DTYPE_BYTES, HardwareSpec
-from predictor.ops import OpGraph, batch_features, decode_features
-from predictor.step_prediction import StepPrediction, roofline_prediction, table_prediction
+from predictor.ops import OpGraph, batch_features, batch_sums, decode_features
+from predictor.step_prediction import StepPrediction, roofline_prediction
+
+if TYPE_CHECKING:
+    from predictor.cpu_step import CpuTableStep
 
 FORMS = ("additive", "max")
 
 
-def _batch_from_features(f) -> list:
-    """A batch with the features' totals, for the CPU op tables (which price sequences, not totals):
-    decode-only features (T == S) become S decodes sharing the C keys; otherwise one prefill
-    sequence of T tokens over C - T cached (an approximation: callers with batches use them)."""
-    num_new, num_seqs, kv_tokens = int(round(f[1])), int(round(f[2])), float(f[4])
-    if num_new == num_seqs:
-        per_seq = max(1.0, kv_tokens / max(num_seqs, 1) - 1.0)
-        return [(1, per_seq)] * num_seqs
-    return [(num_new, max(0.0, kv_tokens - num_new))]
-
-
-def _batch_sums(batch) -> tuple:
-    """One pass over a batch: its features ``(1, T, S, A, C)`` as floats, the same (T, S, A, C) sums
-    over its decode sequences (one new token), and the longest decode sequence's KV tokens.
-    Raises the ConfigError ``batch_features`` names for an empty or malformed batch."""
-    num_new = num_seqs = pairs = kv_tokens = 0
-    num_decodes = decode_kv = longest_decode = 0
-    for n, c in batch:
-        if n < 1 or c < 0:
-            batch_features(batch)  # raises the ConfigError that names the problem
-        num_new += n
-        num_seqs += 1
-        pairs += n * c + n * (n + 1) // 2
-        kv_tokens += c + n
-        if n == 1:
-            num_decodes += 1
-            decode_kv += c + 1
-            longest_decode = max(longest_decode, c + 1)
-    if num_seqs == 0:
-        batch_features(batch)
-    features = (1.0, float(num_new), float(num_seqs), float(pairs), float(kv_tokens))
-    decode = (float(num_decodes), float(num_decodes), float(decode_kv), float(decode_kv))
-    return features, decode, float(longest_decode)
-
-
 class StepModel:
     """Predicts forward-step times of ``model`` on ``hardware``.
+
+    ``StepModel(...)`` returns the variant for the hardware and calibration (module docstring):
+    GPU roofline on a GPU, the CPU op tables on the CPU when the calibration has them for the dtype
+    and ``form`` is additive, else the CPU roofline.
 
     Args:
         hardware: a HardwareSpec or an SKU id (``"h100"``, ``"cpu"``).
@@ -103,17 +82,40 @@ class StepModel:
         gemm_layout: "separate" or "fused" projections (CPU op tables only, see the module docstring).
     """
 
-    def __init__(self, hardware, model, *, calibration=None, form: str = "additive",
-                 cuda_graphs: bool = False, dtype: str | None = None, gemm_layout: str = "separate"):
+    # What a variant is (set by each, predictor.step_variants): its registry name, whether it prices
+    # a GPU (kernels, device intervals, an asynchronous queue the host can overlap) or the CPU.
+    variant: ClassVar[str] = ""
+    gpu: ClassVar[bool] = False
+    _VARIANTS: ClassVar[dict[str, type["StepModel"]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.variant:
+            StepModel._VARIANTS[cls.variant] = cls
+
+    def __new__(cls, hardware, model, *, calibration=None, form: str = "additive", cuda_graphs: bool = False,
+                dtype: str | None = None, gemm_layout: str = "separate") -> "StepModel":
         if form not in FORMS:
             raise ConfigError(f"unknown form '{form}' (choose from: {', '.join(FORMS)})")
         hw = HardwareSpec.from_sku(hardware) if isinstance(hardware, str) else hardware
+        dtype = dtype or hw.default_dtype
+        if dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype '{dtype}' (choose from: {', '.join(DTYPE_BYTES)})")
+        cal = resolve(calibration, hw, dtype)
+        name = cls.variant or _variant_name(hw, cal, form, dtype)
+        self = object.__new__(StepModel._VARIANTS[name])
+        self._setup(hw, model, cal, form=form, cuda_graphs=cuda_graphs, dtype=dtype, gemm_layout=gemm_layout)
+        return self
+
+    def __init__(self, *args, **kwargs) -> None:
+        """Set up by ``__new__``: which variant to build depends on the resolved calibration."""
+
+    def _setup(self, hw: HardwareSpec, model, cal: Calibration, *, form: str, cuda_graphs: bool, dtype: str,
+               gemm_layout: str) -> None:
         self.model: ModelConfig = load_model_config(model) if not isinstance(model, ModelConfig) else model
-        self.dtype = dtype or hw.default_dtype
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"unknown dtype '{self.dtype}' (choose from: {', '.join(DTYPE_BYTES)})")
-        self.calibration: Calibration = resolve(calibration, hw, self.dtype)
-        overrides = {k: p.value for k, p in self.calibration.hardware.items()}
+        self.dtype = dtype
+        self.calibration: Calibration = cal
+        overrides = {k: p.value for k, p in cal.hardware.items()}
         if hw.backend == "cpu":
             # NOTE(predictor): the host's core count is read at run time already, and a spec limited
             # with HardwareSpec.with_cores(n) must keep its n (its peaks were scaled to it).
@@ -121,21 +123,14 @@ class StepModel:
         if "num_sms" in overrides:
             overrides["num_sms"] = int(overrides["num_sms"])
         if "mem_bytes_per_s" in overrides:
-            overrides["mem_bw_tier"] = self.calibration.hardware["mem_bytes_per_s"].tier
+            overrides["mem_bw_tier"] = cal.hardware["mem_bytes_per_s"].tier
         self.hardware: HardwareSpec = hw.replace(**overrides) if overrides else hw
         self.form = form
         self.cuda_graphs = bool(cuda_graphs)
-        self.graph = OpGraph(self.model, DTYPE_BYTES[self.dtype])
-        self._setup_constants()
         self.gemm_layout = gemm_layout
-        self.cpu_table = None
-        tables = self.calibration.cpu_ops.get(self.dtype)
-        if hw.backend == "cpu" and form == "additive" and tables is not None:
-            from predictor.cpu_step import CpuTableStep
-
-            # "separate" is this project's torch engine, whose decode group is one SDPA call padded
-            # to its longest sequence; "fused" is vLLM, whose attention reads each sequence's blocks.
-            self.cpu_table = CpuTableStep(tables, self.model, gemm_layout, padded_decode=gemm_layout == "separate")
+        self.graph = OpGraph(self.model, DTYPE_BYTES[self.dtype])
+        self.cpu_table: CpuTableStep | None = None  # the CPU op-table variant's tables
+        self._setup_constants()
 
     @classmethod
     def for_names(cls, sku: str = "h100-sxm", model: str = "llama-3.1-8b", calibration=None, **kw) -> "StepModel":
@@ -162,27 +157,9 @@ class StepModel:
         self._flops_per_s = np.where(matrix, tensor_peak, vector_peak) * eta_c
         # t_m = bytes * (x + x_half) / (B * eta_max * x) = (bytes + x_half * L2) / (B * eta_max)
         self._mem_bytes_per_s = hw.mem_bytes_per_s * self.eta_max
-        self.gpu = hw.backend != "cpu"
-        # NOTE(predictor): on a GPU the law's fixed term x_half * L2 / (B * eta_max) is what a
-        # standalone cold transfer pays around its kernel (launch, ramp, drain). Inside a step that
-        # per-kernel cost is the device interval charged to every kernel below; keeping the term as
-        # well charged it twice, and scaled with the L2 size (8 us per op on an H100, 59 us on an
-        # L40S with its 96 MB L2: a Llama-3.1-8B decode at 45 ms instead of ~21). So a GPU op
-        # streams at B * eta_max; the CPU (no launch interval) keeps the law.
-        self._mem_latency_bytes = 0.0 if self.gpu else self.x_half * hw.l2_bytes
-        # NOTE(predictor): a GPU GEMM kernel's fixed time (ramp and tail, ~6 us on an H200), when the
-        # calibration measured it (`gpubench fit`: the intercept of the gemm probe's time against
-        # bytes at M = 1); its eta_duty(M) curve was then fitted on the time net of it, so the probe's
-        # own shapes cost what they measured and a smaller GEMM still pays the fixed part.
-        fixed = cal.params.get("t_gemm_fixed_s")
-        self.t_gemm_fixed_s = float(fixed.value) if (self.gpu and fixed is not None) else 0.0
+        self._mem_latency_bytes, self.t_gemm_fixed_s = self._memory_latency_and_gemm_fixed()
         self._op_fixed_s = np.where(g.kinds == "gemm", self.t_gemm_fixed_s * g.num_kernels, 0.0)
-        if hw.backend == "cpu":
-            self.num_kernels = g.total_cpu_dispatches()
-            self.t_launch_s = v("t_dispatch_s")
-        else:
-            self.num_kernels = g.total_kernels()
-            self.t_launch_s = v("t_graph_node_s") if self.cuda_graphs else v("t_launch_s")
+        self.num_kernels, self.t_launch_s = self._launches()
         self.launch_s = self.num_kernels * self.t_launch_s
         self.s_floor_s = v("s_floor_ms") * 1e-3
         self.s_slope_s = v("s_slope_ms") * 1e-3
@@ -194,6 +171,21 @@ class StepModel:
         self._attn_index = self._attention.index
         self._gpu_attention = self._attention.price  # bound once: predict_time calls it per step
         self._setup_scalar_path()
+
+    def _memory_latency_and_gemm_fixed(self) -> tuple[float, float]:
+        """(bytes of the memory law's fixed term, a GEMM kernel's fixed seconds): the variant's."""
+        raise NotImplementedError
+
+    def _launches(self) -> tuple[int, float]:
+        """(kernels or dispatches a step issues, seconds each): the variant's."""
+        raise NotImplementedError
+
+    def _decode_attention_bound(self, feats: np.ndarray, t_m: np.ndarray) -> None:
+        """Raise attention's memory time in ``t_m`` in place where one sequence binds (GPU only)."""
+
+    def _attention_parts(self, f, decode, longest_decode) -> tuple[float, float, float] | None:
+        """(t_c, t_m, t) of the attention op priced per sequence part, or None (priced by features)."""
+        return None
 
     def _setup_scalar_path(self) -> None:
         """Plain-Python tuples for ``predict_time``: one batch costs ~15 ops x 5 features of float
@@ -226,13 +218,7 @@ class StepModel:
             env = self._gemm.env[np.arange(g.gemm_index.size), self._gemm.segment(m)]
             t_c[:, g.gemm_index] = np.minimum(t_c[:, g.gemm_index], env)
         t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
-        if self.gpu:
-            # features carry no per-sequence detail: a decode-only row (T == S) is taken as S equal
-            # sequences, which is what predict() computes for such a batch
-            i = self._attn_index
-            decode = feats[:, 1] == feats[:, 2]
-            bound = self._attention.longest_sequence_bytes(feats[:, 2], feats[:, 4] / np.maximum(feats[:, 2], 1.0))
-            t_m[:, i] = np.where(decode, np.maximum(t_m[:, i], bound / self._mem_bytes_per_s), t_m[:, i])
+        self._decode_attention_bound(feats, t_m)
         return t_c, t_m
 
     def _combine(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_t: np.ndarray | None = None):
@@ -249,25 +235,27 @@ class StepModel:
             blocks_s = np.maximum(compute_s, memory_s)
         s = self.graph.sample_index
         sample_s = op_t[:, s]
-        if self.hardware.backend == "cpu" or self.form == "additive":
+        if not self._launch_is_floor():
             # CPU: each dispatch is paid before its op runs; GPU: each kernel pays the interval
             launch_added_s = np.full_like(blocks_s, self.launch_s)
         else:
             launch_added_s = np.maximum(0.0, self.launch_s - blocks_s)
         num_seqs = feats[:, 2]
         host_s = self.s_floor_s + self.s_slope_s * np.maximum(0.0, num_seqs - 1)
-        if self.hardware.backend == "cpu" or self.form == "additive":
+        if not self._launch_is_floor():
             total_s = blocks_s + launch_added_s + host_s + sample_s
         else:  # max(blocks, floor), not blocks + (floor - blocks): that sum is off by an ulp
             total_s = np.maximum(blocks_s, self.launch_s) + host_s + sample_s
         return total_s, dict(blocks_s=blocks_s, compute_s=compute_s, memory_s=memory_s,
                              launch_added_s=launch_added_s, host_s=host_s, sample_s=sample_s)
 
+    def _launch_is_floor(self) -> bool:
+        """True when launches are a floor under the blocks (the GPU's max form), not a sum."""
+        return self.gpu and self.form != "additive"
+
     def predict_features(self, feats) -> np.ndarray:
         """Step times (P,) in seconds for (P, 5) features (see predictor.ops.FEATURES)."""
         feats = np.atleast_2d(np.asarray(feats, dtype=np.float64))
-        if self.cpu_table is not None:
-            return np.array([self.cpu_table.predict_time(_batch_from_features(f)) for f in feats])
         t_c, t_m = self._op_times(feats)
         return self._combine(feats, t_c, t_m)[0]
 
@@ -283,14 +271,9 @@ class StepModel:
         the device work: a step takes ``max(device, host)`` instead of their sum. A CPU backend has
         no device queue to overlap with, so there the flag changes nothing.
         """
-        f, decode, longest_decode = _batch_sums(batch)
-        if self.cpu_table is not None:
-            return self.cpu_table.predict_time(batch)
+        f, decode, longest_decode = batch_sums(batch)
         num_new, num_seqs = f[1], f[2]
-        attention = None
-        if self.gpu:
-            prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
-            attention = self._gpu_attention(decode, prefill, longest_decode)
+        attention = self._attention_parts(f, decode, longest_decode)
         expert_unread = 1.0 - float(self.graph.expert_read_fraction(num_new)) if self._expert_bytes else 0.0
         sms, (t_m_tile, t_n_tile) = self.hardware.num_sms, self.tile
         lat, bw = self._mem_latency_bytes, self._mem_bytes_per_s
@@ -323,31 +306,24 @@ class StepModel:
             mem += calls * t_m
             add += calls * (max(t_c, t_m) + fixed)
         blocks = add if self.form == "additive" else max(comp, mem)
-        if self.hardware.backend == "cpu" or self.form == "additive":
+        if not self._launch_is_floor():
             launch = self.launch_s
         else:  # the max form's floor (written as in _combine so both paths agree to the bit)
             blocks, launch = max(blocks, self.launch_s), 0.0
         host = self.s_floor_s + self.s_slope_s * max(0.0, num_seqs - 1)
-        if async_scheduling and self.hardware.backend != "cpu":
+        if async_scheduling and self.gpu:  # a CPU has no device queue for the host to overlap
             return max(blocks + launch + sample, host)
         return blocks + launch + host + sample
 
     def predict_interval(self, batch) -> tuple[float, float] | None:
         """An 80 % interval (seconds) around ``predict_time(batch)`` from the calibration's own
         spread, or None when the calibration carries none (only the CPU op tables do so far)."""
-        if self.cpu_table is None:
-            return None
-        low, high = self.cpu_table.tables.interval_factors()
-        t = self.predict_time(batch)
-        return t * low, t * high
+        return None
 
     def predict_many(self, batches) -> np.ndarray:
         """Step times for a list of batches (each a list of (num_new_tokens, num_cached_tokens))."""
         if len(batches) == 0:
             return np.zeros(0)
-        if self.cpu_table is not None or self.gpu:
-            # per batch: the CPU tables and GPU attention price sequences, not feature totals
-            return np.array([self.predict_time(b) for b in batches])
         return self.predict_features(np.stack([batch_features(b) for b in batches]))
 
     # ---------------------------------------------------------------- one step with breakdown
@@ -356,14 +332,11 @@ class StepModel:
         self.check_fits(batch)
         feats = batch_features(batch)[None, :]
         t_c, t_m = self._op_times(feats)
-        if self.cpu_table is not None:
-            return table_prediction(self, self.cpu_table.op_times([tuple(b) for b in batch]), feats, t_c, t_m)
         op_t = np.maximum(t_c, t_m) + self._op_fixed_s
-        if self.gpu:
+        attention = self._attention_parts(*batch_sums(batch))
+        if attention is not None:
             i = self._attn_index
-            f, decode, longest = _batch_sums(batch)
-            prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
-            t_c[0, i], t_m[0, i], op_t[0, i] = self._gpu_attention(decode, prefill, longest)
+            t_c[0, i], t_m[0, i], op_t[0, i] = attention
         total, parts = self._combine(feats, t_c, t_m, op_t)
         return roofline_prediction(self, feats, t_c, t_m, op_t, total, parts)
 
@@ -394,3 +367,12 @@ class StepModel:
     def __repr__(self) -> str:
         return (f"StepModel({self.hardware.sku_id}, {self.model.name}, dtype={self.dtype}, form={self.form}, "
                 f"cuda_graphs={self.cuda_graphs})")
+
+
+def _variant_name(hw: HardwareSpec, cal: Calibration, form: str, dtype: str) -> str:
+    """Which variant prices this hardware and calibration (see the class docstring)."""
+    if hw.backend != "cpu":
+        return "gpu-roofline"
+    if form == "additive" and cal.cpu_ops.get(dtype) is not None:
+        return "cpu-op-tables"
+    return "cpu-roofline"
