@@ -55,6 +55,25 @@ def run_hardware_overrides(run, hw: HardwareSpec) -> dict:
     return out
 
 
+def hardware_from_run(run) -> HardwareSpec:
+    """The device a gpubench run measured (``run``: a loaded ``Run`` or a run directory): the SKU's
+    spec with the SM/core count and L2/LLC of the manifest's device properties and, on a CPU, the
+    STREAM triad headline of the largest array as its bandwidth (:func:`triad_plateau`).
+
+    Here, not on HardwareSpec: reading a run is calibration's business (hardware.py is the spec
+    table's view, below calibration)."""
+    from gpubench import results
+
+    if not hasattr(run, "manifest"):
+        run = results.load(run)
+    base = HardwareSpec.from_sku(run.sku)
+    over = run_hardware_overrides(run, base)
+    changes = {k: (int(p.value) if k == "num_sms" else p.value) for k, p in over.items()}
+    if "mem_bytes_per_s" in over:
+        changes["mem_bw_tier"] = "measured"
+    return base.replace(**changes)
+
+
 def fit_eta_mem(x, eta) -> tuple[float, float, float, float, float]:
     """Least-squares fit of eta_mem(x) = eta_max * x / (x + x_half) (scipy curve_fit).
 
@@ -238,6 +257,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
 def _fit_cpu_ops(run, report: dict) -> dict:
     """dtype -> CpuOpTables from the run's ``torch_ops`` rows (empty without them)."""
     from predictor.cpu_tables import CpuOpTables
+    from predictor.cpu_tables_fit import fit_tables
 
     frame = run.frames.get("torch_ops")
     if frame is None or not len(frame):
@@ -245,7 +265,8 @@ def _fit_cpu_ops(run, report: dict) -> dict:
     vllm_frame = run.frames.get("vllm_ops")
     out = {}
     for dt in sorted(set(frame["dtype"])):
-        tables = CpuOpTables.fit(frame, dt, f"{run.run_dir}: torch_ops", vllm_frame=vllm_frame)
+        # fitted by predictor.cpu_tables_fit, which reads the table schema of predictor.cpu_tables
+        tables = CpuOpTables(fit_tables(frame, dt, f"{run.run_dir}: torch_ops", vllm_frame))
         out[dt] = tables
         report[f"cpu_ops_{dt}"] = {"linear_rows": tables.d["linear"]["num_rows"],
                                    "linear_vllm_rows": (tables.d.get("linear_vllm") or {}).get("num_rows", 0),

@@ -167,15 +167,6 @@ class CpuOpTables:
         self.decode = d["attn_decode"]["coef"]
         self.prefill = {mode: d["attn_prefill"][mode]["coef"] for mode in ("causal", "masked")}
 
-    # ------------------------------------------------------------------ fit
-    @classmethod
-    def fit(cls, frame, dtype: str, source: str, vllm_frame=None) -> "CpuOpTables":
-        """From a run's ``torch_ops`` rows (a DataFrame) for ``dtype``, plus its ``vllm_ops`` rows
-        when it has them (predictor.cpu_tables_fit). Raises ConfigError if a torch_ops family is missing."""
-        from predictor.cpu_tables_fit import fit_tables
-
-        return cls(fit_tables(frame, dtype, source, vllm_frame))
-
     def to_dict(self) -> dict:
         return self.d
 

@@ -109,22 +109,3 @@ class HardwareSpec:
             mem_bw_tier=tier,
             source=dict(sku.source),
         )
-
-    @classmethod
-    def from_run(cls, run) -> "HardwareSpec":
-        """The device a gpubench run measured (``run``: a loaded ``Run`` or a run directory).
-
-        SM/core count and L2/LLC come from the manifest's device properties; the CPU bandwidth is
-        the STREAM triad headline of the largest array (see ``calibrate.triad_plateau``).
-        """
-        from gpubench import results
-        from predictor.calibrate import run_hardware_overrides
-
-        if not hasattr(run, "manifest"):
-            run = results.load(run)
-        base = cls.from_sku(run.sku)
-        over = run_hardware_overrides(run, base)
-        changes = {k: (int(p.value) if k == "num_sms" else p.value) for k, p in over.items()}
-        if "mem_bytes_per_s" in over:
-            changes["mem_bw_tier"] = "measured"
-        return base.replace(**changes)

@@ -10,7 +10,7 @@ from gpubench.errors import ConfigError, ResultsFormatError
 from gpubench.results import RunWriter
 from gpubench.stats import summarize
 from predictor import Calibration, HardwareSpec, StepModel, efficiency as eff
-from predictor.calibrate import defaults, fit_eta_mem, fit_run
+from predictor.calibrate import defaults, fit_eta_mem, fit_run, hardware_from_run
 
 # Known answers the synthetic GPU run is generated from
 H100 = dict(eta_max=0.85, x_half=0.30, f_clk=0.72, active=0.95, duty=0.80, launch=2.2e-6, graph=1.2e-6,
@@ -235,7 +235,7 @@ def test_fit_cpu_run(tmp_path):
     assert cal.meta["fit"]["warnings"] == []
     m = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=cal)
     assert m.hardware.mem_bytes_per_s == pytest.approx(plateau, rel=0.001) and m.hardware.mem_bw_tier == "measured"
-    assert HardwareSpec.from_run(run).mem_bytes_per_s == m.hardware.mem_bytes_per_s
+    assert hardware_from_run(run).mem_bytes_per_s == m.hardware.mem_bytes_per_s
     one = StepModel(HardwareSpec.from_sku("cpu").with_cores(1), "smollm2-135m", calibration=cal)
     assert one.hardware.num_sms == 1 and one.hardware.mem_bytes_per_s == m.hardware.mem_bytes_per_s
     # without torch_dispatch rows the per-call extension cost is the dispatch estimate

@@ -6,6 +6,7 @@ import math
 from gpubench import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
+from gpubench.backends.cuda.gemm_common import GEMM_EPS, GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, gemm_tolerance, weight_copies  # noqa: F401 (re-exported: the backend's public names)
 from gpubench.backends.cuda.gemm_cupy import CUPY_DTYPES, CUPY_LIBRARY, cupy_gemm, import_cupy, tf32_enabled
 from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
 from gpubench.probes.common import opt
@@ -17,8 +18,6 @@ GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
 GEMM_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192, 16384)
 QUICK_GEMM_M = (1, 16, 128, 512, 2048, 16384)
 GEMM_DTYPES = ("bf16", "fp16", "tf32")
-# Unit roundoff of the inputs (tf32 keeps 10 mantissa bits) for the validation tolerance.
-GEMM_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "tf32": 2.0**-11}
 DROOP_M = 16384
 TORCH_LIBRARY = "torch-cublas"
 
@@ -131,14 +130,6 @@ class GemmProbe(CudaProbe):
                     spec_tflops=spec_tflops(self.backend.sku, p["dtype"]))
 
 
-def gemm_tolerance(dtype: str, k: int) -> float:
-    """Max |C - C_ref| accepted for inputs in [-1, 1]: 8 eps sqrt(K) (rounding errors add like a walk)."""
-    return 8.0 * GEMM_EPS[dtype] * math.sqrt(k)
-
-
-def weight_copies(b_bytes: int, l2_bytes: int) -> int:
-    """Copies of B (at most 8) that together cover 2x L2, so consecutive calls read B from memory."""
-    return max(1, min(8, math.ceil(2 * l2_bytes / b_bytes))) if l2_bytes else 1
 
 
 def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
@@ -209,16 +200,8 @@ def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:
     return gemm_check_result(err, dtype, k, len(rows))
 
 
-def gemm_check_result(err: float, dtype: str, k: int, num_rows: int) -> dict:
-    """The validation fields of a GEMM row from the largest error over ``num_rows`` checked rows."""
-    tol = gemm_tolerance(dtype, k)
-    ok = math.isfinite(err) and err <= tol
-    return {"valid": ok, "max_abs_err": err, "tol": tol,
-            "check": f"{num_rows} rows of C vs a float64 product: max |err| {err:.3g} {'<=' if ok else '>'} tol {tol:.3g}"}
 
 
-GRAPH_TIMING_BELOW_S = 50e-6  # calls shorter than this are timed inside a CUDA graph
-GRAPH_CALLS = 32               # matmuls per captured graph
 
 
 def _graph_timed_matmuls(torch, a, bs, c, total: int, stream) -> list[float]:

@@ -14,6 +14,7 @@ import sys
 
 from gpubench import errors
 from gpubench.backends.cuda.extension import NUM_WARMUP
+from gpubench.backends.cuda.gemm_common import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, weight_copies
 
 CUPY_LIBRARY = "cupy-cublas"
 # CuPy has no bfloat16 array dtype, so the bf16 rows (and the clock-droop rows, which are bf16)
@@ -57,7 +58,6 @@ def tf32_enabled() -> bool:
 def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
               l2_bytes: int, clock_khz: float) -> dict:
     """Time ``cupy.matmul(A, B, out=C)`` on device ``index``; the same result dict as ``torch_gemm``."""
-    from gpubench.backends.cuda.gemm import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, weight_copies
 
     cp = cupy
     cdt = {"fp16": cp.float16, "tf32": cp.float32}[dtype]
@@ -104,7 +104,6 @@ def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps:
 
 def check_gemm_cupy(cp, a, b, c, dtype: str, max_rows: int = 64) -> dict:
     """``gemm.check_gemm`` on CuPy arrays: up to ``max_rows`` evenly spaced rows against float64."""
-    from gpubench.backends.cuda.gemm import gemm_check_result
 
     m, k = a.shape
     rows = cp.unique(cp.linspace(0, m - 1, num=min(m, max_rows)).astype(cp.int64))
