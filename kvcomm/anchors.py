@@ -58,19 +58,6 @@ def span_deviations(model, layout, senders, rope):
     return out
 
 
-@torch.no_grad()
-def build_anchor_pool(model, tokenizer, examples, rope, neighbours: int = DEFAULT_NEIGHBOURS) -> AnchorPool:
-    """The pool from ``examples`` (each with two or more senders; single-sender ones add nothing)."""
-    from kvcomm.protocols import encode_sender, receiver_layout, reencode_in_receiver_frame
-
-    spans = []
-    for ex in examples:
-        senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
-        layout = receiver_layout(tokenizer, ex, senders)
-        spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
-    return pool_from_spans(spans, len(examples), neighbours)
-
-
 def pool_from_spans(spans, num_examples: int, neighbours: int = DEFAULT_NEIGHBOURS) -> AnchorPool:
     """Concatenate per-span (keys, key deviations, value deviations) into a pool."""
     if neighbours < 1:

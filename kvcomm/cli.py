@@ -133,7 +133,7 @@ def _csv(text: str) -> list[str]:
 
 def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_examples: int | None = None) -> tuple:
     """ProtocolSpecs for the comma lists (one per ratio / k for the parameterized protocols)."""
-    from kvcomm.names import ANCHORED_PROTOCOLS, BLEND_PROTOCOLS, BOUNDARY_PROTOCOLS, DEFAULT_ANCHOR_EXAMPLES
+    from kvcomm.names import DEFAULT_ANCHOR_EXAMPLES, protocol_features
     from kvcomm.protocols import ProtocolSpec
 
     try:
@@ -146,16 +146,14 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_exampl
     if any(k < 0 for k in k_values):
         raise KVCommError(f"--boundary-k values must be >= 0, got {boundary_ks!r}")
     specs = []
+    anchors = anchor_examples or DEFAULT_ANCHOR_EXAMPLES
     for name in _csv(protocols):
-        if name in BLEND_PROTOCOLS:
-            specs += [ProtocolSpec(name, ratio=r) for r in ratio_values]
-        elif name in BOUNDARY_PROTOCOLS:
-            anchors = anchor_examples or DEFAULT_ANCHOR_EXAMPLES
-            specs += [ProtocolSpec(name, boundary_k=k, anchor_examples=anchors) for k in k_values]
-        elif name in ANCHORED_PROTOCOLS:
-            specs.append(ProtocolSpec(name, anchor_examples=anchor_examples or DEFAULT_ANCHOR_EXAMPLES))
-        else:
-            specs.append(ProtocolSpec(name))
+        f = protocol_features(ProtocolSpec(name).name)  # an unknown name: ProtocolSpec's one line
+        # one spec per value of each parameter the protocol's features use
+        for r in (ratio_values if f.blend else [ProtocolSpec.ratio]):
+            for k in (k_values if f.boundary else [ProtocolSpec.boundary_k]):
+                specs.append(ProtocolSpec(name, ratio=r, boundary_k=k,
+                                          anchor_examples=anchors if f.anchored or f.boundary else DEFAULT_ANCHOR_EXAMPLES))
     if not specs:
         raise KVCommError("no protocols given")
     if "text" not in [s.name for s in specs]:

@@ -32,12 +32,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from gpubench.errors import KVCommError
 from gpubench.jsonio import iter_jsonl
+from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
+from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
-from kvcomm.names import ANCHOR_SEED_OFFSET, ANCHORED_PROTOCOLS  # noqa: F401 - the offset is imported from here too
-from kvcomm.protocols import ProtocolSpec, answer, encode_sender, receive, receiver_layout, receiver_prefix, reencode_in_receiver_frame
+from kvcomm.names import ANCHOR_SEED_OFFSET  # noqa: F401 - the offset is imported from here too
+from kvcomm.protocols import ProtocolSpec, answer, receive
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
 RESULTS_FILE = "results.jsonl"
@@ -185,11 +188,23 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
 
 
 
+def build_anchor_pool(model, tokenizer, examples, rope) -> AnchorPool:
+    """kv-anchored's pool from ``examples`` (each with two or more senders; single-sender ones add
+    nothing): each example's senders encoded and re-encoded in B's frame as the protocols do, and
+    the re-encoded spans' deviations from B's own encoding (kvcomm.anchors). Here, beside the
+    evaluation that draws those examples, so that kvcomm.anchors needs nothing of kvcomm.protocols."""
+    spans = []
+    with torch.no_grad():
+        for ex in examples:
+            senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
+            layout = receiver_layout(tokenizer, ex, senders)
+            spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+    return pool_from_spans(spans, len(examples))
+
+
 def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict):
     """kv-anchored's pool for ``task`` (built once per run): ``(pool, build seconds)``, or
     ``(None, 0.0)`` when the task has a single sender (nothing to offset)."""
-    from kvcomm.anchors import build_anchor_pool
-
     key = (task, num_examples)
     if key not in pools:
         examples = generate(task, num_examples, cfg.seed + ANCHOR_SEED_OFFSET)
@@ -217,13 +232,13 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
         if (ex.task, ex.index, spec.label) in done and (spec.name != "text" or text_logits is not None):
             continue
         anchors, anchors_s = None, 0.0
-        if spec.name in ANCHORED_PROTOCOLS:
+        if spec.features.anchored:
             anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools)
         rec = receive(model, spec, layout, senders, prefix, rope, anchors)
         if anchors is not None:  # built once per run and task, before any example: not B's time
             rec.extra["anchor_pool"] = {"examples": anchors.num_examples, "tokens": anchors.num_tokens,
                                         "neighbours": anchors.neighbours, "build_s": anchors_s}
-        if spec.name == "text":
+        if not spec.features.ships_kv:
             text_logits = rec.last_logits
             if (ex.task, ex.index, spec.label) in done:
                 continue  # recomputed only as the KL reference of a resumed example

@@ -1,16 +1,57 @@
 """Protocol and task names and the protocols' default knobs: constants only, so that the CLI can
 list them in `--help` without importing torch (kvcomm.protocols) or building tasks."""
 
+from dataclasses import dataclass
+
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-reencoded", "kv-blend",
              "kv-reencoded+blend", "kv-anchored", "kv-anchored+boundary")
-# protocols that take one run per --ratio value (CacheBlend's recompute share)
-BLEND_PROTOCOLS = ("kv-blend", "kv-reencoded+blend")
-# protocols that ship the span the sender re-encoded in B's frame (protocols.reencode_in_receiver_frame)
-REENCODED_PROTOCOLS = ("kv-reencoded", "kv-reencoded+blend", "kv-anchored", "kv-anchored+boundary")
-# protocols that add anchor offsets to a later sender's re-encoded span (kvcomm.anchors)
-ANCHORED_PROTOCOLS = ("kv-anchored", "kv-anchored+boundary")
-# protocols that take one run per --boundary-k value (tokens at the head of a span that B recomputes)
-BOUNDARY_PROTOCOLS = ("kv-rerotated+boundary", "kv-anchored+boundary")
+
+
+@dataclass(frozen=True)
+class ProtocolFeatures:
+    """What a protocol does, read off its name (``text`` or ``kv-BASE[+boundary|+blend]``).
+
+    Attributes:
+        ships_kv: the sender hands over K/V of its message span (False: the text, which B prefills).
+        reencoded: the shipped span was re-encoded by the sender in B's frame (kvcomm.protocols.
+            reencode_in_receiver_frame): ``kv-reencoded``, ``kv-anchored`` and their variants.
+        repositions: B rotates the span's keys to the positions it takes in B's prompt (all but
+            ``kv-verbatim``, which imports the keys as they were).
+        anchored: anchor offsets estimated from other examples are added to a later sender's
+            re-encoded span (kvcomm.anchors).
+        boundary: B recomputes the first k tokens of a span (one run per ``--boundary-k``); of every
+            span, or only a later sender's when the span was re-encoded in B's frame (the first
+            sender's is then exact).
+        blend: CacheBlend's selective recompute of a ratio of the imported tokens (one run per ``--ratio``).
+    """
+
+    ships_kv: bool
+    reencoded: bool = False
+    repositions: bool = False
+    anchored: bool = False
+    boundary: bool = False
+    blend: bool = False
+
+    def recomputes_head(self, sender_index: int) -> bool:
+        """Whether B recomputes the head of sender ``sender_index``'s span."""
+        return self.boundary and (not self.reencoded or sender_index > 0)
+
+
+_BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "reencoded": {"reencoded": True, "repositions": True},
+          "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True}}
+_SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
+
+
+def protocol_features(name: str) -> ProtocolFeatures:
+    """The features of a protocol named in PROTOCOLS (KeyError for any other name)."""
+    if name not in PROTOCOLS:
+        raise KeyError(name)
+    if name == "text":
+        return ProtocolFeatures(ships_kv=False)
+    base, _, suffix = name.removeprefix("kv-").partition("+")
+    return ProtocolFeatures(ships_kv=True, **_BASES[base], **_SUFFIXES[suffix])
+
+
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
 DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool: examples of another seed, never scored

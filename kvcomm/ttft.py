@@ -86,7 +86,7 @@ def _message(tokenizer, num_tokens: int, rng: random.Random, agent: str = "A"):
 def _exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random):
     """``num_senders`` messages of ``length`` tokens in all (the first ones one longer where it does not
     divide), each encoded in its sender's chat: ``(layout, senders)``."""
-    from kvcomm.protocols import encode_sender_ids, receiver_layout_ids, sender_layout
+    from kvcomm.layout import encode_sender_ids, receiver_layout_ids, sender_layout
     from kvcomm.tasks import Example
 
     base, extra = divmod(length, num_senders)
@@ -106,8 +106,8 @@ def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope):
     """kv-anchored's pool for exchanges of this shape: ``cfg.anchor_examples`` of another seed (what
     is timed is the search over a pool of that size; the messages timed are never in it)."""
     from kvcomm.anchors import pool_from_spans, span_deviations
+    from kvcomm.layout import reencode_in_receiver_frame
     from kvcomm.names import ANCHOR_SEED_OFFSET
-    from kvcomm.protocols import reencode_in_receiver_frame
 
     rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)
     spans = []
@@ -121,9 +121,9 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
     """Every (length, round, protocol) timing as a row; ``progress(text)`` after each length."""
     import torch
 
+    from kvcomm.layout import receiver_prefix, reencode_in_receiver_frame
     from kvcomm.models import rope_info
-    from kvcomm.names import ANCHORED_PROTOCOLS
-    from kvcomm.protocols import receive, receiver_prefix, reencode_in_receiver_frame
+    from kvcomm.protocols import receive
 
     torch.set_num_threads(cfg.num_threads)
     rope = rope_info(model)
@@ -135,7 +135,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         if any(p.ships_reencoded for p in cfg.protocols):
             senders = reencode_in_receiver_frame(model, layout, senders)
         anchors = None
-        if cfg.num_senders > 1 and any(p.name in ANCHORED_PROTOCOLS for p in cfg.protocols):
+        if cfg.num_senders > 1 and any(p.features.anchored for p in cfg.protocols):
             anchors = _anchor_pool(model, tokenizer, cfg, length, rope)  # built before the rounds: not B's time
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed
@@ -150,7 +150,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
                 rows.append({"num_imported": rec.num_imported, "round": rnd, "protocol": spec.label,
                              "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
                              "num_prompt_tokens": len(layout.ids), "loadavg_1m": load, "num_senders": cfg.num_senders,
-                             "anchor_tokens": anchors.num_tokens if anchors is not None and spec.name in ANCHORED_PROTOCOLS else 0})
+                             "anchor_tokens": anchors.num_tokens if anchors is not None and spec.features.anchored else 0})
         share = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
         for row in rows[first_row:]:
             row["cpu_share"] = share

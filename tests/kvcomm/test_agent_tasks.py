@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kvcomm.protocols import message_drift, receiver_layout_ids, sender_layout
+from kvcomm.layout import message_drift, receiver_layout_ids, sender_layout
 from kvcomm.tasks import NUM_FACTS, RECEIVER_SYSTEM, generate
 
 

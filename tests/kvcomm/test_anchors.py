@@ -6,8 +6,9 @@ import torch
 
 from gpubench.errors import KVCommError
 from kvcomm.anchors import anchored_span, pool_from_spans, span_deviations
+from kvcomm.layout import reencode_in_receiver_frame
 from kvcomm.models import rope_info
-from kvcomm.protocols import ProtocolSpec, receive, reencode_in_receiver_frame
+from kvcomm.protocols import ProtocolSpec, receive
 
 from .test_protocols import _two_sender_setup
 

@@ -145,8 +145,9 @@ def test_rows_record_first_token_kl_against_text_also_on_resume(tiny_chat_model,
     """kl_text is KL(text || protocol) of B's first answer token, recomputed exactly on resume."""
     import torch
 
+    from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix
     from kvcomm.metrics import first_token_kl
-    from kvcomm.protocols import encode_sender, receive, receiver_layout, receiver_prefix
+    from kvcomm.protocols import receive
     from kvcomm.tasks import generate
 
     model, tok = tiny_chat_model

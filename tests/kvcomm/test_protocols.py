@@ -6,17 +6,8 @@ import torch
 
 from gpubench.errors import KVCommError
 from kvcomm.cache import prefill
-from kvcomm.protocols import (
-    Layout,
-    ProtocolSpec,
-    Segment,
-    encode_sender,
-    encode_sender_ids,
-    receive,
-    receiver_layout,
-    receiver_prefix,
-    sender_layout,
-)
+from kvcomm.layout import Layout, Segment, encode_sender, encode_sender_ids, receiver_layout, receiver_prefix, sender_layout
+from kvcomm.protocols import ProtocolSpec, receive
 from kvcomm.tasks import generate
 
 from .conftest import random_ids
@@ -75,7 +66,7 @@ def test_rerotated_is_exact_when_sender_context_equals_receiver_context(tiny_mod
     msg = _ids(25, 2, v)
     # A encoded [own, msg] starting at position 40 (e.g. after a longer history it then dropped)
     a_cache, _ = prefill(tiny_model, own + msg, positions=torch.arange(40, 40 + 34))
-    from kvcomm.protocols import SenderState
+    from kvcomm.layout import SenderState
 
     sender = SenderState(agent="A", message_ids=msg, cache=a_cache.slice(9))
     layout = Layout([Segment("own", own), Segment("import", msg, 0), Segment("own", _ids(5, 3, v))], True)
@@ -147,7 +138,7 @@ def test_blend_endpoints(tiny_llama):
 
 
 def test_reencoded_first_sender_is_text_exactly_and_a_later_one_misses_the_earlier_chunk(tiny_model):
-    from kvcomm.protocols import reencode_in_receiver_frame
+    from kvcomm.layout import reencode_in_receiver_frame
 
     layout, senders, prefix = _two_sender_setup(tiny_model)
     text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
@@ -172,7 +163,7 @@ def test_reencoded_first_sender_is_text_exactly_and_a_later_one_misses_the_earli
 
 
 def test_reencoded_single_sender_gives_texts_logits(tiny_model):
-    from kvcomm.protocols import reencode_in_receiver_frame
+    from kvcomm.layout import reencode_in_receiver_frame
 
     layout, senders, prefix = _two_sender_setup(tiny_model)
     one = Layout(segments=layout.segments[:2] + layout.segments[-1:], seam_aligned=True)
@@ -182,7 +173,7 @@ def test_reencoded_single_sender_gives_texts_logits(tiny_model):
 
 
 def test_reencoded_blend_recomputes_where_the_reencoded_spans_still_deviate(tiny_model):
-    from kvcomm.protocols import reencode_in_receiver_frame
+    from kvcomm.layout import reencode_in_receiver_frame
 
     layout, senders, prefix = _two_sender_setup(tiny_model)
     again = reencode_in_receiver_frame(tiny_model, layout, senders)
@@ -199,3 +190,29 @@ def test_reencoded_blend_recomputes_where_the_reencoded_spans_still_deviate(tiny
     assert own.extra["recomputed_per_sender"][0] > 0
     with pytest.raises(KVCommError, match="re-encoded spans"):
         receive(tiny_model, ProtocolSpec("kv-reencoded+blend"), layout, senders, prefix)
+
+
+def test_protocols_are_described_by_features_read_off_their_names():
+    # What each protocol does comes from its features (no code branches on a protocol's name), and
+    # the labels that key result rows are the ones earlier results were written under.
+    from kvcomm.cli import parse_protocols
+    from kvcomm.names import PROTOCOLS, protocol_features
+
+    f = {name: protocol_features(name) for name in PROTOCOLS}
+    assert not f["text"].ships_kv and all(f[n].ships_kv for n in PROTOCOLS if n != "text")
+    assert [n for n in PROTOCOLS if not f[n].repositions and not f[n].blend] == ["text", "kv-verbatim"]
+    assert [n for n in PROTOCOLS if f[n].reencoded] == ["kv-reencoded", "kv-reencoded+blend", "kv-anchored",
+                                                         "kv-anchored+boundary"]
+    assert [n for n in PROTOCOLS if f[n].blend] == ["kv-blend", "kv-reencoded+blend"]
+    assert [n for n in PROTOCOLS if f[n].boundary] == ["kv-rerotated+boundary", "kv-anchored+boundary"]
+    # a boundary recomputes every span's head, except the first sender's exact re-encoded span
+    assert f["kv-rerotated+boundary"].recomputes_head(0) and f["kv-rerotated+boundary"].recomputes_head(1)
+    assert not f["kv-anchored+boundary"].recomputes_head(0) and f["kv-anchored+boundary"].recomputes_head(1)
+    assert not f["kv-anchored"].recomputes_head(1)
+    labels = [s.label for s in parse_protocols(",".join(PROTOCOLS), "0.1,0.3", "4,8", 20)]
+    assert labels == ["text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-rerotated+boundary k=8",
+                      "kv-reencoded", "kv-blend r=0.1", "kv-blend r=0.3", "kv-reencoded+blend r=0.1",
+                      "kv-reencoded+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
+                      "kv-anchored+boundary a=20 k=8"]
+    with pytest.raises(KVCommError, match="unknown protocol 'kv-magic'"):
+        parse_protocols("text,kv-magic", "0.1", "4")
