@@ -176,7 +176,7 @@ def run_score(rows: list[str], *, sku: str, calibration, calibration_path: str |
     ``calibration_path`` and ``force_calibration`` are what the COMMAND records. Returns the score,
     its Markdown and the files written."""
     from gpubench.outdir import locked, write_command, write_text_atomic
-    from predictor.evaluate import load_rows
+    from predictor.eval_rows import load_rows
 
     score = score_kernels(load_rows(rows), sku=sku, calibration=calibration)
     command = command_line(rows, sku=sku, calibration=calibration_path, out=out, force_calibration=force_calibration)

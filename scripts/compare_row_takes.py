@@ -20,7 +20,7 @@ def take_to_take(first: Path, second: Path, target: str):
     """One dict per (engine file group, phase): n, ratio quantiles, mean |relative difference| %."""
     import pandas as pd
 
-    from predictor.evaluate import load_rows
+    from predictor.eval_rows import load_rows
 
     names = sorted(p.name for p in first.glob("*.parquet"))
     if not names:

@@ -9,18 +9,9 @@ import pytest
 
 from gpubench.errors import ResultsFormatError
 from predictor import load_model_config
-from predictor.evaluate import (
-    EvalConfig,
-    StepForm,
-    all_folds,
-    evaluate_rows,
-    fit_host_residual,
-    interleaved_folds,
-    load_rows,
-    metrics,
-    run_evaluation,
-    step_model_base,
-)
+from predictor.eval_methods import StepForm, fit_host_residual, step_model_base
+from predictor.eval_rows import all_folds, interleaved_folds, load_rows, metrics
+from predictor.evaluate import EvalConfig, evaluate_rows, run_evaluation
 from predictor.profile_grid import GRIDS, build_grid, point_features
 
 S_FLOOR_S, S_SLOPE_S = 3e-3, 4e-4
