@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpubench.clihelp import DeprecatedAlias
+from common.clihelp import DeprecatedAlias
 
 
 def device_probe_names() -> dict[str, list[str]]:
@@ -99,7 +99,7 @@ def register(sub) -> None:
 
 
 def _parse_sets(items) -> dict:
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     out = {}
     for item in items:
@@ -114,7 +114,7 @@ def _parse_sets(items) -> dict:
 def _check_set(key: str, value: str, item: str) -> None:
     import math
 
-    from gpubench.errors import ConfigError, suggest
+    from common.errors import ConfigError, suggest
     from gpubench.probes.common import SET_OPTIONS, TEXT_SET_OPTIONS
 
     known = [f"{p}.{n}" for p, names in SET_OPTIONS.items() for n in names]
@@ -134,9 +134,9 @@ def cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import finite_or_none, print_summary
-    from gpubench.errors import ConfigError
     from gpubench.results import load
     from gpubench.runner import RunRequest, execute
 
@@ -186,9 +186,9 @@ def cmd_show(args) -> int:
 
     from rich.console import Console
 
+    from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import print_summary
-    from gpubench.errors import ConfigError
     from gpubench.results import load
 
     if args.out is not None and not args.plots:
@@ -215,9 +215,9 @@ def cmd_show(args) -> int:
 def cmd_compare(args) -> int:
     import json
 
+    from common.errors import ConfigError
     from gpubench import compare
     from gpubench.bench_output import finite_or_none, print_compare, write_compare_csv
-    from gpubench.errors import ConfigError
     from gpubench.results import load
 
     if len(args.runs) < 2:

@@ -80,7 +80,7 @@ def write_compare_csv(out: dict, path: str) -> None:
     import csv
     import io
 
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -7,8 +7,8 @@ import math
 import os
 import sys
 
+from common.errors import GpubenchError
 from gpubench import __version__
-from gpubench.errors import GpubenchError
 
 # Packages whose cli.py registers sub-commands, in the order --help lists them.
 _REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli",
@@ -75,7 +75,7 @@ INTERRUPTED_HINT = {"run": "; what was measured is on disk (resume with --resume
 def check_outputs(args: argparse.Namespace) -> None:
     """Before any work: refuse to rewrite committed files (outdir.refuse_committed) through any
     option that names what the command writes."""
-    from gpubench.outdir import refuse_committed
+    from common.outdir import refuse_committed
 
     command = getattr(args, "command", None)
     for dest, option in WRITTEN_OPTIONS.items():

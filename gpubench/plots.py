@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from common.outdir import write_bytes_atomic
 from gpubench.compare import describe_device
-from gpubench.outdir import write_bytes_atomic
 from gpubench.report import valid_rows
 from gpubench.results import Run
 

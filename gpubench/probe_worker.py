@@ -13,9 +13,9 @@ import json
 import os
 import sys
 
-from gpubench import stats
+from common import stats
+from common.errors import ConfigError, suggest
 from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
-from gpubench.errors import ConfigError, suggest
 from gpubench.results import RunWriter, read_manifest
 
 
@@ -68,8 +68,8 @@ def find_probe(backend: Backend, name: str) -> Probe:
 
 def worker_main(run_dir: str, probe_name: str, parent_pid: int) -> int:
     """Measure one probe into run_dir; events on stdout; exceptions propagate (exit 1)."""
+    from common.procutil import die_with_parent
     from gpubench.backends import get_backend
-    from gpubench.procutil import die_with_parent
     from gpubench.telemetry import Sampler
 
     die_with_parent(parent_pid)

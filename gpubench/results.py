@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import ResultsFormatError
+from common.jsonio import iter_jsonl, read_json
 from gpubench import __version__
-from gpubench.errors import ResultsFormatError
-from gpubench.jsonio import iter_jsonl, read_json
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -154,8 +154,8 @@ def read_manifest(run_dir: str | os.PathLike) -> dict:
         raise ResultsFormatError(f"{path}: field 'schema_version' must be an integer, got {m['schema_version']!r}")
     if not isinstance(m["sku"], str) or not m["sku"].strip():
         raise ResultsFormatError(f"{path}: field 'sku' must be a SKU id, got {m['sku']!r}")
+    from common.errors import UnknownSKUError
     from gpubench import skus
-    from gpubench.errors import UnknownSKUError
 
     try:
         skus.get(m["sku"])

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from common.errors import ConfigError, ResultsFormatError, suggest
 from gpubench.backends.base import Backend
-from gpubench.errors import ConfigError, ResultsFormatError, suggest
 from gpubench.probe_worker import find_probe
 from gpubench.results import RunWriter, read_manifest, read_rows
 
@@ -260,12 +260,12 @@ def execute(req: RunRequest, on_event: Callable[[str, dict], None] | None = None
             on_start: Callable[[RunWriter, str, list], None] | None = None) -> RunOutcome:
     """Open the run and run every probe not yet done. Returns what happened to each probe.
 
-    The run directory is locked for the whole run (gpubench.outdir.locked): a second
+    The run directory is locked for the whole run (common.outdir.locked): a second
     ``run --resume`` on it gets one line instead of measuring every probe a second time.
     """
     import contextlib
 
-    from gpubench.outdir import locked
+    from common.outdir import locked
 
     with contextlib.ExitStack() as stack:
         if req.resume:  # before the manifest is read: two resumes must not both see the same todo

@@ -15,7 +15,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]  # the same API under the backport's name
 
-from gpubench.errors import ConfigError, SKUMismatchError, UnknownSKUError, suggest
+from common.errors import ConfigError, SKUMismatchError, UnknownSKUError, suggest
 
 TENSOR_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8")
 

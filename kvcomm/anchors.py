@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache, prefill
 from kvcomm.models import RopeInfo, rope_info
 from kvcomm.rope import reposition, rerotate, rotate_keys, rotation_tables

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache
 from kvcomm.models import rope_info
 from kvcomm.rope import reposition

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 
 PINNED_TRANSFORMERS = "5.24.0"
 

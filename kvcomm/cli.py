@@ -7,9 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter, DeprecatedAlias
-from gpubench.errors import KVCommError
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias
+from common.errors import KVCommError
 
 DEFAULT_TASKS = "keycode,twoagent"
 DEFAULT_PROTOCOLS = "text,kv-verbatim,kv-rerotated,kv-rerotated+boundary,kv-blend"
@@ -205,7 +205,7 @@ def cmd_eval(args) -> int:
 
 def _check_model(spec: str) -> None:
     """The UnknownModelError load_model would raise, before anything is written."""
-    from gpubench.errors import UnknownModelError, suggest
+    from common.errors import UnknownModelError, suggest
     from kvcomm.models import KNOWN_NAMES
 
     if spec.lower() not in KNOWN_NAMES and not Path(spec).exists():
@@ -225,7 +225,7 @@ def cmd_serve_exchange(args) -> int:
     """Check the arguments, start the backend, measure, write summary.json and COMMAND."""
     import os
 
-    from gpubench.outdir import locked
+    from common.outdir import locked
     from kvcomm.exchange import ExchangeConfig, headline, run_exchange, write_outputs
 
     cfg = ExchangeConfig(task=args.task, repeats=args.repeats, seed=args.seed, max_tokens_a=args.max_tokens_a,
@@ -308,7 +308,7 @@ def cmd_ttft(args) -> int:
     """Check the arguments, time the sweep, write the outputs into a new --out."""
     import os
 
-    from gpubench.outdir import locked
+    from common.outdir import locked
     from kvcomm.models import load_model
     from kvcomm.ttft import ROWS_FILE, TtftConfig, markdown_table, run_sweep, write_outputs
 

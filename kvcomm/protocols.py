@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpubench.errors import KVCommError, suggest
+from common.errors import KVCommError, suggest
 from kvcomm.anchors import anchored_span
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.layout import Layout, SenderState

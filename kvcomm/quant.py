@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache
 
 DEFAULT_GROUP_SIZE = 128

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache
 from kvcomm.models import RELATIVE_ROPE_TYPES, SWITCHING_ROPE_TYPES, RopeInfo, rope_info
 

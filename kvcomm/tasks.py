@@ -59,7 +59,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpubench.errors import KVCommError, suggest
+from common.errors import KVCommError, suggest
 from kvcomm.agent_tasks import PLACES, access_log, document, entity_graph_question, person_name
 
 # Sender agents have their own system prompt (different from B's, on purpose: the imported message's

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.load import load_flags
 
 ROWS_FILE = "rows.jsonl"
@@ -181,7 +181,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(summary: list[dict]) -> str:
-    from gpubench.mdtable import markdown_table as layout
+    from common.mdtable import markdown_table as layout
 
     header = ["imported tokens", "protocol", "rounds", "B's TTFT median ms [IQR]", "speedup vs text, median [IQR]",
               "recomputed / imported"]
@@ -225,8 +225,8 @@ def plot(summary: list[dict], path: Path) -> None:
 
 def write_outputs(out_dir: Path, cfg: TtftConfig, rows: list[dict], command: str, load_before: float) -> list[dict]:
     """rows.jsonl, summary.json/.md, ttft.png and COMMAND (command, then '#' notes), each atomically."""
+    from common.outdir import write_text_atomic
     from gpubench.hostinfo import host_cpu
-    from gpubench.outdir import write_text_atomic
 
     summary = summarize(rows)
     flags = load_flags(load_before, [r["loadavg_1m"] for r in rows], cfg.num_threads)

@@ -4,8 +4,8 @@ Public API (other packages use only this): ``load_model_config``, ``ModelConfig`
 its variants ``GpuRooflineStep``, ``CpuRooflineStep``, ``CpuOpTableStep``),
 ``StepPrediction``, ``OpTime``, ``HardwareSpec``, ``Calibration``.
 """
+from common.model_config import ModelConfig, available_models, load_model_config
 from predictor.calibrate import Calibration, Param
-from predictor.config import ModelConfig, available_models, load_model_config
 from predictor.hardware import HardwareSpec
 from predictor.step import StepModel
 from predictor.step_prediction import OpTime, StepPrediction

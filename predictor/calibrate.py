@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor import efficiency as eff
 from predictor.calibrate_compute import finite_or_none, fit_active, fit_duty, fit_duty_by_m, fit_gemm_fixed, is_finite, valid_rows
 from predictor.calibration_model import Calibration, Curve, Param, defaults, resolve, utc_now_iso  # noqa: F401 - resolve: re-exported

@@ -20,8 +20,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpubench.errors import ConfigError, suggest
-from gpubench.jsonio import read_json
+from common.errors import ConfigError, suggest
+from common.jsonio import read_json
 from predictor import efficiency as eff
 from predictor.hardware import HardwareSpec
 

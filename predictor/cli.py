@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from gpubench.clihelp import DeprecatedAlias
-from gpubench.errors import ConfigError
+from common.clihelp import DeprecatedAlias
+from common.errors import ConfigError
 
 PHASES = ("decode", "prefill", "mixed")
 

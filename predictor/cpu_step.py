@@ -9,8 +9,8 @@ routed-expert shapes; ``form="max"`` (the roofline) or a calibration without ``c
 """
 from __future__ import annotations
 
-from gpubench.errors import ConfigError
-from predictor.config import ModelConfig
+from common.errors import ConfigError
+from common.model_config import ModelConfig
 from predictor.cpu_tables import LAYOUTS, CpuOpTables, config_coef, prefill_pairs
 
 SEGMENT_T_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -95,7 +95,7 @@ class CpuTableStep:
         """vLLM's per-step engine cost by number of sequences: the probe's tiny-model engine steps
         minus what these tables price that model's own layers and ops at (None without engine_step
         rows)."""
-        from predictor.config import load_model_config
+        from common.model_config import load_model_config
         from predictor.cpu_tables import Curve1D
 
         eng = tables.d.get("engine_vllm")
@@ -120,7 +120,7 @@ class CpuTableStep:
         on some hosts a small op after an MKL GEMM of two or more rows costs ~200 us where vLLM's
         decode steps stay flat in the batch. Interpolated in log width, clamped to the probed widths.
         """
-        from predictor.config import from_dict
+        from common.model_config import from_dict
         from predictor.cpu_tables import Curve1D, _bracket
 
         nodes = (tables.d.get("layers_vllm") or {}).get("nodes") or []

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 SCHEMA = "gpubench.cpu_ops/1"
 LAYOUTS = ("separate", "fused")

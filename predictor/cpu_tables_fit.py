@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor.cpu_tables import DECODE_TERMS, MAIN_CONTEXT_ELEMENTS, PREFILL_TERMS, SCHEMA, SEGMENTS, decode_terms, prefill_terms
 
 

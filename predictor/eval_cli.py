@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter
 
 
 def register(sub) -> None:
@@ -93,8 +93,8 @@ def register(sub) -> None:
 
 
 def _profile(args) -> int:
-    from gpubench.errors import ConfigError
-    from predictor.config import load_model_config
+    from common.errors import ConfigError
+    from common.model_config import load_model_config
     from predictor.profile import ProfileConfig, run_profile
     from predictor.profile_grid import GRIDS, build_grid, default_grid, num_dropped
 
@@ -182,7 +182,7 @@ def _with_progress(title: str, model: str, first: str, run, *, json_out: bool = 
 
 
 def _profile_vllm(args, cfg) -> int:
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from predictor.vllm_profile import MIN_CPU_SHARE, VLLM_GRIDS, VllmProfileConfig, build_scenarios, contention_summary, run_vllm_profile
 
     if args.list:
@@ -219,7 +219,7 @@ def _profile_vllm(args, cfg) -> int:
 
 
 def _evaluate(args) -> int:
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from predictor.evaluate import EvalConfig, run_evaluation
 
     if args.out.exists() and not args.out.is_dir():  # before the fits, not after them

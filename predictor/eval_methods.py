@@ -265,7 +265,7 @@ class ForestModel:
 
 
 def _hw_and_model(sku: str, model: str):
-    from predictor.config import load_model_config
+    from common.model_config import load_model_config
     from predictor.hardware import HardwareSpec
 
     return HardwareSpec.from_sku(sku), load_model_config(model)

@@ -21,7 +21,7 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
             return "" if np.isnan(v) else format(v, floatfmt)
         return str(v)
 
-    from gpubench.mdtable import markdown_table as layout
+    from common.mdtable import markdown_table as layout
 
     return layout(list(df.columns), ([cell(v) for v in row] for row in df.itertuples(index=False)))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from predictor.eval_methods import ape_pct
 
 REQUIRED_COLUMNS = ("key", "model", "dtype", "device_type", "phase", "num_seqs", "num_new_tokens",

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ConfigError, ResultsFormatError
+from common.errors import ConfigError, ResultsFormatError
 from predictor.eval_methods import (
     FOREST_MISSING_NOTE,
     FORM_PAIRS,
@@ -318,7 +318,7 @@ def run_evaluation(ec: EvalConfig) -> str:
     parts = step_model_parts(df, sku=ec.sku, calibration=calibration)
     rowcal = rowcal_calibration(df, parts, sku=ec.sku, calibration=calibration, target=ec.target, rows=ec.rows)
     (out / "calibration-rowcal.json").write_text(json.dumps(rowcal, indent=2) + "\n")
-    from gpubench.outdir import write_command
+    from common.outdir import write_command
 
     write_command(out, cmd)
     (out / "headline.md").write_text(f"<!-- {cmd} -->\n" + res.headline)

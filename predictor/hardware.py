@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from common.errors import ConfigError
 from gpubench import skus as _skus
-from gpubench.errors import ConfigError
 
 # A CPU with no stream run has no bandwidth figure at all. This placeholder (one DDR4-2666
 # channel) keeps `gpubench predict --sku cpu` usable; every output labels it "assumed".

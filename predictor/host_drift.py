@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 # Reference GEMVs timed now: ROUNDS rounds of the probes' repetitions (7 each, the first of a round
 # discarded as the probes do), about two seconds in all. On the 2-vCPU VM one round's median moves

@@ -15,7 +15,7 @@ calibration is marked (``meta.contended``) and ``predict`` warns.
 """
 from __future__ import annotations
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 # A measurement that got less than this share of the CPU time it asked for was shared with other
 # work (the same threshold as vLLM engine-step rows: predictor.vllm_profile).

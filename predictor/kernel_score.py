@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 # measured kind (profiler) -> model op kinds it is scored against
 SCORED_KINDS = {"linear": ("gemm",), "attention": ("attention",)}
@@ -120,7 +120,7 @@ def command_line(rows: list[str], *, sku: str, calibration: str | None, out: str
 
 
 def markdown(score: KernelScore, command: str) -> str:
-    from gpubench.mdtable import markdown_table as md_table
+    from common.mdtable import markdown_table as md_table
 
     fmt = lambda v: f"{v:.1f}"  # noqa: E731
     pooled = [[r.kind, r.phase, int(r.n), fmt(r.mape_pct), fmt(r.median_ape_pct), f"{r.signed_pct:+.1f}"]
@@ -144,7 +144,7 @@ def plot(score: KernelScore, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpubench.outdir import write_bytes_atomic
+    from common.outdir import write_bytes_atomic
 
     fig, axes = plt.subplots(1, len(KINDS), figsize=(13, 4.2), dpi=100)
     for ax, kind in zip(axes, KINDS):
@@ -175,7 +175,7 @@ def run_score(rows: list[str], *, sku: str, calibration, calibration_path: str |
     ``calibration``: what the model uses (None, or the Calibration host_match.calibration_for gave);
     ``calibration_path`` and ``force_calibration`` are what the COMMAND records. Returns the score,
     its Markdown and the files written."""
-    from gpubench.outdir import locked, write_command, write_text_atomic
+    from common.outdir import locked, write_command, write_text_atomic
     from predictor.eval_rows import load_rows
 
     score = score_kernels(load_rows(rows), sku=sku, calibration=calibration)

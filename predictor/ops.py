@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.config import ModelConfig
+from common.model_config import ModelConfig
 
 FEATURES = ("const", "T", "S", "A", "C")
 _ONE, _T, _S, _A, _C = range(5)
@@ -279,7 +279,7 @@ def batch_features(batch) -> np.ndarray:
 
     Raises ConfigError for an empty batch, a sequence with no new token, or a negative context.
     """
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     arr = np.asarray(batch, dtype=np.float64).reshape(-1, 2) if len(batch) else np.zeros((0, 2))
     if arr.shape[0] == 0:

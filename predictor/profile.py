@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpubench.errors import ConfigError, GpubenchError, NoDeviceError
-from predictor.config import ModelConfig
+from common.errors import ConfigError, GpubenchError, NoDeviceError
+from common.model_config import ModelConfig
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, point_features
 from predictor.profile_rows import SCHEMA_VERSION, append_jsonl, read_rows, row_key, sidecar_path, wall_fields, write_parquet
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
-from predictor.config import ModelConfig
+from common.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpubench.errors import ResultsFormatError
-from gpubench.stats import summarize
+from common.errors import ResultsFormatError
+from common.stats import summarize
 from predictor.profile_grid import GridPoint
 
 SCHEMA_VERSION = 1
@@ -28,7 +28,7 @@ def read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
     if path.suffix == ".jsonl":
-        from gpubench.jsonio import iter_jsonl
+        from common.jsonio import iter_jsonl
 
         # A torn last line (interrupted mid-write) is left out: its point is measured again.
         return [row for _, row in iter_jsonl(path, error=ResultsFormatError, torn_tail_ok=True)]

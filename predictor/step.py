@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
+from common.model_config import ModelConfig, load_model_config
 from predictor import efficiency as eff
 from predictor.calibrate import Calibration, resolve
-from predictor.config import ModelConfig, load_model_config
 from predictor.gemm_timing import GEMM_ENVELOPE_SEGMENTS, GemmTiming
 from predictor.gpu_attention import GpuAttention
 from predictor.hardware import DTYPE_BYTES, HardwareSpec

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor.ops import batch_features
 from predictor.step import StepModel
 from predictor.step_prediction import StepPrediction, table_prediction

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpubench.errors import ConfigError
-from predictor.config import ModelConfig
+from common.errors import ConfigError
+from common.model_config import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -46,8 +46,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpubench.errors import ConfigError
-from predictor.config import ModelConfig
+from common.errors import ConfigError
+from common.model_config import ModelConfig
 from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
 from predictor.profile import cpu_model_name
 from predictor.profile_grid import GridPoint, point_features

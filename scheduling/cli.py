@@ -8,9 +8,9 @@ import argparse
 import shlex
 import sys
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
-from gpubench.errors import ConfigError
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
+from common.errors import ConfigError
 from scheduling.policies import POLICY_NAMES
 
 # CLI option -> (policy, parameter name). Defaults live in the policies' parameter dataclasses.

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ConfigError, ResultsFormatError
+from common.errors import ConfigError, ResultsFormatError
 
 
 @dataclass
@@ -213,7 +213,7 @@ def _fmt(v) -> str:
 
 
 def to_markdown(result: dict) -> str:
-    from gpubench.mdtable import markdown_table
+    from common.mdtable import markdown_table
 
     a, b = result["a"]["label"], result["b"]["label"]
     repeats = result.get("reference_repeats") or []
@@ -257,7 +257,7 @@ FRAMES = ("turns", "jobs", "repeat_turns", "repeat_jobs")  # tables: CSV files a
 
 def write(result: dict, out: str | Path, *, command: str | None = None) -> Path:
     """comparison.json, comparison.md, turns.csv (joined), jobs.csv and comparison.png into ``out``."""
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import itertools
 import time
 from typing import Callable, Sequence
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.admission import Admission
 from scheduling.batch_tally import BatchTally
 from scheduling.decode_group import DecodeGroup

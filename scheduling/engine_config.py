@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.request import BLOCK_SIZE
 
 

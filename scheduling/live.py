@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.metrics import summarize
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
 from scheduling.replay import ReplayResult
@@ -70,7 +70,7 @@ def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
 def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
                     progress: Callable[[str], None] | None = None) -> ReplayResult:
     """Replay ``jobs`` through the real engine."""
-    from predictor.config import load_model_config
+    from common.model_config import load_model_config
     from vllmref import env
 
     validate(config, jobs)

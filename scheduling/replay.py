@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig
 from scheduling.metrics import frames, summarize
 from scheduling.policies import make_policy
@@ -217,7 +217,7 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
 
 def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | None = None) -> Path:
     """Write summary.json, steps.csv, turns.csv, jobs.csv into ``out_dir`` (created)."""
-    from gpubench.outdir import locked, write_text_atomic
+    from common.outdir import locked, write_text_atomic
 
     out = Path(out_dir)
     with locked(out, "replay directory"):

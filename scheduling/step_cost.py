@@ -167,7 +167,7 @@ class MeasuredStepCost(StepCost):
         import csv
         from pathlib import Path
 
-        from gpubench.errors import ConfigError
+        from common.errors import ConfigError
 
         path = Path(path)
         csv_path = path / "steps.csv" if path.is_dir() else path
@@ -295,7 +295,7 @@ def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None =
                    cuda_graphs: bool = True, async_scheduling: bool = True) -> StepCost:
     """Build a step cost from a picklable spec: ``predictor``, ``constant:SECONDS`` or
     ``measured:DIR`` (the step times ``DIR/steps.csv`` recorded)."""
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     if spec == "predictor":
         return PredictorStepCost(sku, model, calibration=calibration, cuda_graphs=cuda_graphs,

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.sweep_defaults import (  # light constants, shared with the CLI's --help
     DEFAULT_JPS,
     DEFAULT_MODEL,
@@ -216,7 +216,7 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
 def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     """Run one replay; returns its CSV row. A user error (e.g. the model does not fit the SKU)
     becomes a row with ``error`` set, so the rest of the sweep still runs."""
-    from gpubench.errors import GpubenchError
+    from common.errors import GpubenchError
     from scheduling.replay import run_replay
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -244,7 +244,7 @@ def _run_pool(spec: SweepSpec, todo: Sequence[SweepCell], workers: int) -> Itera
         return
     import multiprocessing as mp
 
-    from gpubench.procutil import die_with_parent
+    from common.procutil import die_with_parent
 
     # spawn: workers start clean (no inherited threads, e.g. rich's refresh thread, no forked locks);
     # they die with this process, so a killed sweep leaves no worker running.
@@ -298,7 +298,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
         command: written to ``out_dir/COMMAND`` (the CLI passes its own command line).
         fresh: discard the table (and its spec) first and run every cell: regenerate, not resume.
     """
-    from gpubench.outdir import locked, write_command
+    from common.outdir import locked, write_command
 
     spec.validate()  # makes the first cell's ReplayConfig, which checks itself: refused before OUT is touched
     out = Path(out_dir)

@@ -6,8 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter, add_deprecated_flag
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter, add_deprecated_flag
 from scheduling.sweep_defaults import DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS
 
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the spec from the options, run the missing cells, print a small table."""
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from scheduling.sweep import SweepSpec, parse_assignments, run_sweep, split_policy_label
 
     if args.plots_only:

@@ -119,7 +119,7 @@ def _format_cell(value: float, fmt: str) -> str:
 
 
 def _pivot_lines(pivot: pd.DataFrame, title: str, fmt: str) -> str:
-    from gpubench.mdtable import markdown_table
+    from common.mdtable import markdown_table
 
     header = ["SKU", "policy", *(f"{j:g} jobs/s" for j in pivot.columns)]
     rows = ([sku, policy, *(_format_cell(v, fmt) for v in row)] for (sku, policy), row in pivot.iterrows())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 if TYPE_CHECKING:
     from scheduling.sweep import SweepSpec
@@ -107,7 +107,7 @@ def check_spec(out_dir: Path, spec: SweepSpec) -> None:
             raise ConfigError(f"{out_dir} holds a sweep with different {', '.join(diff)} "
                               f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); use another --out")
     else:
-        from gpubench.outdir import write_text_atomic
+        from common.outdir import write_text_atomic
 
         write_text_atomic(path, json.dumps(fixed, indent=2) + "\n")
 

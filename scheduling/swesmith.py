@@ -45,8 +45,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gpubench.errors import TraceFormatError
-from gpubench.jsonio import iter_jsonl
+from common.errors import TraceFormatError
+from common.jsonio import iter_jsonl
 from scheduling.trace_synth import DEFAULT_TOOL_MODELS, ToolTimeModel
 from scheduling.traces import Job, Turn, validate_job
 

@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
-from gpubench.errors import ConfigError
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter
+from common.errors import ConfigError
 
 # Rows of the statistics table: (trace_stats key, label, format).
 STAT_ROWS = (
@@ -85,7 +85,7 @@ def load_stats(args: argparse.Namespace) -> tuple[str, list]:
 
 def stats_table(stats: dict, targets: dict) -> str:
     """Markdown table: statistic, this workload, the SWE-smith target range."""
-    from gpubench.mdtable import markdown_table
+    from common.mdtable import markdown_table
 
     rows = []
     for key, label, fmt in STAT_ROWS:

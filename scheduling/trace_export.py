@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 ENGINE_PID, STEPS_TID = 1, 1
 JOBS_PID = 2
@@ -147,6 +147,6 @@ def trace_of_result(result, *, label: str | None = None) -> dict:
 
 def write_trace(trace: dict, path: str | os.PathLike) -> Path:
     """Write the trace as compact JSON, whole or not at all."""
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
 
     return write_text_atomic(path, json.dumps(trace, separators=(",", ":"), default=str) + "\n")

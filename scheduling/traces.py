@@ -30,8 +30,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from gpubench.errors import TraceFormatError
-from gpubench.jsonio import iter_jsonl
+from common.errors import TraceFormatError
+from common.jsonio import iter_jsonl
 
 __all__ = [
     "Turn", "Job", "load_trace", "save_trace", "job_from_dict", "job_to_dict", "validate_job",

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
-from gpubench.errors import GpubenchError
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter
+from common.errors import GpubenchError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -148,7 +148,7 @@ def compare_steps(sim: list[StepRecord], vllm: list[StepRecord]) -> list[dict]:
 
 
 def _check_fits(jobs: Sequence[Job], settings: DiffSettings) -> None:
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     pool_tokens = settings.num_gpu_blocks * settings.block_size
     for job in jobs:  # vLLM would keep such a turn waiting forever; the simulator refuses it

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("second", type=Path, help="directory of the second take's row files (same names)")
     ap.add_argument("--target", default="thread_cpu_s", help="the time column compared (default: thread_cpu_s)")
     args = ap.parse_args(argv)
-    from gpubench.errors import GpubenchError
+    from common.errors import GpubenchError
 
     try:
         for d in (args.first, args.second):

@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from gpubench import argtypes
-from gpubench.clihelp import DefaultsHelpFormatter
+from common import argtypes
+from common.clihelp import DefaultsHelpFormatter
 
 
 def register(sub) -> None:
@@ -109,7 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from vllmref import env
 
     if args.max_tokens < 1 or args.threads < 1:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from gpubench.errors import GpubenchError
+from common.errors import GpubenchError
 from vllmref import VLLM_VERSION
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -79,7 +79,7 @@ def resolve_model(name: str) -> tuple[Path, bool, str]:
     ``config.json`` path becomes a directory holding just that config, which vLLM fills with random
     weights (``load_format="dummy"``): enough for timing.
     """
-    from predictor.config import load_model_config
+    from common.model_config import load_model_config
 
     cfg = load_model_config(name)  # the shipped aliases; one-line UnknownModelError / ConfigError when bad
     if cfg.name == "smollm2-135m" and not name.endswith(".json"):

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 
 def max_model_len(longest_tokens: int, block_size: int) -> int:

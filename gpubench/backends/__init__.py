@@ -2,14 +2,14 @@
 
 The CUDA backend lives in ``gpubench.backends.cuda`` and is imported lazily. Its contract with this
 module: it defines ``CudaBackend(index: int)`` (a ``Backend``), whose constructor raises
-``gpubench.errors.NoDeviceError`` with a clear message when there is no usable device.
+``common.errors.NoDeviceError`` with a clear message when there is no usable device.
 """
 from __future__ import annotations
 
 import re
 
+from common.errors import ConfigError, NoDeviceError
 from gpubench.backends.base import Backend, MeasurementSpec, Probe, ProbeConfig
-from gpubench.errors import ConfigError, NoDeviceError
 
 __all__ = ["Backend", "MeasurementSpec", "Probe", "ProbeConfig", "get_backend", "resolve_device"]
 

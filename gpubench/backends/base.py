@@ -119,7 +119,7 @@ class Probe(abc.ABC):
 
         Default: GB/s from ``bytes`` and TFLOP/s from ``flops`` at the median and min time.
         """
-        from gpubench.stats import rates
+        from common.stats import rates
 
         return rates(summary, bytes_moved=row.get("bytes"), flops=row.get("flops"))
 

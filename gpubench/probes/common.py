@@ -89,7 +89,7 @@ def dtypes_option(cfg, probe: str, allowed: tuple, default: str = "fp32") -> tup
     dtypes = tuple(d for d in str(opt(cfg, probe, "dtypes", default)).split(",") if d)
     for d in dtypes:
         if d not in allowed:
-            from gpubench.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError(f"{probe}.dtypes: unknown dtype '{d}' (choose from: {', '.join(allowed)})")
     return dtypes

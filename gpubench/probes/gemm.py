@@ -2,7 +2,7 @@
 
 Decode shapes are ``x @ W.T`` with activations x (M, K) and a weight W (N, K) stored row-major as a
 model stores it; M = 1, 2, 4, ..., 512 tokens. The (N, K) pairs are the four projections of
-Llama-3.2-1B (predictor/configs/llama-3.2-1b.json: hidden 2048, intermediate 8192, 32 heads,
+Llama-3.2-1B (common/model_configs/llama-3.2-1b.json: hidden 2048, intermediate 8192, 32 heads,
 8 KV heads, head_dim 64), fixed here because gpubench must not import predictor:
 
     qkv      N = 2048 + 2*8*64 = 3072, K = 2048

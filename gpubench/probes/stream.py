@@ -34,7 +34,7 @@ class StreamProbe(Probe):
         reps = max(10, opt(cfg, "stream", "num_reps", cfg.num_reps))
         corrupt = str(opt(cfg, "stream", "debug_corrupt", ""))
         if corrupt not in CORRUPT_TARGETS:
-            from gpubench.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError(f"stream.debug_corrupt must be one of a, b, c (got '{corrupt}')")
         specs = []

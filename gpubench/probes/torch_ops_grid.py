@@ -61,7 +61,7 @@ def linear_sweep(ms: tuple[int, ...], passes: int) -> list[tuple[int, int]]:
     """``(pass, M)`` in measurement order: ``passes`` sweeps over ``ms``, each starting at a
     different M, so that a cell's passes sit at different places in their sweeps."""
     if passes < 1:
-        from gpubench.errors import ConfigError
+        from common.errors import ConfigError
 
         raise ConfigError(f"linear_passes must be >= 1 (got {passes})")
     order = []

@@ -293,7 +293,7 @@ def layer_probe_config(width: int, layers: int) -> dict:
 def _measure_engine_layers(p: dict) -> dict:
     """``_measure_engine_step`` on the synthetic Llama of ``p``'s width and depth (its config kept in
     the row, so the fit can price the same model's ops)."""
-    from gpubench.outdir import write_text_atomic
+    from common.outdir import write_text_atomic
     from vllmref import env
 
     config = layer_probe_config(int(p["width"]), int(p["layers"]))

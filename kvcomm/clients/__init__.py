@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Union
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 
 Message = Mapping[str, str]
 Prompt = Union[str, Sequence[Message]]

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.clients import Completion, ModelClient, PrefixCounters, Prompt, check_prompt, check_request
 
 

@@ -15,7 +15,7 @@ What the server may report, each read only when present:
 - ``POST /reset_prefix_cache`` (vLLM with ``VLLM_SERVER_DEV_MODE=1``): empty the prefix cache;
 - ``POST /tokenize``: the prompt's token ids as the server will feed them.
 
-Errors are one line (:class:`gpubench.errors.KVCommError`): a server that is not there (connection
+Errors are one line (:class:`common.errors.KVCommError`): a server that is not there (connection
 refused), a timeout, an HTTP error status (with the server's own message), a stream that is not SSE.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.clients import Completion, ModelClient, PrefixCounters, Prompt, check_prompt, check_request
 
 PREFIX_QUERIES = "vllm:prefix_cache_queries"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import fields
 
-from gpubench.errors import ConfigError, suggest
+from common.errors import ConfigError, suggest
 from scheduling.policies.base import ExternalLoad, FCFSQueue, KVPolicy, PriorityQueue, RequestQueue
 from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
 from scheduling.policies.continuum_offload import ContinuumOffloadParams, ContinuumOffloadPolicy

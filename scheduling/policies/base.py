@@ -39,7 +39,7 @@ def check_params(policy: str, params, *, positive=(), non_negative=(), counts=()
     infinities, negatives and zeros are user errors, never silently used."""
     import math
 
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     def bad(name, value, want):
         raise ConfigError(f"{policy} {name} must be {want}, got {value!r}")

@@ -65,7 +65,7 @@ class ContinuumPolicy(KVPolicy):
         super().__init__()
         self.p = params or ContinuumParams()
         if self.p.ttl_rule not in TTL_RULES:
-            from gpubench.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError(f"unknown TTL rule '{self.p.ttl_rule}' (known: {', '.join(TTL_RULES)})")
         self._pins: dict[int, _Pin] = {}  # job index -> the pin that job holds

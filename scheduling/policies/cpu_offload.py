@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.kv_cache import HashLRU
 from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
 from scheduling.request import Request

@@ -66,7 +66,7 @@ class LMCachePolicy(KVPolicy):
         super().attach(ctx)
         block_size = ctx.config.block_size
         if self.p.chunk_tokens % block_size:
-            from gpubench.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError(f"lmcache chunk_tokens must be a multiple of the block size {block_size}, "
                               f"got {self.p.chunk_tokens}")

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_CONTRACT_COLUMNS as TURN_COLUMNS
 
 # Columns a plot may do without (older or partial logs): filled with 0.
@@ -164,8 +164,8 @@ def token_budget(summary: dict[str, Any]) -> int | None:
             return value
     if not isinstance(config.get("sku"), str):
         return None
+    from common.errors import GpubenchError
     from gpubench import skus
-    from gpubench.errors import GpubenchError
     from scheduling.replay import vllm_server_defaults
 
     try:
@@ -189,7 +189,7 @@ def load_runs(run_dirs: Sequence[str | Path], *, max_step_points: int = DEFAULT_
               max_jobs: int = DEFAULT_MAX_JOBS) -> dict[str, Any]:
     """One run: :func:`load_run`'s dict. Several: ``{"runs": [load_run(d), ...]}`` with each run's
     ``label``, which the page draws side by side (one summary table, curves overlaid)."""
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     dirs = [Path(d) for d in run_dirs]
     seen: dict[Path, Path] = {}

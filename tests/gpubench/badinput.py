@@ -215,7 +215,7 @@ _BAD_NUM = ["x", -1.0, None, [], float("nan"), float("inf")]
 
 
 def _config_ok() -> dict:
-    return json.loads((REPO / "predictor/configs/tiny-llama.json").read_text())
+    return json.loads((REPO / "common/model_configs/tiny-llama.json").read_text())
 
 
 def _calibration_ok() -> dict:
@@ -244,6 +244,10 @@ def file_breaks() -> dict[str, dict[str, bytes]]:
         "vocab_size", "head_dim")}, optional=("num_key_value_heads", "head_dim"))
     for f in ("num_key_value_heads", "head_dim"):  # null means absent (derived) for these two
         config.pop(f"{f}-{_BAD_INT.index(None)}")
+    ok = {k: v for k, v in _config_ok().items() if k != "head_dim"}
+    config["heads-not-dividing-hidden"] = json.dumps({**ok, "num_attention_heads": 3, "num_key_value_heads": 3}).encode()
+    config["kv-heads-not-dividing-heads"] = json.dumps({**ok, "num_key_value_heads": 3}).encode()
+    config["kv-heads-above-heads"] = json.dumps({**ok, "num_key_value_heads": 8}).encode()
     cal = _calibration_ok()
     calibration = _json_breaks(cal, {"schema": [1, "gpubench.calibration/9", None], "sku": [1, "nope", None],
                                      **{k: ["x", [], 1] for k in cal if isinstance(cal[k], dict)}},

@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
+from common.errors import ConfigError
+from common.outdir import REGENERATE_ENV, committed_files
 from gpubench.cli import build_parser, check_outputs, main
-from gpubench.errors import ConfigError
-from gpubench.outdir import REGENERATE_ENV, committed_files
 
 FAST = ["--jobs", "2", "--jps", "1", "--step-cost", "constant:0.01", "--no-progress"]
 

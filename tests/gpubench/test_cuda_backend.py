@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from gpubench import errors, results
+from common import errors
+from gpubench import results
 from gpubench.backends.base import ProbeConfig
 from gpubench.telemetry import Sampler
 from gpubench.telemetry_nvml import clock_droop

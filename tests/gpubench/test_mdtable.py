@@ -1,7 +1,7 @@
 """The one Markdown table writer, and the tables that go through it."""
 import pytest
 
-from gpubench.mdtable import markdown_table
+from common.mdtable import markdown_table
 
 
 def test_header_rule_and_rows():
@@ -15,7 +15,7 @@ def test_a_row_of_another_width_is_a_bug_said_clearly():
 
 
 def test_every_table_writer_uses_it():
-    # the modules that write Markdown tables lay them out through gpubench.mdtable, none by hand
+    # the modules that write Markdown tables lay them out through common.mdtable, none by hand
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
@@ -23,4 +23,4 @@ def test_every_table_writer_uses_it():
                "scheduling/sweep_report.py", "scheduling/trace_cli.py"]
     for rel in writers:
         text = (repo / rel).read_text()
-        assert "gpubench.mdtable" in text and '"|---|' not in text and '"---|" *' not in text, rel
+        assert "common.mdtable" in text and '"|---|' not in text and '"---|" *' not in text, rel

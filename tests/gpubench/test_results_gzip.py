@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from gpubench.results import load, rows_files
 from gpubench.runner import _check_resumable
 

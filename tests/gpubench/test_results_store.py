@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from gpubench.results import RunWriter, load, read_manifest
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ResultsFormatError
 from gpubench import probe_worker, results
-from gpubench.errors import ResultsFormatError
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_SRC = REPO / "results/eval/cpu/probes/cpu/20261201T112057Z-vm"
@@ -36,8 +36,8 @@ def stream_run(tmp_path, monkeypatch):
     m["config"]["options"] = {"stream.min_array_bytes": "131072", "stream.max_array_bytes": "262144"}
     m["probes"] = {"stream": {"status": "running"}}
     (run / "manifest.json").write_text(json.dumps(m))
+    import common.procutil as procutil
     import gpubench._cpu as cpu
-    import gpubench.procutil as procutil
 
     calls = []
     monkeypatch.setattr(cpu, "stream", _fake_stream(calls))

@@ -1,7 +1,7 @@
 import pytest
 
+from common.errors import SKUMismatchError, UnknownSKUError
 from gpubench import skus
-from gpubench.errors import SKUMismatchError, UnknownSKUError
 
 
 def test_spec_identity_h100_sxm_bf16():

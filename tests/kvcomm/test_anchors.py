@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.anchors import anchored_span, pool_from_spans, span_deviations
 from kvcomm.layout import reencode_in_receiver_frame
 from kvcomm.models import rope_info

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.blend import blend_prefill, reuse_prefill
 from kvcomm.cache import KVCache, continue_from, prefill
 from kvcomm.models import TINY_CONFIGS, load_model, rope_info

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache, continue_from, greedy_generate, hf_cache_kwargs, prefill
 
 from .conftest import random_ids

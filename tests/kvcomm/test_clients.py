@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.clients import PrefixCounters
 from kvcomm.clients.openai_http import OpenAIHTTPClient, parse_prometheus
 from tests.conftest import gpubench

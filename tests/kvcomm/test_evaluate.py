@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cli import parse_protocols
 from kvcomm.eval_report import markdown_table, summarize, write_reports
 from kvcomm.evaluate import EvalConfig, load_rows, run_eval

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from gpubench.errors import GpubenchError, UnknownModelError
+from common.errors import GpubenchError, UnknownModelError
 from kvcomm.models import TINY_CONFIGS, load_model, rope_info
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import prefill
 from kvcomm.layout import Layout, Segment, encode_sender, encode_sender_ids, receiver_layout, receiver_prefix, sender_layout
 from kvcomm.protocols import ProtocolSpec, receive

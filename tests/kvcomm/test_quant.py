@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import continue_from, prefill
 from kvcomm.quant import DEFAULT_GROUP_SIZE, PARAM_DTYPE, dequantize, dequantize_groups, quant_report, quantize, quantize_groups
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, LlamaConfig
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.cache import KVCache, prefill
 from kvcomm.models import TINY_CONFIGS, load_model, rope_info
 from kvcomm.rope import check_relative, reposition, rerotate

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from gpubench.errors import KVCommError
+from common.errors import KVCommError
 from kvcomm.tasks import NUM_FACTS, NUM_ROOMS_PER_SENDER, TASKS, exact_match, extract_answer, generate, normalize, token_f1
 
 

@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from gpubench.errors import ConfigError, ResultsFormatError
+from common.errors import ConfigError, ResultsFormatError
+from common.stats import summarize
 from gpubench.results import RunWriter
-from gpubench.stats import summarize
 from predictor import Calibration, HardwareSpec, StepModel, efficiency as eff
 from predictor.calibrate import defaults, fit_eta_mem, fit_run, hardware_from_run
 

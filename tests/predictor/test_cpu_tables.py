@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor.calibrate import Calibration, fit_run
 from predictor.cpu_tables import CpuOpTables, decode_terms
 from predictor.cpu_tables_fit import _nnls_relative

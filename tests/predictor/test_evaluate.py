@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from predictor import load_model_config
 from predictor.eval_methods import StepForm, fit_host_residual, step_model_base
 from predictor.eval_rows import all_folds, interleaved_folds, load_rows, metrics
@@ -214,7 +214,7 @@ def test_rowcal_calibration_is_the_fitted_form_as_a_step_model():
 
 
 def test_sku_must_match_the_rows_backend():
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
 
     df = pd.DataFrame({"device_type": ["cpu"], "wall_s": [1.0], "op_sum_s": [np.nan]})
     with pytest.raises(ConfigError, match="--sku h100-sxm is a cuda SKU"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor.calibrate import Calibration, fit_run
 from predictor.host_match import check_calibration_host, current_cpu_identity, identity_from_device, mismatches
 from tests.conftest import gpubench
@@ -74,7 +74,7 @@ def test_gpu_run_identity_is_its_device():
 
 
 def test_hugging_face_ids_of_shipped_configs_resolve_and_unknown_ids_say_why():
-    from gpubench.errors import GpubenchError
+    from common.errors import GpubenchError
     from predictor import load_model_config
 
     assert load_model_config("meta-llama/Llama-3.1-8B").name == load_model_config("llama-3.1-8b").name

@@ -1,9 +1,10 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from gpubench.errors import ConfigError, UnknownModelError
+from common.errors import ConfigError, UnknownModelError
 from predictor import available_models, load_model_config
 
 
@@ -84,7 +85,7 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size"
 
 
 def test_qwen3_moe_fields_and_errors(tmp_path):
-    from predictor.config import from_dict
+    from common.model_config import from_dict
 
     c = from_dict(QWEN3_MOE)
     assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.qk_norm) == (128, 8, 768, True)
@@ -146,3 +147,21 @@ def test_hf_id_missing_from_the_cache_is_one_config_error_naming_where_it_looked
     assert "\n" not in msg and "not in the local Hugging Face cache" in msg
     assert str(tmp_path / "hub" / "models--acme--Widget-7B") + "/snapshots/*/config.json" in msg
     assert "qwen3-8b" in msg and "config.json" in msg and "nothing is downloaded" in msg
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_attention_heads": 3, "num_key_value_heads": 3}, "hidden_size 128 is not divisible by num_attention_heads 3"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ({"num_key_value_heads": 8}, "num_attention_heads 4 is not a multiple of num_key_value_heads 8"),
+])
+def test_predict_refuses_heads_that_do_not_divide_in_one_line(tmp_path, change, message):
+    """Such configs used to be accepted silently and priced with a truncated head size."""
+    from tests.conftest import gpubench
+
+    raw = json.loads((Path(__file__).parents[2] / "common/model_configs/tiny-llama.json").read_text())
+    raw.pop("head_dim")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**raw, **change}))
+    out = gpubench("predict", "--model", str(cfg), "--sku", "h100-sxm")
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor import available_models, load_model_config
 from predictor.ops import OpGraph, batch_features, decode_features
 

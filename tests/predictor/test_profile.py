@@ -6,7 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from gpubench.errors import ConfigError, ResultsFormatError
+from common.errors import ConfigError, ResultsFormatError
 from predictor import load_model_config
 from predictor.profile import ProfileConfig, op_kind, run_profile
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, step_flops

@@ -4,9 +4,9 @@ import copy
 import pytest
 import torch
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
+from common.model_config import from_dict
 from predictor import load_model_config
-from predictor.config import from_dict
 from predictor.torch_model import KVCache, TorchCausalLM, rope_inv_freq
 
 transformers = pytest.importorskip("transformers")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from predictor import HardwareSpec, StepModel, efficiency as eff
 
 SKUS = ("h100-sxm", "a100-80", "l40s", "h200", "cpu")

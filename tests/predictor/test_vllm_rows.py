@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gpubench.errors import ResultsFormatError
-from predictor.config import load_model_config
+from common.errors import ResultsFormatError
+from common.model_config import load_model_config
 from predictor.evaluate import load_rows
 from predictor.profile_rows import write_parquet
 from predictor.vllm_profile import VLLM_GRIDS, batch_of, build_scenarios, step_rows

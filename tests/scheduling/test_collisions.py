@@ -5,8 +5,8 @@ import sys
 import pandas as pd
 import pytest
 
-from gpubench.errors import ConfigError
-from gpubench.outdir import locked, write_bytes_atomic, write_text_atomic
+from common.errors import ConfigError
+from common.outdir import locked, write_bytes_atomic, write_text_atomic
 
 
 def cli(*args):
@@ -123,7 +123,7 @@ def test_fresh_regenerates_instead_of_resuming(tmp_path):
 
 
 def test_rerunning_a_command_keeps_the_notes_of_its_command_file(tmp_path):
-    from gpubench.outdir import write_command
+    from common.outdir import write_command
 
     (tmp_path / "COMMAND").write_text("gpubench sweep --out x\n# taken at load 0.4\n")
     write_command(tmp_path, "gpubench sweep --out x")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gpubench.errors import ConfigError, ResultsFormatError
+from common.errors import ConfigError, ResultsFormatError
 from scheduling import compare
 from scheduling.engine import EngineConfig
 from scheduling.replay import ReplayConfig, run_replay, write_outputs

@@ -4,7 +4,7 @@ from typing import ClassVar
 
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.engine import STEP_COLUMNS, Engine, EngineConfig
 from scheduling.events import Event
 from scheduling.policies import make_policy

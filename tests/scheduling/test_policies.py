@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig
 from scheduling.policies import ContinuumParams, make_policy, param_names
 from scheduling.policies.continuum import ContinuumPolicy

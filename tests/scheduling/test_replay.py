@@ -6,8 +6,8 @@ import pickle
 import pandas as pd
 import pytest
 
+from common.errors import ConfigError
 from gpubench import skus
-from gpubench.errors import ConfigError
 from predictor import load_model_config
 from scheduling.engine import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
 from scheduling.replay import ReplayConfig, kv_pool_blocks, run_replay, write_outputs
@@ -150,7 +150,7 @@ def test_async_scheduling_overlaps_host_time_on_gpus():
 ])
 def test_a_replay_config_checks_itself_when_made(fields, message):
     # One place checks a replay's settings: the CLI, --set and a sweep's cells all make a ReplayConfig.
-    from gpubench.errors import GpubenchError  # ConfigError, UnknownSKUError, ...: one line at the CLI
+    from common.errors import GpubenchError  # ConfigError, UnknownSKUError, ...: one line at the CLI
 
     with pytest.raises(GpubenchError, match=message):
         ReplayConfig(**fields)

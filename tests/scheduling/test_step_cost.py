@@ -72,7 +72,7 @@ def test_measured_step_cost_takes_the_median_of_a_composition_and_scales_the_nea
 
 
 def test_measured_step_cost_refuses_a_directory_without_timed_steps(tmp_path):
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from scheduling.step_cost import MeasuredStepCost, make_step_cost
 
     for target, needle in ((tmp_path / "none", "no steps.csv"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpubench.errors import ConfigError, GpubenchError, UnknownSKUError
+from common.errors import ConfigError, GpubenchError, UnknownSKUError
 from scheduling.sweep import CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics
 from scheduling.sweep_table import SweepTable
 
@@ -163,7 +163,7 @@ def test_plots_only_redraws_from_table(tmp_path):
 
 
 def test_policy_variants_carry_their_own_parameters():
-    from gpubench.errors import ConfigError
+    from common.errors import ConfigError
     from scheduling.sweep import SweepCell, SweepSpec, replay_config, split_policy_label
 
     assert split_policy_label("cpu-offload@cpu_gib=128+store=lazy") == ("cpu-offload", {"cpu_gib": 128, "store": "lazy"})

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from gpubench.errors import TraceFormatError
+from common.errors import TraceFormatError
 from scheduling.swesmith import (
     MESSAGE_OVERHEAD_TOKENS,
     SAMPLE_PATH,

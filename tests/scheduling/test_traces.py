@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from gpubench.errors import GpubenchError, TraceFormatError
+from common.errors import GpubenchError, TraceFormatError
 from scheduling.trace_synth import SyntheticParams, ToolTimeModel, synthetic_jobs, trace_stats
 from scheduling.traces import Job, Turn, job_from_dict, load_trace, save_trace, validate_job, with_poisson_arrivals
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpubench.errors import ResultsFormatError
+from common.errors import ResultsFormatError
 from scheduling.viewer.data import bin_steps, load_run
 from scheduling.viewer.server import ViewerServer, export_html, render_page
 

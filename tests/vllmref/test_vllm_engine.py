@@ -283,7 +283,7 @@ def test_missing_environment_is_one_line(tmp_path):
 
 
 def test_model_vllm_cannot_load_is_one_line(tmp_path):
-    from predictor.config import config_path
+    from common.model_config import config_path
 
     config = json.loads(Path(config_path("llama-60m")).read_text())
     config["architectures"] = ["NoSuchModelForCausalLM"]

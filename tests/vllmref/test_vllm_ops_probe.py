@@ -89,7 +89,7 @@ def test_fit_writes_linear_vllm_and_the_fused_layout_uses_it(tiny_run, tmp_path)
     assert fused.predict_time([(1, 64)] * 4) != separate.predict_time([(1, 64)] * 4)
     # vLLM's engine cost: the tiny model's measured step minus the tables' price of its ops,
     # charged as the host term of every vLLM-layout step and never to the torch engine's
-    from predictor.config import load_model_config
+    from common.model_config import load_model_config
     from predictor.cpu_step import CpuTableStep
 
     eng = every[every.family == "engine_step"].sort_values("batch")
@@ -187,8 +187,8 @@ def test_a_layer_rest_below_the_torch_segment_prices_replaces_them(tiny_run, tmp
     several rows a small torch op is slow on some hosts): with the deeper rows set to cost exactly the
     added layers' projections and attention, a layer's rest is zero, so a decode step pays no segment
     cost, and a prefill chunk pays only the tables' growth past one row."""
+    from common.model_config import from_dict
     from predictor.calibrate import fit_run
-    from predictor.config import from_dict
     from predictor.cpu_step import CpuTableStep
     from predictor.step import StepModel
 
@@ -263,8 +263,8 @@ def test_attention_rows_time_vllms_paged_kernel_and_count_what_it_computes(tiny_
 
 
 def test_fused_layout_prices_attention_with_vllms_kernel(tiny_run, tmp_path):
+    from common.model_config import load_model_config
     from predictor.calibrate import Calibration, fit_run
-    from predictor.config import load_model_config
     from predictor.cpu_step import CpuTableStep
     from predictor.cpu_tables import config_coef
 

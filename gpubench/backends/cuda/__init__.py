@@ -2,7 +2,7 @@
 
 Importing this module needs no GPU and no driver (``gpubench._cuda`` links cudart statically and
 is imported lazily); constructing ``CudaBackend`` is the first call, and raises
-``gpubench.errors.NoDeviceError`` with the driver's reason when no device can be used.
+``common.errors.NoDeviceError`` with the driver's reason when no device can be used.
 
 Device properties (SM count, L2 size, clocks, memory) are read from the device at run time; the
 SKU table (``gpubench.skus``) is used only for spec peaks (``spec_tflops``, ``spec_gbps``).

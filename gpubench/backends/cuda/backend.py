@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import re
 
-from gpubench import errors, skus
+from common import errors
+from gpubench import skus
 from gpubench.backends.base import Backend, Probe
 from gpubench.backends.cuda.extension import Extension, load_extension
 from gpubench.backends.cuda.gemm import GemmProbe

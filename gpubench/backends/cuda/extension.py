@@ -1,7 +1,7 @@
 """Loading ``gpubench._cuda`` and calling it with its errors mapped onto gpubench's."""
 from __future__ import annotations
 
-from gpubench import errors
+from common import errors
 
 NUM_WARMUP = 2  # untimed repetitions before the recorded ones (the stats also drop the first recorded)
 
@@ -29,8 +29,8 @@ def load_extension():
 class Extension:
     """Calls into ``gpubench._cuda`` (or a stand-in with the same functions) with its errors mapped.
 
-    ``NoDeviceError`` -> ``gpubench.errors.NoDeviceError``; ``DeviceMemoryError`` ->
-    ``gpubench.errors.DeviceMemoryError``; ``CudaError`` (a failing CUDA call, named with file:line)
+    ``NoDeviceError`` -> ``common.errors.NoDeviceError``; ``DeviceMemoryError`` ->
+    ``common.errors.DeviceMemoryError``; ``CudaError`` (a failing CUDA call, named with file:line)
     stays a RuntimeError: it is a fault of the device or of gpubench, not of the user.
     """
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from gpubench import errors
+from common import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
 from gpubench.backends.cuda.gemm_common import GEMM_EPS, GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, gemm_tolerance, weight_copies  # noqa: F401 (re-exported: the backend's public names)

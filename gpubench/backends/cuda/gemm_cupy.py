@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-from gpubench import errors
+from common import errors
 from gpubench.backends.cuda.extension import NUM_WARMUP
 from gpubench.backends.cuda.gemm_common import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, weight_copies
 

@@ -5,7 +5,8 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpubench import errors, skus
+from common import errors
+from gpubench import skus
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP, Extension
 from gpubench.probes.common import STREAM_KERNEL_ARRAYS, opt

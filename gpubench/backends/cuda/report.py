@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from gpubench import errors, skus
+from common import errors
+from gpubench import skus
 from gpubench.backends.cuda.gemm import GEMM_DTYPES
 from gpubench.backends.cuda.probes import LaunchProbe, MiB
 from gpubench.report import valid_rows

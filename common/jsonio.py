@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Iterator
 
-from gpubench.errors import ConfigError, GpubenchError
+from common.errors import ConfigError, GpubenchError
 
 
 def iter_jsonl(path: str | os.PathLike, *, error: type[GpubenchError] = ConfigError, objects_only: bool = False,

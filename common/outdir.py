@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from gpubench.errors import ConfigError
+from common.errors import ConfigError
 
 LOCK_NAME = ".gpubench.lock"
 REGENERATE_ENV = "GPUBENCH_REGENERATE"

@@ -5,7 +5,7 @@ RMSNorm on q and k, an explicit ``head_dim`` that may differ from hidden/heads, 
 mixture-of-experts families Mixtral (``num_local_experts``, ``num_experts_per_tok``, experts of
 ``intermediate_size``) and Qwen3-MoE (``num_experts``, ``num_experts_per_tok``,
 ``moe_intermediate_size``; every layer sparse, no shared expert). Shipped
-configs live in ``predictor/configs/<name>.json`` and are written from the models' public
+configs live in ``common/model_configs/<name>.json`` and are written from the models' public
 dimensions; ``--model`` also takes a path to any ``config.json``, or a Hugging Face id (``org/name``)
 already in the local Hugging Face cache (read from disk; nothing is ever downloaded).
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from gpubench.errors import ConfigError, UnknownModelError, suggest
-from gpubench.jsonio import read_json
+from common.errors import ConfigError, UnknownModelError, suggest
+from common.jsonio import read_json
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # RMSNorm over each head of q and k before rope
@@ -125,14 +125,14 @@ class ModelConfig:
 
 
 def available_models() -> list[str]:
-    files = resources.files("predictor").joinpath("configs")
+    files = resources.files("common").joinpath("model_configs")
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
 
 
 def config_path(name: str) -> Path | None:
     """Path of a shipped config by name or alias, or None."""
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
-    p = resources.files("predictor").joinpath("configs", f"{key}.json")
+    p = resources.files("common").joinpath("model_configs", f"{key}.json")
     return Path(str(p)) if p.is_file() else None
 
 
@@ -210,7 +210,15 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
         return default if raw.get(key) is None else need(key)
 
     hidden, heads = need("hidden_size"), need("num_attention_heads")
+    if raw.get("head_dim") is None and hidden % heads:
+        # head_dim is derived as hidden / heads, which must then be whole (vLLM and HF refuse it too).
+        raise ConfigError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                          "(and no head_dim is given)")
     head_dim = opt("head_dim", hidden // heads)
+    kv_heads = opt("num_key_value_heads", heads)
+    if heads % kv_heads:
+        # grouped-query attention shares each KV head among a whole number of query heads
+        raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     moe = _moe_fields(raw, mtype, need, where)
     return ModelConfig(
         name=name,
@@ -219,7 +227,7 @@ def from_dict(raw: dict, *, name: str = "model", where: str = "config") -> Model
         hidden_size=hidden,
         intermediate_size=need("intermediate_size"),
         num_heads=heads,
-        num_kv_heads=opt("num_key_value_heads", heads),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         vocab_size=need("vocab_size"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
