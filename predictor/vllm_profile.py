@@ -244,6 +244,9 @@ def merge_takes(takes: list[list[dict]]) -> list[dict]:
             "loadavg_1m_before": max(r["loadavg_1m_before"] for r in use),
             "loadavg_1m_after": max(r["loadavg_1m_after"] for r in use),
             "contended": not quiet,
+            # takes whose scheduler chose this step's batch: every take on a deterministic scheduler,
+            # whether or not a contended one was then left out of the median
+            "num_takes_same_batch": len(same),
             "num_preempted": max(r["num_preempted"] for r in use),
             "ref_gemv_s": float(np.median([r["ref_gemv_s"] for r in use])),
             "created_utc": max(r["created_utc"] for r in use),
