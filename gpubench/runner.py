@@ -81,10 +81,10 @@ class RunOutcome:
 
 # ---------------------------------------------------------------- parent -----------------------
 
-def _parse_probe_list(backend: Backend, names) -> list[str]:
+def _parse_probe_list(backend: Backend, names, quick: bool = False) -> list[str]:
     available = backend.probes()
-    if not names:
-        return list(available)
+    if not names:  # every probe; a quick run without the ones that say what it then lacks
+        return [n for n, p in available.items() if not (quick and p.quick_leaves_out)]
     hidden = backend.hidden_probes()
     out = []
     for n in names:
@@ -117,7 +117,12 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
     backend, line = get_backend(req.device)
     sku = skus.get(req.sku or backend.default_sku())
     skus.check_matches(sku, backend.device_name(), backend.name, force=req.force)
-    names = _parse_probe_list(backend, req.probes)
+    names = _parse_probe_list(backend, req.probes, req.quick)
+    left_out = {n: p.quick_leaves_out for n, p in backend.probes().items()
+                if req.quick and not req.probes and n not in names and p.quick_leaves_out}
+    if left_out:
+        line += "".join(f"\n--quick leaves out {n} ({why}); name it in --probes to include it"
+                        for n, why in left_out.items())
     source = backend.telemetry_source()
     try:
         telemetry = source.describe()
@@ -126,7 +131,7 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
     telemetry["loadavg_at_start"] = list(os.getloadavg())
     config = {"device_spec": backend.spec, "quick": req.quick, "num_reps": req.num_reps,
               "options": dict(req.options), "probe_budget_s": req.probe_budget_s, "telemetry_hz": 50.0,
-              "forced_sku": bool(req.force and req.sku)}
+              "forced_sku": bool(req.force and req.sku), "quick_left_out": left_out}
     writer = RunWriter.create(req.out, sku=sku.id, host=hostname(), device=backend.device_info(), probes=names,
                               argv=list(req.argv) if req.argv is not None else None,
                               extra={"config": config, "telemetry": telemetry})

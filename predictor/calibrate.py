@@ -259,6 +259,8 @@ def _fit_cpu_ops(run, report: dict) -> dict:
     from predictor.cpu_tables import CpuOpTables
     from predictor.cpu_tables_fit import fit_tables
 
+    # what a --quick run left out (gpubench run says so when it starts; fit says it again)
+    report["quick_left_out"] = dict((run.manifest.get("config") or {}).get("quick_left_out") or {})
     frame = run.frames.get("torch_ops")
     if frame is None or not len(frame):
         return {}

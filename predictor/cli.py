@@ -205,6 +205,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(f"warning: fitted from a run taken under contention ({cal.meta['contended']}); the calibration is "
               "marked, and predict will say so", file=sys.stderr)
     cal.save(args.output)
+    for probe, lacking in cal.meta.get("fit", {}).get("quick_left_out", {}).items():
+        print(f"note: a --quick run left out {probe} ({lacking}); a run without --quick measures it", file=sys.stderr)
     if args.json:
         json.dump(cal.to_dict(), sys.stdout, indent=2)
         print()

@@ -78,13 +78,16 @@ class Probe(abc.ABC):
 
     Subclasses set ``name`` (the ``<probe>.jsonl`` stem), ``description`` and ``timer``
     (``steady_clock``, ``cuda_events`` or ``host_clock``), and may set ``time_budget_s``: the runner
-    kills the worker running a probe that overruns it and records the probe as failed.
+    kills the worker running a probe that overruns it and records the probe as failed. A probe
+    too slow for a quick sanity run sets ``quick_leaves_out`` to the sentence saying what a run
+    without it lacks: ``--quick`` then skips it unless ``--probes`` names it.
     """
 
     name: str = ""
     description: str = ""
     timer: str = "steady_clock"
     time_budget_s: float = 600.0
+    quick_leaves_out: str = ""
 
     def supported(self, backend: "Backend") -> tuple[bool, str]:
         """(True, "") if the probe can run on this backend, else (False, reason).

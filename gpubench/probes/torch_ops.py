@@ -63,7 +63,8 @@ class TorchOpsProbe(Probe):
         passes = opt(cfg, "torch_ops", "linear_passes", grid.QUICK_LINEAR_PASSES if q else grid.LINEAR_PASSES)
         pool = cold_pool_bytes(llc_bytes(cfg.device)) // 4  # elements of 4 bytes
         pool = int(pool * min(1.0, scale * 4)) if scale < 1 else pool
-        common = {"num_threads": threads, "pool_elements": pool}
+        common = {"num_threads": threads, "pool_elements": pool,
+                  "max_reps": grid.QUICK_MAX_REPS if q else grid.MAX_REPS}
 
         def sz(v: int, floor: int = 1) -> int:
             return max(floor, int(v * scale))

@@ -31,7 +31,7 @@ QUICK_PREFILL_NEW = (16, 128, 1024)
 QUICK_PREFILL_CACHED = (0, 1024)
 SEGMENTS = ("rmsnorm", "residual_add", "silu_mul", "rope", "kv_write", "embed", "argmax")
 SEGMENT_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-QUICK_SEGMENT_T = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_SEGMENT_T = (1, 4, 16, 64, 256, 1024)  # past the largest T the tables go proportional to T
 SEGMENT_W = (512, 2048, 8192)
 KV_WRITE_W = (128, 512, 2048)     # K/V widths (KV heads x head_dim) of real models
 KV_WRITE_SLOTS = 16               # positions per cache row: the write scatters, the row length does not matter
@@ -41,6 +41,8 @@ HEAD_DIM = 64                     # rope and kv_write heads
 DTYPES = ("fp32", "bf16")
 MIN_TIMED_S = 0.05                # keep repeating until this much was timed ...
 MIN_REPS, MAX_REPS = 5, 40        # ... within these bounds (the first repetition is the warm-up)
+QUICK_MAX_REPS = 12               # --quick: each repetition of a cold op pays an untimed flush GEMV,
+                                  # so the repetition cap is what a quick run's segments cost
 FLUSH_ELEMENTS = 1 << 22          # 16 MiB GEMV before each segment repetition
 # Segments at T = 1 after context GEMVs of these sizes (elements): what a step's preceding projection
 # evicts decides a small op's fixed cost (38 us hot, ~150 us after a 16 MiB GEMV, for an RMSNorm here).

@@ -69,13 +69,13 @@ def _eps(name: str) -> float:
     return {"fp32": 2.0**-23, "bf16": 2.0**-7}[name]
 
 
-def _repeat(run, *, before=None) -> tuple[list[float], int]:
+def _repeat(run, *, before=None, max_reps: int = MAX_REPS) -> tuple[list[float], int]:
     """Thread-CPU seconds of ``run()`` per repetition (first = warm-up, kept: the stats discard it)
     and how many zero readings of the thread clock were retaken (``vllmref.thread_clock`` says why).
 
     ``before()`` runs untimed ahead of each repetition (the cold context).
     """
-    return thread_clock.repeat(run, min_reps=MIN_REPS, max_reps=MAX_REPS, min_timed_s=MIN_TIMED_S, before=before)
+    return thread_clock.repeat(run, min_reps=MIN_REPS, max_reps=max_reps, min_timed_s=MIN_TIMED_S, before=before)
 
 
 def _rng(spec: MeasurementSpec):
@@ -116,7 +116,7 @@ def measure_linear(spec: MeasurementSpec) -> dict:
     def run():
         state["y"] = F.linear(x, state["w"])
 
-    times, zero_reads = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before, max_reps=p.get("max_reps", MAX_REPS))
     y, w = state["y"], state["w"]
     rows = torch.arange(0, m, max(1, m // 4))[:4]
     cols = torch.arange(0, n, max(1, n // 16))[:16]
@@ -167,7 +167,7 @@ def measure_decode(spec: MeasurementSpec) -> dict:
         out[:] = o.squeeze(2)
         state["o"] = out
 
-    times, zero_reads = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before, max_reps=p.get("max_reps", MAX_REPS))
     ok, err = _check_attention(q.unsqueeze(2), state["k"], state["v"], state["o"].unsqueeze(2))
     itemsize = torch.empty(0, dtype=dtype).element_size()
     out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": ok, "max_abs_err": err,
@@ -200,7 +200,7 @@ def measure_prefill(spec: MeasurementSpec) -> dict:
         state["o"] = F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=mask,
                                                     is_causal=mask is None, enable_gqa=True)
 
-    times, zero_reads = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before, max_reps=p.get("max_reps", MAX_REPS))
     row0 = torch.arange(kv_len)[None, :] <= (torch.arange(n)[:, None] + c)
     ok, err = _check_attention(q, state["k"], state["v"], state["o"], row0)
     pairs = n * c + n * (n + 1) // 2
@@ -300,7 +300,7 @@ def measure_segment(spec: MeasurementSpec) -> dict:
         check = lambda: int(state["y"][0]) == int(logits[0].float().argmax()) or float(logits[0, state["y"][0]]) == float(logits[0].max())  # noqa: E731
     else:
         raise ValueError(f"unknown segment '{seg}'")
-    times, zero_reads = _repeat(run, before=before)
+    times, zero_reads = _repeat(run, before=before, max_reps=p.get("max_reps", MAX_REPS))
     ok = bool(check())
     out = {"times_s": times, "zero_reads": zero_reads, "valid": ok, "bytes": nbytes}
     if not ok:

@@ -135,6 +135,8 @@ class VllmOpsProbe(Probe):
                    "cold weights and KV, plus real engine steps of a tiny model")
     timer = "thread_cpu"
     time_budget_s = 900.0
+    # About 90 s on a 2-core host (starting vLLM alone takes a third of it): more than a quick run's minute.
+    quick_leaves_out = "vLLM's own kernels and engine steps; the op tables then price torch's CPU kernels"
 
     def supported(self, backend) -> tuple[bool, str]:
         from vllmref import env

@@ -419,3 +419,19 @@ def test_duty_curve_roundtrip_old_files_and_errors(tmp_path):
     bad["curves"]["eta_duty_by_m"]["fp32"]["x"] = [1, 2, 4, 8]
     with pytest.raises(ConfigError, match="equal length"):
         Calibration.from_dict(bad)
+
+
+def test_fit_says_what_a_quick_run_left_out(tmp_path, capsys):
+    """`run --quick` skips vllm_ops (too slow for a quick minute); fit repeats what that leaves out."""
+    from gpubench.cli import main
+
+    run = write_cpu_run(tmp_path / "r", np.random.default_rng(5))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"] = {**manifest.get("config", {}), "quick": True,
+                          "quick_left_out": {"vllm_ops": "vLLM's own kernels and engine steps"}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["fit", str(run), "-o", str(tmp_path / "c.json")]) == 0
+    err = capsys.readouterr().err
+    assert "a --quick run left out vllm_ops (vLLM's own kernels and engine steps)" in err
+    assert json.loads((tmp_path / "c.json").read_text())["meta"]["fit"]["quick_left_out"] == {
+        "vllm_ops": "vLLM's own kernels and engine steps"}
