@@ -113,7 +113,7 @@ def _kl_cell(r) -> str:
 
 
 def markdown_table(summary: pd.DataFrame) -> str:
-    """The summary as a Markdown table (the README pastes this file, never retypes it)."""
+    """The summary as a Markdown table (docs/results.md pastes this file, never retypes it)."""
     from common.mdtable import markdown_table as layout
 
     header = ["task", "protocol", "n", "EM [95% CI]", "F1 (summary: ROUGE-L)", "EM rel. text [95% CI]", "F1 rel. text [95% CI]",
