@@ -9,7 +9,13 @@ from common.clihelp import DefaultsHelpFormatter
 
 
 def register(sub) -> None:
-    """Add the ``profile`` and ``evaluate`` sub-commands."""
+    """Add the ``profile``, ``evaluate`` and ``score-kernels`` sub-commands."""
+    _register_profile(sub)
+    _register_evaluate(sub)
+    _register_score_kernels(sub)
+
+
+def _register_profile(sub) -> None:
     p = sub.add_parser(
         "profile", help="time real engine steps of a model (ground-truth step rows)",
         description="Run real forward steps (input preparation + forward + greedy sampling + synchronize) of a "
@@ -48,6 +54,8 @@ def register(sub) -> None:
                         "phases and models) instead of the summary line; progress stays on stderr")
     p.set_defaults(func=_profile)
 
+
+def _register_evaluate(sub) -> None:
     e = sub.add_parser(
         "evaluate", help="score the step predictor and baselines on step rows",
         description="Score the additive and max forms of the step model (with the given calibration, and with "
@@ -72,6 +80,8 @@ def register(sub) -> None:
                    help="score files that hold rows taken under contention (those rows are dropped)")
     e.set_defaults(func=_evaluate)
 
+
+def _register_score_kernels(sub) -> None:
     k = sub.add_parser(
         "score-kernels", help="score the step model's device time per op kind against profiled GPU kernel times",
         description="For the GPU step rows that `gpubench profile` ran under torch.profiler (--ops-subset), compare "

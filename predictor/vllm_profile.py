@@ -266,6 +266,21 @@ def reference_spec() -> dict:
             "pool_bytes": cold_pool_bytes(host_cpu().llc_bytes)}
 
 
+def _static_fields(cfg: ModelConfig, pc: VllmProfileConfig, grid_name: str, facts: dict, real_weights: bool) -> dict:
+    """The fields every row of a vLLM profile shares: what ran, where, with which settings (the
+    engine's as it reports them, ``facts``, where it did)."""
+    return {
+        "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
+        "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid_name,
+        "num_threads": pc.threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
+        "command": " ".join(pc.command), "engine": "vllm", "vllm_version": facts.get("vllm_version"),
+        "block_size": facts.get("block_size", pc.block_size),
+        "token_budget": facts.get("max_num_batched_tokens", pc.max_num_batched_tokens),
+        "max_num_seqs": facts.get("max_num_seqs", pc.max_num_seqs), "real_weights": real_weights,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
                      progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
     """Run the remaining scenarios of the grid in the vLLM worker; write all rows to ``out``."""
@@ -321,16 +336,7 @@ def run_vllm_profile(cfg: ModelConfig, pc: VllmProfileConfig, out: Path, *,
     todo = [s["name"] for s in scenarios if s["name"] != "warmup" and s["name"] not in in_file]
     runs = takes_of(todo, "", [partial(t) for t in range(pc.takes)]) if todo else []
     facts: dict = next((r for records in runs for r in reversed(records) if r.get("kind") == "engine"), {})
-    static = {
-        "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": "cpu", "device_type": "cpu",
-        "device_name": cpu_model_name(), "host": platform.node(), "dtype": "fp32", "grid": grid.name,
-        "num_threads": pc.threads, "torch_version": facts.get("torch_version"), "timer": "perf_counter",
-        "command": " ".join(pc.command), "engine": "vllm", "vllm_version": facts.get("vllm_version"),
-        "block_size": facts.get("block_size", pc.block_size),
-        "token_budget": facts.get("max_num_batched_tokens", pc.max_num_batched_tokens),
-        "max_num_seqs": facts.get("max_num_seqs", pc.max_num_seqs), "real_weights": real_weights,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    static = _static_fields(cfg, pc, grid.name, facts, real_weights)
 
     def rows_of(runs: list[list[dict]], static: dict) -> list[dict]:
         # A scenario cut short by a kill and run again records its steps twice in its take's

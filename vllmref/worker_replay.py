@@ -43,15 +43,106 @@ def vllm_counters(engine) -> dict:
     return out
 
 
+class _Replay:
+    """The replay's state between engine steps: the jobs' token histories, the turns in flight and
+    the heap of turns waiting for their arrival time (a job's next turn arrives after its tool time)."""
+
+    def __init__(self, engine, jobs: list[dict], out, *, seed: int, vocab_size: int):
+        self.engine, self.jobs, self.out = engine, jobs, out
+        self.seed, self.vocab_size = seed, vocab_size
+        self.history: dict[int, list[int]] = {}
+        self.state: dict[str, dict] = {}
+        self.heap = [(float(j.get("arrival_s", 0.0)), i, 0) for i, j in enumerate(jobs)]
+        heapq.heapify(self.heap)
+        self.jobs_done = 0
+        self.step_index = 0
+
+    def _tokens(self, label: str, n: int) -> list[int]:
+        return token_ids(label, n, seed=self.seed, vocab_size=self.vocab_size)
+
+    def send_due(self, now: float) -> None:
+        """Add every turn whose arrival time has come, its prompt the job's history plus its input."""
+        from vllm import SamplingParams
+
+        while self.heap and self.heap[0][0] <= now:
+            arrival_s, j, k = heapq.heappop(self.heap)
+            job = self.jobs[j]
+            if k == 0:
+                self.history[j] = self._tokens(f"system:{job['prefix_group']}", int(job["system_tokens"]))
+            turn = job["turns"][k]
+            prompt = self.history[j] + self._tokens(f"input:{job['job_id']}:{k}", int(turn["input_tokens"]))
+            self.history[j] = prompt
+            req_id = f"{j}#{k}"
+            n_out = int(turn["output_tokens"])
+            self.engine.add_request(req_id, {"prompt_token_ids": prompt},
+                                    SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0,
+                                                   ignore_eos=True, detokenize=False))
+            self.state[req_id] = {"job": j, "turn": k, "arrival_s": arrival_s, "sent_s": now,
+                                  "prompt_tokens": len(prompt), "first_scheduled_s": None, "first_token_s": None,
+                                  "scheduled_tokens": 0, "num_preemptions": 0, "scheduler_hit_tokens": None}
+
+    def record_steps(self, steps: list[dict], t0: float) -> None:
+        """One ``step`` record per engine step the hooks saw; the turns' first scheduling and hits."""
+        from vllmref.engine import write_record
+
+        for rec in steps:
+            self.step_index += 1
+            rec["t_start"] -= t0
+            rec["t_end"] -= t0
+            hit_tokens = 0
+            for item in rec["batch"]:
+                st = self.state.get(item["req_id"])
+                if st is None:
+                    continue
+                if st["first_scheduled_s"] is None:
+                    st["first_scheduled_s"] = rec["t_start"]
+                    st["scheduler_hit_tokens"] = item["num_computed_before"]
+                    hit_tokens += item["num_computed_before"]
+                st["scheduled_tokens"] += item["num_new_tokens"]
+            for req_id in rec["preempted"]:
+                if req_id in self.state:
+                    self.state[req_id]["num_preemptions"] += 1
+            write_record(self.out, {"kind": "step", "step": self.step_index, "num_prefix_hit_tokens": hit_tokens, **rec})
+
+    def finish(self, outputs, end_s: float) -> None:
+        """First tokens and finished turns: a ``turn`` record each, and the job's next turn queued."""
+        from vllmref.engine import progress, write_record
+
+        for o in outputs:
+            st = self.state.get(o.request_id)
+            if st is None:
+                continue
+            generated = o.outputs[0].token_ids
+            if st["first_token_s"] is None and len(generated) > 0:
+                st["first_token_s"] = end_s
+            if not o.finished:
+                continue
+            j, k = st["job"], st["turn"]
+            self.history[j] = self.history[j] + list(generated)
+            job = self.jobs[j]
+            write_record(self.out, {"kind": "turn", "job_id": job["job_id"], "prefix_group": job["prefix_group"],
+                                    "finish_s": end_s, "output_tokens": len(generated),
+                                    "hit_tokens": int(o.num_cached_tokens or 0), **{
+                                        key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
+                                                                 "first_scheduled_s", "first_token_s",
+                                                                 "scheduled_tokens", "num_preemptions",
+                                                                 "scheduler_hit_tokens")}})
+            del self.state[o.request_id]
+            if k + 1 < len(job["turns"]):
+                heapq.heappush(self.heap, (end_s + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
+            else:
+                self.jobs_done += 1
+                progress(f"{self.jobs_done}/{len(self.jobs)} jobs, {end_s:.1f} s")
+
+
 def main(spec_path: str, out_path: str) -> int:
     from vllm import SamplingParams
 
     from vllmref import hooks
-    from vllmref.engine import build_engine, engine_facts, progress, write_record
+    from vllmref.engine import build_engine, engine_facts, write_record
 
     spec = json.loads(open(spec_path).read())
     seed, vocab_size = int(spec.get("seed", 0)), int(spec["vocab_size"])
-    jobs = spec["jobs"]
     engine = build_engine(spec["engine"])
     # Warm-up outside the replay's clock: the first forward allocates and is slower.
     engine.add_request("warmup", {"prompt_token_ids": token_ids("warmup", 16, seed=seed, vocab_size=vocab_size)},
@@ -62,85 +153,21 @@ def main(spec_path: str, out_path: str) -> int:
     hooks.drain()
     counters_before = vllm_counters(engine)
 
-    history: dict[int, list[int]] = {}
-    state: dict[str, dict] = {}
-    heap = [(float(j.get("arrival_s", 0.0)), i, 0) for i, j in enumerate(jobs)]
-    heapq.heapify(heap)
-    jobs_done = 0
-    step_index = 0
     with open(out_path, "w") as out:
+        replay = _Replay(engine, spec["jobs"], out, seed=seed, vocab_size=vocab_size)
         write_record(out, {"kind": "engine", **engine_facts(engine)})
         t0 = time.perf_counter()
-        while heap or engine.has_unfinished_requests():
-            now = time.perf_counter() - t0
-            while heap and heap[0][0] <= now:
-                arrival_s, j, k = heapq.heappop(heap)
-                job = jobs[j]
-                if k == 0:
-                    history[j] = token_ids(f"system:{job['prefix_group']}", int(job["system_tokens"]),
-                                           seed=seed, vocab_size=vocab_size)
-                turn = job["turns"][k]
-                prompt = history[j] + token_ids(f"input:{job['job_id']}:{k}", int(turn["input_tokens"]),
-                                                seed=seed, vocab_size=vocab_size)
-                history[j] = prompt
-                req_id = f"{j}#{k}"
-                n_out = int(turn["output_tokens"])
-                engine.add_request(req_id, {"prompt_token_ids": prompt},
-                                   SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0,
-                                                  ignore_eos=True, detokenize=False))
-                state[req_id] = {"job": j, "turn": k, "arrival_s": arrival_s, "sent_s": now,
-                                 "prompt_tokens": len(prompt), "first_scheduled_s": None, "first_token_s": None,
-                                 "scheduled_tokens": 0, "num_preemptions": 0, "scheduler_hit_tokens": None}
+        while replay.heap or engine.has_unfinished_requests():
+            replay.send_due(time.perf_counter() - t0)
             if not engine.has_unfinished_requests():
-                if heap:
-                    time.sleep(max(0.0, min(heap[0][0] - (time.perf_counter() - t0), 0.05)))
+                if replay.heap:
+                    time.sleep(max(0.0, min(replay.heap[0][0] - (time.perf_counter() - t0), 0.05)))
                 continue
             outputs = engine.step()
             steps = hooks.drain()
             end_s = (steps[-1]["t_end"] if steps else time.perf_counter()) - t0
-            for rec in steps:
-                step_index += 1
-                rec["t_start"] -= t0
-                rec["t_end"] -= t0
-                hit_tokens = 0
-                for item in rec["batch"]:
-                    st = state.get(item["req_id"])
-                    if st is None:
-                        continue
-                    if st["first_scheduled_s"] is None:
-                        st["first_scheduled_s"] = rec["t_start"]
-                        st["scheduler_hit_tokens"] = item["num_computed_before"]
-                        hit_tokens += item["num_computed_before"]
-                    st["scheduled_tokens"] += item["num_new_tokens"]
-                for req_id in rec["preempted"]:
-                    if req_id in state:
-                        state[req_id]["num_preemptions"] += 1
-                write_record(out, {"kind": "step", "step": step_index, "num_prefix_hit_tokens": hit_tokens, **rec})
-            for o in outputs:
-                st = state.get(o.request_id)
-                if st is None:
-                    continue
-                generated = o.outputs[0].token_ids
-                if st["first_token_s"] is None and len(generated) > 0:
-                    st["first_token_s"] = end_s
-                if not o.finished:
-                    continue
-                j, k = st["job"], st["turn"]
-                history[j] = history[j] + list(generated)
-                job = jobs[j]
-                write_record(out, {"kind": "turn", "job_id": job["job_id"], "prefix_group": job["prefix_group"],
-                                   "finish_s": end_s, "output_tokens": len(generated),
-                                   "hit_tokens": int(o.num_cached_tokens or 0), **{
-                                       key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
-                                                                "first_scheduled_s", "first_token_s",
-                                                                "scheduled_tokens", "num_preemptions",
-                                                                "scheduler_hit_tokens")}})
-                del state[o.request_id]
-                if k + 1 < len(job["turns"]):
-                    heapq.heappush(heap, (end_s + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
-                else:
-                    jobs_done += 1
-                    progress(f"{jobs_done}/{len(jobs)} jobs, {end_s:.1f} s")
+            replay.record_steps(steps, t0)
+            replay.finish(outputs, end_s)
         after = vllm_counters(engine)
         write_record(out, {"kind": "metrics", "wall_s": time.perf_counter() - t0,
                            **{k: after.get(k, 0.0) - counters_before.get(k, 0.0) for k in after if k != "error"},

@@ -82,21 +82,61 @@ def main(spec_path: str, out_path: str) -> int:
     return 0
 
 
+class _Turns:
+    """The scenario's jobs as the scheduler sees them: token histories (a turn's prompt is its job's
+    history plus fresh input ids), the turns waiting for their arrival time and those in flight."""
+
+    def __init__(self, jobs: list[dict]):
+        self.jobs = jobs
+        self.ids = TokenIds()
+        self.system: dict[str, list[int]] = {}
+        self.history: dict[int, list[int]] = {}
+        self.pending = [(float(j.get("arrival_s", 0.0)), i, 0) for i, j in enumerate(jobs)]
+        heapq.heapify(self.pending)
+        self.live: dict[str, tuple[int, int]] = {}  # request id -> (job index, turn)
+        self.generated: dict[str, list[int]] = {}  # request id -> the token ids "sampled" for it
+
+    def send_due(self, scheduler, hasher, now: float) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        while self.pending and self.pending[0][0] <= now:
+            _, j, k = heapq.heappop(self.pending)
+            job = self.jobs[j]
+            if k == 0:
+                group = job["prefix_group"]
+                if group not in self.system:
+                    self.system[group] = self.ids.fresh(int(job["system_tokens"]))
+                self.history[j] = list(self.system[group])
+            self.history[j] = self.history[j] + self.ids.fresh(int(job["turns"][k]["input_tokens"]))
+            req_id = f"{j}#{k}"
+            n_out = int(job["turns"][k]["output_tokens"])
+            params = SamplingParams(max_tokens=n_out, min_tokens=n_out, ignore_eos=True, temperature=0.0)
+            scheduler.add_request(Request(req_id, list(self.history[j]), params, None, arrival_time=now,
+                                          block_hasher=hasher))
+            self.live[req_id] = (j, k)
+            self.generated[req_id] = []
+
+    def finish(self, req_ids: list[str], now: float) -> list[list]:
+        """``[job_id, turn]`` of each finished request; the job's next turn queued after its tool time."""
+        finished_turns = []
+        for req_id in req_ids:
+            j, k = self.live.pop(req_id)
+            self.history[j] = self.history[j] + self.generated.pop(req_id)
+            job = self.jobs[j]
+            finished_turns.append([job["job_id"], k])
+            if k + 1 < len(job["turns"]):
+                heapq.heappush(self.pending, (now + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
+        return finished_turns
+
+
 def run_scenario(spec: dict):
     """Yield one record per step of one scenario."""
-    from vllm import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
 
     scheduler, hasher = build_scheduler(spec)
-    jobs = spec["jobs"]
-    ids = TokenIds()
-    system: dict[str, list[int]] = {}
-    history: dict[int, list[int]] = {}
-    pending = [(float(j.get("arrival_s", 0.0)), i, 0) for i, j in enumerate(jobs)]
-    heapq.heapify(pending)
-    live: dict[str, tuple[int, int]] = {}  # request id -> (job index, turn)
-    generated: dict[str, list[int]] = {}  # request id -> the token ids "sampled" for it
+    turns = _Turns(spec["jobs"])
+    jobs, live, pending = turns.jobs, turns.live, turns.pending
     admitted: set[str] = set()
     now = 0.0
     step = 0
@@ -104,22 +144,7 @@ def run_scenario(spec: dict):
     while pending or live:
         if not live and pending and pending[0][0] > now:
             now = pending[0][0]  # idle until the next arrival
-        while pending and pending[0][0] <= now:
-            _, j, k = heapq.heappop(pending)
-            job = jobs[j]
-            if k == 0:
-                group = job["prefix_group"]
-                if group not in system:
-                    system[group] = ids.fresh(int(job["system_tokens"]))
-                history[j] = list(system[group])
-            history[j] = history[j] + ids.fresh(int(job["turns"][k]["input_tokens"]))
-            req_id = f"{j}#{k}"
-            n_out = int(job["turns"][k]["output_tokens"])
-            params = SamplingParams(max_tokens=n_out, min_tokens=n_out, ignore_eos=True, temperature=0.0)
-            scheduler.add_request(Request(req_id, list(history[j]), params, None, arrival_time=now,
-                                          block_hasher=hasher))
-            live[req_id] = (j, k)
-            generated[req_id] = []
+        turns.send_due(scheduler, hasher, now)
         out_s = scheduler.schedule()
         if not out_s.num_scheduled_tokens and not out_s.preempted_req_ids and not scheduler.running:
             if pending:  # nothing can run until the next arrival
@@ -140,9 +165,9 @@ def run_scenario(spec: dict):
                 admitted.add(req_id)
                 hits.append([jobs[j]["job_id"], k, before])
             # A token is sampled when the step reaches the end of what the request knows.
-            token = [ids.fresh(1)[0]] if req.num_computed_tokens >= req.num_tokens else []
+            token = [turns.ids.fresh(1)[0]] if req.num_computed_tokens >= req.num_tokens else []
             sampled_ids.append(token)
-            generated[req_id] += token
+            turns.generated[req_id] += token
         preempted = []
         for req_id in sorted(out_s.preempted_req_ids or ()):
             j, k = live[req_id]
@@ -157,22 +182,11 @@ def run_scenario(spec: dict):
                                 pooler_output=[])
         engine_outputs = scheduler.update_from_output(out_s, mro)
         now += 1.0
-        finished = []
-        for outputs in engine_outputs.values():
-            for o in outputs.outputs:
-                if o.finish_reason is not None:
-                    finished.append(o.request_id)
-        finished_turns = []
-        for req_id in finished:
-            j, k = live.pop(req_id)
-            history[j] = history[j] + generated.pop(req_id)
-            job = jobs[j]
-            finished_turns.append([job["job_id"], k])
-            if k + 1 < len(job["turns"]):
-                heapq.heappush(pending, (now + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
+        finished = [o.request_id for outputs in engine_outputs.values() for o in outputs.outputs
+                    if o.finish_reason is not None]
         yield {"kind": "step", "step": step, "t_start": now - 1.0, "scheduled": scheduled, "preempted": preempted,
                "free_blocks": free_blocks, "free_queue": free_queue, "admitted_hits": hits,
-               "finished": finished_turns}
+               "finished": turns.finish(finished, now)}
 
 
 if __name__ == "__main__":
