@@ -1,6 +1,6 @@
 """gpubench: measure what a GPU (or CPU) really delivers for LLM inference.
 
-Stages: compiled probes (``gpubench.backends``/``gpubench.probes``) write a run directory
+Stages: compiled probes (``gpubench.backends``/``gpubench.backends.cpu.probes``) write a run directory
 (``gpubench.results``); ``predictor`` calibrates a step-time model from it; ``scheduling`` and
 ``kvcomm`` use that model.
 """

@@ -11,8 +11,8 @@ from common.clihelp import DeprecatedAlias
 def device_probe_names() -> dict[str, list[str]]:
     """``{"cpu": [...], "cuda": [...]}``: the probes a full run takes on each backend, in run order,
     read from the backends' own registries so that help text cannot list a stale set."""
+    from gpubench.backends.cpu.probes import cpu_probes
     from gpubench.backends.cuda import CudaBackend
-    from gpubench.probes import cpu_probes
 
     # CudaBackend.probes only wraps each probe around the backend it is given; no device is opened
     # for the names, so a bare instance (no __init__, which would look for a GPU) is enough.
@@ -115,7 +115,7 @@ def _check_set(key: str, value: str, item: str) -> None:
     import math
 
     from common.errors import ConfigError, suggest
-    from gpubench.probes.common import SET_OPTIONS, TEXT_SET_OPTIONS
+    from gpubench.backends.probe_common import SET_OPTIONS, TEXT_SET_OPTIONS
 
     known = [f"{p}.{n}" for p, names in SET_OPTIONS.items() for n in names]
     if key not in known:

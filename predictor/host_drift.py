@@ -89,7 +89,7 @@ def measure_drift(cal, dtype: str, rounds: int = ROUNDS) -> HostDrift:
     """Time the probes' cold reference GEMV now, one thread, and compare it with ``cal``'s."""
     import torch
 
-    from gpubench.probes.torch_ops_measure import reference_times
+    from gpubench.backends.cpu.probes.torch_ops_measure import reference_times
     from predictor.profile import reference_pool_elements
 
     then = calibration_phase(cal, dtype)

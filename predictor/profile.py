@@ -241,7 +241,7 @@ def reference_gemv_s(dtype: str, pool_elements: int | None) -> float:
     the machine phase the row was taken in. NaN without a pool (not on the CPU)."""
     if pool_elements is None:
         return float("nan")
-    from gpubench.probes.torch_ops_measure import reference_times
+    from gpubench.backends.cpu.probes.torch_ops_measure import reference_times
 
     return float(np.median(reference_times(dtype, pool_elements)[1:]))
 
@@ -250,8 +250,8 @@ def reference_pool_elements(device_type: str) -> int | None:
     """The reference GEMV's pool on the CPU (the probes' cold pool, in 4-byte elements); None elsewhere."""
     if device_type != "cpu":
         return None
+    from gpubench.backends.probe_common import cold_pool_bytes
     from gpubench.hostinfo import host_cpu
-    from gpubench.probes.common import cold_pool_bytes
 
     return cold_pool_bytes(host_cpu().llc_bytes) // 4
 

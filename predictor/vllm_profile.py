@@ -258,9 +258,9 @@ def merge_takes(takes: list[list[dict]]) -> list[dict]:
 def reference_spec() -> dict:
     """The reference GEMV the probe rows time beside themselves (torch_ops' shape, repetitions and
     cold pool of 2x the last-level cache), for the worker to time before each scenario."""
+    from gpubench.backends.cpu.probes.torch_ops_grid import REFERENCE_REPS, REFERENCE_SHAPE
+    from gpubench.backends.probe_common import cold_pool_bytes
     from gpubench.hostinfo import host_cpu
-    from gpubench.probes.common import cold_pool_bytes
-    from gpubench.probes.torch_ops_grid import REFERENCE_REPS, REFERENCE_SHAPE
 
     return {"ref_n": REFERENCE_SHAPE[0], "ref_k": REFERENCE_SHAPE[1], "ref_reps": REFERENCE_REPS,
             "pool_bytes": cold_pool_bytes(host_cpu().llc_bytes)}

@@ -77,7 +77,7 @@ def test_a_misspelled_set_key_or_a_bad_path_is_one_line_exit_2(space, argv):
 def test_an_unknown_set_key_for_run_is_refused_before_anything_runs(space, text, probe):
     """Arbitrary --set names: a known key is ruled out, so each is refused (a misspelled key used
     to be ignored, and the run measured at full size)."""
-    from gpubench.probes.common import SET_OPTIONS
+    from gpubench.backends.probe_common import SET_OPTIONS
 
     name = "".join(c for c in text if c.isalnum() or c == "_") or "x"
     if name in SET_OPTIONS.get(probe, ()):

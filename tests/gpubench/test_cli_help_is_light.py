@@ -68,9 +68,9 @@ def test_run_help_lists_the_registered_probes_of_both_backends():
 
     import pytest
 
+    from gpubench.backends.cpu.probes import cpu_probes
     from gpubench.backends.cuda import CudaBackend
     from gpubench.cli import main
-    from gpubench.probes import cpu_probes
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):

@@ -221,7 +221,8 @@ def _gemm_rows(probe, backend, specs):
 
 
 def test_gemm_takes_torch_when_torch_has_cuda(monkeypatch):
-    from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm, gemm_library
+    from gpubench.backends.cuda import CudaBackend, GemmProbe, gemm_library
+    from gpubench.backends.cuda.probes import gemm
 
     monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(cuda_available=True, version="2.13.0+cu128"))
     # A CuPy that would also work: torch must still win, and CuPy must not be used for any row.
@@ -550,7 +551,7 @@ def test_quick_l2_sweep_reads_a_bounded_number_of_bytes():
 def test_short_gemms_are_timed_inside_one_cuda_graph_replay():
     """Calls under 50 us are timed as replays of one captured graph of 32 calls (torch's CUDA API
     stood in for: there is no GPU here); a failed capture falls back to an event pair per call."""
-    from gpubench.backends.cuda import gemm
+    from gpubench.backends.cuda.probes import gemm
 
     log = []
 

@@ -12,10 +12,10 @@ import pytest
 from gpubench import _cpu
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeConfig
+from gpubench.backends.cpu.probes import cpu_probes
+from gpubench.backends.cpu.probes.gemm import _check
+from gpubench.backends.probe_common import geometric
 from gpubench.probe_worker import build_rows
-from gpubench.probes import cpu_probes
-from gpubench.probes.common import geometric
-from gpubench.probes.gemm import _check
 
 from .conftest import TINY_SETS
 
@@ -106,7 +106,7 @@ FMA_ONE_THREAD = """
 import json
 from gpubench import _cpu
 from gpubench.hostinfo import host_cpu
-from gpubench.probes.peak import measured_clock_mhz
+from gpubench.backends.cpu.probes.peak import measured_clock_mhz
 h = host_cpu()
 for dtype, size in (("fp64", 8), ("fp32", 4)):
     _cpu.peak_fma(dtype, 50000, 2)

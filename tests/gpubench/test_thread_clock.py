@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gpubench.backends.base import MeasurementSpec, ProbeConfig
+from gpubench.backends.cpu.probes import torch_ops_measure
+from gpubench.backends.cpu.probes.torch_ops import TorchOpsProbe
 from gpubench.probe_worker import build_rows
-from gpubench.probes import torch_ops_measure
-from gpubench.probes.torch_ops import TorchOpsProbe
 from vllmref import thread_clock
 
 

@@ -94,7 +94,7 @@ def test_a_cell_is_the_median_of_its_passes_each_phase_normalized():
 
 
 def test_linear_sweeps_rotate_and_keep_the_single_pass_key():
-    from gpubench.probes import torch_ops_grid as grid
+    from gpubench.backends.cpu.probes import torch_ops_grid as grid
 
     order = grid.linear_sweep((1, 2, 3, 4), 2)
     assert order == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 3), (1, 4), (1, 1), (1, 2)]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpubench.probes.vllm_ops import LAYER_DEPTHS
+from gpubench.backends.cpu.probes.vllm_ops import LAYER_DEPTHS
 from vllmref import env
 
 if not env.is_ready():

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from gpubench.backends.cuda.backend import CudaBackend
 from gpubench.backends.cuda.extension import NUM_WARMUP, Extension, load_extension
-from gpubench.backends.cuda.gemm import (
+from gpubench.backends.cuda.probes import L2Probe, LaunchProbe, PeakProbe, StreamProbe, fp8_mma_native
+from gpubench.backends.cuda.probes.gemm import (
     DROOP_M,
     GEMM_DTYPES,
     GEMM_EPS,
@@ -39,8 +40,7 @@ from gpubench.backends.cuda.gemm import (
     gemm_tolerance,
     torch_gemm,
 )
-from gpubench.backends.cuda.gemm_cupy import cupy_gemm
-from gpubench.backends.cuda.probes import L2Probe, LaunchProbe, PeakProbe, StreamProbe, fp8_mma_native
+from gpubench.backends.cuda.probes.gemm_cupy import cupy_gemm
 from gpubench.backends.cuda.report import EXPECTED, check_table, expected_note, format_table
 
 __all__ = ["CudaBackend", "NUM_WARMUP", "Extension", "load_extension", "DROOP_M", "GEMM_DTYPES", "GEMM_EPS", "GEMM_M",

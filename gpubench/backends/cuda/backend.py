@@ -7,8 +7,8 @@ from common import errors
 from gpubench import skus
 from gpubench.backends.base import Backend, Probe
 from gpubench.backends.cuda.extension import Extension, load_extension
-from gpubench.backends.cuda.gemm import GemmProbe
 from gpubench.backends.cuda.probes import L2Probe, LaunchProbe, PeakProbe, StreamProbe
+from gpubench.backends.cuda.probes.gemm import GemmProbe
 
 _INT_PROPS = ("sm_count", "l2_bytes", "cc_major", "cc_minor", "clock_khz", "mem_clock_khz", "bus_width_bits",
               "max_threads_per_sm", "shared_mem_per_sm_bytes", "total_mem_bytes", "free_mem_bytes")

@@ -6,8 +6,9 @@ import math
 
 from common import errors
 from gpubench import skus
-from gpubench.backends.cuda.gemm import GEMM_DTYPES
-from gpubench.backends.cuda.probes import LaunchProbe, MiB
+from gpubench.backends.cuda.probes.common import MiB
+from gpubench.backends.cuda.probes.gemm import GEMM_DTYPES
+from gpubench.backends.cuda.probes.launch import LaunchProbe
 from gpubench.report import valid_rows
 
 # What published measurements lead one to expect, per SKU and figure prefix of check_table, so that

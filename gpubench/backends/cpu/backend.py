@@ -18,9 +18,9 @@ class CpuBackend(Backend):
 
     def device_info(self) -> dict:
         from gpubench import _cpu
+        from gpubench.backends.cpu.probes.gemm import blas_library
+        from gpubench.backends.probe_common import mem_available_bytes
         from gpubench.hostinfo import host_cpu
-        from gpubench.probes.common import mem_available_bytes
-        from gpubench.probes.gemm import blas_library
         from gpubench.skus import _mem_total_gb
 
         h = host_cpu()
@@ -42,7 +42,7 @@ class CpuBackend(Backend):
         return CpuTelemetry()
 
     def probes(self) -> dict[str, Probe]:
-        from gpubench.probes import cpu_probes
+        from gpubench.backends.cpu.probes import cpu_probes
 
         return cpu_probes()
 
@@ -50,6 +50,6 @@ class CpuBackend(Backend):
         return "cpu"
 
     def hidden_probes(self) -> dict[str, Probe]:
-        from gpubench.probes import debug_probes
+        from gpubench.backends.cpu.probes import debug_probes
 
         return debug_probes()

@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import llc_bytes, opt
+from gpubench.backends.probe_common import llc_bytes, opt
 
 MODEL_SHAPES = {  # name -> (N, K), from llama-3.2-1b (see module docstring)
     "qkv": (3072, 2048),

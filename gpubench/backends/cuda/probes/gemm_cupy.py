@@ -14,7 +14,7 @@ import sys
 
 from common import errors
 from gpubench.backends.cuda.extension import NUM_WARMUP
-from gpubench.backends.cuda.gemm_common import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, weight_copies
+from gpubench.backends.cuda.probes.gemm_common import GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, weight_copies
 
 CUPY_LIBRARY = "cupy-cublas"
 # CuPy has no bfloat16 array dtype, so the bf16 rows (and the clock-droop rows, which are bf16)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import opt, torch_unavailable_reason
+from gpubench.backends.probe_common import opt, torch_unavailable_reason
 
 COUNTS = (1, 10, 100, 1000, 10000)
 QUICK_COUNTS = (1, 100, 10000)

@@ -17,7 +17,7 @@ integer adds retires one per cycle) and reports the % of the peak at that measur
 from __future__ import annotations
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import opt
+from gpubench.backends.probe_common import opt
 
 TARGET_REP_S = 0.0005
 ADDS_PER_ITER = 32

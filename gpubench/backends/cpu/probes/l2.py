@@ -14,7 +14,7 @@ integer-valued data is checked exactly, so the reads cannot be optimized away or
 from __future__ import annotations
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import geometric, llc_bytes, opt
+from gpubench.backends.probe_common import geometric, llc_bytes, opt
 
 TARGET_BYTES_PER_REP = 256 * 2**20
 

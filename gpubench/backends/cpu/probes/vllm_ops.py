@@ -54,8 +54,8 @@ import subprocess
 import zlib
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes import torch_ops_grid as grid
-from gpubench.probes.common import cold_pool_bytes, dtypes_option, llc_bytes, opt
+from gpubench.backends.cpu.probes import torch_ops_grid as grid
+from gpubench.backends.probe_common import cold_pool_bytes, dtypes_option, llc_bytes, opt
 
 DTYPES = ("fp32", "bf16")
 ATTENTION_BLOCK_SIZE = 128           # vLLM's CPU default, what the reference engine runs

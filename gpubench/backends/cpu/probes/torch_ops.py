@@ -37,9 +37,9 @@ vllm_ops shares) and the timed code in ``torch_ops_measure``.
 from __future__ import annotations
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes import torch_ops_grid as grid
-from gpubench.probes.common import cold_pool_bytes, dtypes_option, llc_bytes, opt, torch_unavailable_reason
-from gpubench.probes.torch_ops_measure import measure_decode, measure_linear, measure_prefill, measure_segment
+from gpubench.backends.cpu.probes import torch_ops_grid as grid
+from gpubench.backends.cpu.probes.torch_ops_measure import measure_decode, measure_linear, measure_prefill, measure_segment
+from gpubench.backends.probe_common import cold_pool_bytes, dtypes_option, llc_bytes, opt, torch_unavailable_reason
 
 
 class TorchOpsProbe(Probe):

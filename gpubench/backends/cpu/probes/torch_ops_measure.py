@@ -13,7 +13,7 @@ import zlib
 from typing import Any
 
 from gpubench.backends.base import MeasurementSpec
-from gpubench.probes.torch_ops_grid import (
+from gpubench.backends.cpu.probes.torch_ops_grid import (
     EMBED_ROWS,
     HEAD_DIM,
     KV_WRITE_SLOTS,

@@ -6,10 +6,17 @@ import math
 from common import errors
 from gpubench.backends.base import Backend, MeasurementSpec, ProbeConfig
 from gpubench.backends.cuda.extension import NUM_WARMUP
-from gpubench.backends.cuda.gemm_common import GEMM_EPS, GRAPH_CALLS, GRAPH_TIMING_BELOW_S, gemm_check_result, gemm_tolerance, weight_copies  # noqa: F401 (re-exported: the backend's public names)
-from gpubench.backends.cuda.gemm_cupy import CUPY_DTYPES, CUPY_LIBRARY, cupy_gemm, import_cupy, tf32_enabled
-from gpubench.backends.cuda.probes import CudaProbe, probe_row, spec_tflops
-from gpubench.probes.common import opt
+from gpubench.backends.cuda.probes.common import CudaProbe, probe_row, spec_tflops
+from gpubench.backends.cuda.probes.gemm_common import (  # noqa: F401 (re-exported: the backend's public names)
+    GEMM_EPS,
+    GRAPH_CALLS,
+    GRAPH_TIMING_BELOW_S,
+    gemm_check_result,
+    gemm_tolerance,
+    weight_copies,
+)
+from gpubench.backends.cuda.probes.gemm_cupy import CUPY_DTYPES, CUPY_LIBRARY, cupy_gemm, import_cupy, tf32_enabled
+from gpubench.backends.probe_common import opt
 
 # Llama-3.1-8B projections (hidden 4096, intermediate 14336, 32 heads, 8 KV heads, head_dim 128),
 # fixed here because gpubench must not import predictor; plus one square shape.

@@ -11,7 +11,7 @@ check makes all four rows invalid.
 from __future__ import annotations
 
 from gpubench.backends.base import MeasurementSpec, Probe, ProbeConfig
-from gpubench.probes.common import STREAM_KERNEL_ARRAYS, geometric, llc_bytes, mem_available_bytes, opt, stream_bytes
+from gpubench.backends.probe_common import STREAM_KERNEL_ARRAYS, geometric, llc_bytes, mem_available_bytes, opt, stream_bytes
 
 WORD_BYTES = 8  # fp64
 CORRUPT_TARGETS = {"": 0, "a": 1, "b": 2, "c": 3}

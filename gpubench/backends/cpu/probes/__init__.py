@@ -9,13 +9,13 @@ from __future__ import annotations
 
 def cpu_probes() -> dict:
     """Probe name -> CPU probe, in the order a full run takes them."""
-    from gpubench.probes.gemm import GemmProbe
-    from gpubench.probes.l2 import CacheSweepProbe
-    from gpubench.probes.launch import LaunchProbe
-    from gpubench.probes.peak import PeakProbe
-    from gpubench.probes.stream import StreamProbe
-    from gpubench.probes.torch_ops import TorchOpsProbe
-    from gpubench.probes.vllm_ops import VllmOpsProbe
+    from gpubench.backends.cpu.probes.gemm import GemmProbe
+    from gpubench.backends.cpu.probes.l2 import CacheSweepProbe
+    from gpubench.backends.cpu.probes.launch import LaunchProbe
+    from gpubench.backends.cpu.probes.peak import PeakProbe
+    from gpubench.backends.cpu.probes.stream import StreamProbe
+    from gpubench.backends.cpu.probes.torch_ops import TorchOpsProbe
+    from gpubench.backends.cpu.probes.vllm_ops import VllmOpsProbe
 
     probes = [StreamProbe(), CacheSweepProbe(), LaunchProbe(), PeakProbe(), GemmProbe(), TorchOpsProbe(), VllmOpsProbe()]
     return {p.name: p for p in probes}
@@ -23,7 +23,7 @@ def cpu_probes() -> dict:
 
 def debug_probes() -> dict:
     """Hidden probes that crash, abort or hang on purpose (fault-isolation tests); run only by name."""
-    from gpubench.probes.debug import DebugProbe
+    from gpubench.backends.cpu.probes.debug import DebugProbe
 
     probes = [DebugProbe("debug_crash"), DebugProbe("debug_abort"), DebugProbe("debug_hang"), DebugProbe("debug_error")]
     return {p.name: p for p in probes}
