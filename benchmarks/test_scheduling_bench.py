@@ -24,12 +24,12 @@ import time
 import pytest
 
 from scheduling.engine import Engine, EngineConfig
-from scheduling.kv_cache import BlockPool
+from scheduling.engine.kv_cache import BlockPool
+from scheduling.engine.step_cost import ConstantStepCost
+from scheduling.experiments.replay import ReplayConfig, run_replay
 from scheduling.policies import make_policy
-from scheduling.replay import ReplayConfig, run_replay
-from scheduling.step_cost import ConstantStepCost
-from scheduling.trace_synth import synthetic_jobs
-from scheduling.traces import Job, Turn, with_poisson_arrivals
+from scheduling.workload.trace_synth import synthetic_jobs
+from scheduling.workload.traces import Job, Turn, with_poisson_arrivals
 
 
 def _env() -> dict:

@@ -1,5 +1,5 @@
 """
-Compiled paged-KV block pool for the replay engine (see scheduling/kv_cache.py).
+Compiled paged-KV block pool for the replay engine (see scheduling/engine/kv_cache.py).
 """
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def register(sub) -> None:
 def load_jobs(args: argparse.Namespace):
     """Jobs from --trace (its first --jobs N when given) or N synthetic ones, with Poisson arrivals
     at --jps when given."""
-    from scheduling import trace_synth, traces
+    from scheduling.workload import trace_files, trace_synth, traces
 
     if args.num_jobs is not None and args.num_jobs < 1:
         raise ConfigError(f"--jobs needs at least 1 job, got {args.num_jobs}")
@@ -179,7 +179,7 @@ def load_jobs(args: argparse.Namespace):
             raise ConfigError("synthetic jobs (--jobs without --trace) need --jps (job arrivals per second)")
         jobs = trace_synth.synthetic_jobs(args.num_jobs, seed=args.seed, params=trace_synth.PRESETS[getattr(args, "preset", "swe")]())
     else:
-        jobs = traces.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
+        jobs = trace_files.load_trace(args.trace, seed=args.seed)  # seeds SWE-smith tool durations too
         if args.num_jobs is not None:
             jobs = jobs[: args.num_jobs]
     if args.jps is not None:
@@ -190,7 +190,7 @@ def load_jobs(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace):
-    from scheduling.replay import ReplayConfig
+    from scheduling.experiments.replay import ReplayConfig
 
     fields = dict(
         sku=args.sku, model=args.model or "llama-3.1-8b", policy=args.policy, policy_params=policy_params_from_args(args, args.policy),
@@ -212,8 +212,8 @@ def apply_assignments(fields: dict, assignments: list[str]) -> None:
     reads them: ``POLICY.KEY=VALUE`` a parameter of the replayed policy, ``KEY=VALUE`` a ReplayConfig field."""
     import dataclasses
 
-    from scheduling.replay import ReplayConfig
-    from scheduling.sweep import parse_assignments
+    from scheduling.experiments.replay import ReplayConfig
+    from scheduling.experiments.sweep import parse_assignments
 
     if not assignments:
         return
@@ -236,7 +236,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scheduling.replay import run_replay, write_outputs
+    from scheduling.experiments.replay import run_replay, write_outputs
 
     if args.engine == "vllm":
         return cmd_replay_live(args)
@@ -275,7 +275,7 @@ def check_trace_out(args: argparse.Namespace):
     """--trace-out's path (None without it), refused before the replay runs when it cannot be written."""
     if getattr(args, "trace_out", None) is None:
         return None
-    from scheduling.trace_export import check_trace_path
+    from scheduling.viewer.trace_export import check_trace_path
 
     if getattr(args, "no_step_log", False):
         raise ConfigError("--trace-out draws the engine steps from the step log; drop --no-step-log")
@@ -284,7 +284,7 @@ def check_trace_out(args: argparse.Namespace):
 
 def write_trace_out(result, trace_path) -> None:
     if trace_path is not None:
-        from scheduling.trace_export import trace_of_result, write_trace
+        from scheduling.viewer.trace_export import trace_of_result, write_trace
 
         write_trace(trace_of_result(result), trace_path)
 
@@ -292,7 +292,7 @@ def write_trace_out(result, trace_path) -> None:
 def cmd_compare_replay(args: argparse.Namespace) -> int:
     import json
 
-    from scheduling import compare
+    from scheduling.experiments import compare
 
     scored, reference = compare.load_replay(args.replay), compare.load_replay(args.reference)
     repeats = [compare.load_replay(r) for r in args.repeat]
@@ -314,8 +314,8 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     """``replay --engine vllm``: the jobs through a real vLLM engine, in real time."""
     from rich.console import Console
 
-    from scheduling.live import LiveReplayConfig, run_live_replay, validate
-    from scheduling.replay import write_outputs
+    from scheduling.experiments.live import LiveReplayConfig, run_live_replay, validate
+    from scheduling.experiments.replay import write_outputs
     from vllmref import env
 
     trace_path = check_trace_out(args)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from common import argtypes
 from common.clihelp import DefaultsHelpFormatter, add_deprecated_flag
-from scheduling.sweep_defaults import DEFAULT_JPS, DEFAULT_MODEL, DEFAULT_NUM_JOBS, DEFAULT_POLICIES, DEFAULT_SEEDS, DEFAULT_SKUS
+from scheduling.experiments.sweep_defaults import (
+    DEFAULT_JPS,
+    DEFAULT_MODEL,
+    DEFAULT_NUM_JOBS,
+    DEFAULT_POLICIES,
+    DEFAULT_SEEDS,
+    DEFAULT_SKUS,
+)
 
 
 def _csv_list(kind):
@@ -69,11 +76,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the spec from the options, run the missing cells, print a small table."""
     from common.errors import ConfigError
-    from scheduling.sweep import SweepSpec, parse_assignments, run_sweep, split_policy_label
+    from scheduling.experiments.sweep import SweepSpec, parse_assignments, run_sweep, split_policy_label
 
     if args.plots_only:
-        from scheduling.sweep_report import write_plots
-        from scheduling.sweep_table import load_table
+        from scheduling.experiments.sweep_report import write_plots
+        from scheduling.experiments.sweep_table import load_table
 
         frame = load_table(args.out)
         if frame.empty:
@@ -123,7 +130,7 @@ def _reconstruct(args: argparse.Namespace) -> list[str]:
 
 def _print_table(frame) -> None:
     """JCT mean per SKU × policy at each JPS (seed mean), as a rich table."""
-    from scheduling.sweep_report import metric_column
+    from scheduling.experiments.sweep_report import metric_column
 
     col = metric_column(frame, "jct_mean")
     if col is None or frame.empty:

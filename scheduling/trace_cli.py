@@ -74,10 +74,10 @@ def _check_jobs(num_jobs: int) -> None:
 
 
 def load_stats(args: argparse.Namespace) -> tuple[str, list]:
-    from scheduling import trace_synth, traces
+    from scheduling.workload import trace_files, trace_synth
 
     if args.trace is not None:
-        return str(args.trace), traces.load_trace(args.trace, seed=args.seed)
+        return str(args.trace), trace_files.load_trace(args.trace, seed=args.seed)
     _check_jobs(args.jobs)
     return (f"synthetic {args.preset}, {args.jobs} jobs, seed {args.seed}",
             trace_synth.synthetic_jobs(args.jobs, args.seed, trace_synth.PRESETS[args.preset]()))
@@ -95,7 +95,7 @@ def stats_table(stats: dict, targets: dict) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from scheduling.trace_synth import SWE_SMITH_TARGETS, trace_stats
+    from scheduling.workload.trace_synth import SWE_SMITH_TARGETS, trace_stats
 
     label, jobs = load_stats(args)
     stats = trace_stats(jobs)
@@ -119,7 +119,7 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from scheduling.trace_synth import SWE_SMITH_TARGETS
+    from scheduling.workload.trace_synth import SWE_SMITH_TARGETS
 
     turns = np.array([j.num_turns for j in jobs])
     prompt = np.array([sum(j.prompt_tokens(k) for k in range(j.num_turns)) for j in jobs]) / 1e3
@@ -155,7 +155,7 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
 
 
 def cmd_swesmith(args: argparse.Namespace) -> int:
-    from scheduling import swesmith_gen, trace_synth
+    from scheduling.workload import swesmith_gen, trace_synth
 
     _check_jobs(args.jobs)
     if args.out.suffix not in (".parquet", ".jsonl"):

@@ -22,7 +22,7 @@ def gpubench(*args: str, timeout: float = 120, cwd=None) -> subprocess.Completed
 def job(job_id, turns, *, system=0, group=None, arrival=0.0):
     """A job from ``(input, output, tool_s)`` turns: every turn but the last ends in a bash call of
     ``tool_s`` seconds; ``group`` (the prefix-sharing group) defaults to the job's id."""
-    from scheduling.traces import Job, Turn
+    from scheduling.workload.traces import Job, Turn
 
     ts = tuple(Turn(i, o, "bash" if k < len(turns) - 1 else None, g if k < len(turns) - 1 else 0.0)
                for k, (i, o, g) in enumerate(turns))
@@ -34,8 +34,8 @@ def run_engine(jobs, num_blocks, policy="fcfs", params=None, cost=0.01, **cfg):
     cost (a constant in seconds, or a StepCost) and EngineConfig fields; the block pool's
     invariants are checked after the run."""
     from scheduling.engine import Engine, EngineConfig
+    from scheduling.engine.step_cost import ConstantStepCost
     from scheduling.policies import make_policy
-    from scheduling.step_cost import ConstantStepCost
 
     e = Engine(jobs, EngineConfig(num_gpu_blocks=num_blocks, **cfg), make_policy(policy, params),
                ConstantStepCost(cost) if isinstance(cost, float) else cost)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scheduling.engine_config import EngineConfig
-    from scheduling.request import JobState, Request
+    from scheduling.engine.engine_config import EngineConfig
+    from scheduling.engine.request import JobState, Request
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from scheduling.engine.request import JobState, Request
 from scheduling.policies.base import KVPolicy, PriorityQueue, RequestQueue, check_params
-from scheduling.request import JobState, Request
 
 TTL_RULES = ("fixed", "tool-mean", "expected-benefit")
 
@@ -122,7 +122,7 @@ class ContinuumPolicy(KVPolicy):
         pin = self._pins[js.index] = _Pin(js, req.blocks, now_s + ttl_s)
         self._num_pinned_blocks += len(req.blocks)
         self.num_pins += 1
-        from scheduling.events import PinExpiryEvent
+        from scheduling.engine.events import PinExpiryEvent
 
         assert self.ctx is not None  # attached before the engine runs
         self.ctx.push(PinExpiryEvent, pin.deadline_s, js)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.engine.request import Request
 from scheduling.policies.base import PolicyContext
 from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
 from scheduling.policies.cpu_offload import CPUOffloadParams, HostBlockPool, HostPoolMixin
-from scheduling.request import Request
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from common.errors import ConfigError
-from scheduling.kv_cache import HashLRU
+from scheduling.engine.kv_cache import HashLRU
+from scheduling.engine.request import Request
 from scheduling.policies.base import ExternalLoad, KVPolicy, check_params
-from scheduling.request import Request
 
 if TYPE_CHECKING:
     from scheduling.policies.base import PolicyContext
@@ -168,7 +168,7 @@ class HostPoolMixin:
         """True: free the blocks now (the copy is done). Else free them at ``stored_s``."""
         if stored_s <= now_s:
             return True
-        from scheduling.events import BlocksReleaseEvent
+        from scheduling.engine.events import BlocksReleaseEvent
 
         self.num_delayed_frees += 1
         assert self.ctx is not None  # attached before the engine runs

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
+from scheduling.engine.request import Request
 from scheduling.policies.base import ExternalLoad, KVPolicy, PolicyContext, check_params
-from scheduling.request import Request
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import ResultsFormatError
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_CONTRACT_COLUMNS as TURN_COLUMNS
+from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_CONTRACT_COLUMNS as TURN_COLUMNS
 
 # Columns a plot may do without (older or partial logs): filled with 0.
 OPTIONAL_STEP_COLUMNS = ("kv_pinned_blocks", "kv_cached_blocks", "pool_used_blocks", "pool_total_blocks",
@@ -166,7 +166,7 @@ def token_budget(summary: dict[str, Any]) -> int | None:
         return None
     from common.errors import GpubenchError
     from gpubench import skus
-    from scheduling.replay import vllm_server_defaults
+    from scheduling.experiments.replay import vllm_server_defaults
 
     try:
         return vllm_server_defaults(skus.get(config["sku"]))[0]

@@ -19,8 +19,8 @@ def test_every_table_writer_uses_it():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    writers = ["predictor/eval_report.py", "kvcomm/eval_report.py", "kvcomm/ttft.py", "scheduling/compare.py",
-               "scheduling/sweep_report.py", "scheduling/trace_cli.py"]
+    writers = ["predictor/eval_report.py", "kvcomm/eval_report.py", "kvcomm/ttft.py", "scheduling/experiments/compare.py",
+               "scheduling/experiments/sweep_report.py", "scheduling/trace_cli.py"]
     for rel in writers:
         text = (repo / rel).read_text()
         assert "common.mdtable" in text and '"|---|' not in text and '"---|" *' not in text, rel

@@ -13,8 +13,8 @@ import pytest
 
 from gpubench.cli import build_parser, main
 from gpubench.completion import command_tree
-from scheduling.trace_synth import synthetic_jobs
-from scheduling.traces import save_trace, with_poisson_arrivals
+from scheduling.workload.trace_synth import synthetic_jobs
+from scheduling.workload.traces import save_trace, with_poisson_arrivals
 
 FAST = ["--step-cost", "constant:0.01", "--jps", "1"]
 

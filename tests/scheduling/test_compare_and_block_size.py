@@ -6,12 +6,12 @@ import sys
 import pytest
 
 from common.errors import ConfigError, ResultsFormatError
-from scheduling import compare
 from scheduling.engine import EngineConfig
-from scheduling.replay import ReplayConfig, run_replay, write_outputs
-from scheduling.step_cost import ConstantStepCost
-from scheduling.trace_synth import scaled_cpu_params, synthetic_jobs
-from scheduling.traces import Job, Turn, with_poisson_arrivals
+from scheduling.engine.step_cost import ConstantStepCost
+from scheduling.experiments import compare
+from scheduling.experiments.replay import ReplayConfig, run_replay, write_outputs
+from scheduling.workload.trace_synth import scaled_cpu_params, synthetic_jobs
+from scheduling.workload.traces import Job, Turn, with_poisson_arrivals
 
 
 def two_turn_job() -> Job:
@@ -147,7 +147,7 @@ def test_compare_replay_cli_with_repeats(tmp_path):
 
 
 def test_summary_has_tpot_percentiles_and_goodput():
-    from scheduling.metrics import SLO_TPOT_S, SLO_TTFT_S
+    from scheduling.experiments.metrics import SLO_TPOT_S, SLO_TTFT_S
 
     jobs = with_poisson_arrivals(synthetic_jobs(4, seed=0, params=scaled_cpu_params()), 0.5, seed=0)
     fast = run_replay(jobs, ReplayConfig(num_gpu_blocks=60, block_size=128, step_cost="constant:0.01"),

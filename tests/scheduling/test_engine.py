@@ -5,12 +5,12 @@ from typing import ClassVar
 import pytest
 
 from common.errors import ConfigError
-from scheduling.engine import STEP_COLUMNS, Engine, EngineConfig
-from scheduling.events import Event
+from scheduling.engine.events import Event
+from scheduling.engine.loop import STEP_COLUMNS, Engine, EngineConfig
+from scheduling.engine.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
 from scheduling.policies import make_policy
-from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost
-from scheduling.trace_synth import long_context_params, synthetic_jobs
-from scheduling.traces import with_poisson_arrivals
+from scheduling.workload.trace_synth import long_context_params, synthetic_jobs
+from scheduling.workload.traces import with_poisson_arrivals
 from tests.conftest import job, run_engine as run, turn_dicts
 
 
@@ -218,8 +218,8 @@ def test_every_one_token_step_of_a_sampled_request_is_priced_as_a_decode(fast_pa
     re-admitted with all but its last token hit (it was preempted when its next token needed a new
     block) is a decode, as it is in the running loop. The label is checked against the recorded
     batch alone: an entry of one token, after at least its whole prompt, is a decode."""
-    from scheduling.traces import Job, Turn
-    from scheduling.vllm_diff import DiffSettings, _RecordingEngine
+    from scheduling.experiments.vllm_diff import DiffSettings, _RecordingEngine
+    from scheduling.workload.traces import Job, Turn
 
     jobs = [Job(f"e{i}", f"g{i % 2}", 150, (Turn(80, 250, "bash", 2.0), Turn(40, 120, "x", 0.5), Turn(30, 60)), 0.2 * i)
             for i in range(8)]  # the differential test's preempt-resume-b32 scenario

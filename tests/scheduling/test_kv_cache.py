@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from scheduling import kv_cache
-from scheduling.kv_cache import PyBlockPool, chain_hash
+from scheduling.engine import kv_cache
+from scheduling.engine.kv_cache import PyBlockPool, chain_hash
 
 if os.environ.get("GPUBENCH_PURE_PYTHON") == "1":
     pytest.skip("GPUBENCH_PURE_PYTHON=1: the compiled pool is not under test", allow_module_level=True)

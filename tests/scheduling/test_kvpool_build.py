@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE = "import scheduling.kv_cache as k; print(k.COMPILED, k.BlockPool.__module__, k.PURE_PYTHON_REASON)"
+PROBE = "import scheduling.engine.kv_cache as k; print(k.COMPILED, k.BlockPool.__module__, k.PURE_PYTHON_REASON)"
 
 
 def test_the_compiled_pool_is_in_use():
     if os.environ.get("GPUBENCH_PURE_PYTHON") == "1":
         pytest.skip("GPUBENCH_PURE_PYTHON=1 asks for the Python pool")
-    from scheduling import _kvpool, kv_cache
+    from scheduling import _kvpool
+    from scheduling.engine import kv_cache
 
     assert kv_cache.COMPILED and kv_cache.PURE_PYTHON_REASON is None
     assert kv_cache.BlockPool is _kvpool.BlockPool and kv_cache.HashLRU is _kvpool.HashLRU
@@ -42,7 +43,7 @@ def test_a_broken_build_fails_instead_of_falling_back(tmp_path):
     assert "GPUBENCH_PURE_PYTHON=1" in p.stderr
     p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                        env={**env, "GPUBENCH_PURE_PYTHON": "1"})
-    assert p.returncode == 0 and p.stdout.split()[:2] == ["False", "scheduling.kv_cache"], p.stderr[-1500:]
+    assert p.returncode == 0 and p.stdout.split()[:2] == ["False", "scheduling.engine.kv_cache"], p.stderr[-1500:]
 
 
 def test_a_missing_build_warns(tmp_path):
@@ -56,5 +57,5 @@ def test_a_missing_build_warns(tmp_path):
             "sys.meta_path.insert(0, Hide())\n")
     p = subprocess.run([sys.executable, "-W", "always", "-c", hide + PROBE], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=60)
-    assert p.returncode == 0 and p.stdout.split()[:2] == ["False", "scheduling.kv_cache"], p.stderr[-1500:]
+    assert p.returncode == 0 and p.stdout.split()[:2] == ["False", "scheduling.engine.kv_cache"], p.stderr[-1500:]
     assert "RuntimeWarning" in p.stderr and "not built" in p.stderr

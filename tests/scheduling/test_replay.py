@@ -9,10 +9,10 @@ import pytest
 from common.errors import ConfigError
 from gpubench import skus
 from predictor import load_model_config
-from scheduling.engine import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
-from scheduling.replay import ReplayConfig, kv_pool_blocks, run_replay, write_outputs
-from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-from scheduling.traces import save_trace, with_poisson_arrivals
+from scheduling.engine.loop import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS
+from scheduling.experiments.replay import ReplayConfig, kv_pool_blocks, run_replay, write_outputs
+from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+from scheduling.workload.traces import save_trace, with_poisson_arrivals
 from tests.conftest import gpubench
 
 SMALL = SyntheticParams(turns_mean=4, turns_min=2, turns_max=6, obs_tokens_median=100, obs_tokens_max=600,
@@ -107,7 +107,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
 
 
 def test_token_budget_and_max_num_seqs_follow_vllm_serve_defaults():
-    from scheduling.replay import engine_config, vllm_server_defaults
+    from scheduling.experiments.replay import engine_config, vllm_server_defaults
 
     # vllm serve keys its defaults on driver-reported memory and the device name.
     def defaults(sku):
@@ -157,7 +157,7 @@ def test_a_replay_config_checks_itself_when_made(fields, message):
 
 
 def test_a_replay_config_resolves_its_sku_and_model_once(monkeypatch):
-    from scheduling import replay
+    from scheduling.experiments import replay
 
     cfg = ReplayConfig(sku="h200", model="llama-3.1-8b", num_gpu_blocks=None)
     assert cfg.sku_spec.id == "h200" and cfg.model_config.num_layers > 0

@@ -2,7 +2,7 @@
 import random
 import sys
 
-from scheduling.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost, quantize
+from scheduling.engine.step_cost import ConstantStepCost, PredictorStepCost, StepCost, TableStepCost, quantize
 
 
 def test_quantize_rounds_up_at_most_one_32nd_and_is_a_monotone_projection():
@@ -56,7 +56,7 @@ def _recorded_steps(tmp_path, rows):
 
 
 def test_measured_step_cost_takes_the_median_of_a_composition_and_scales_the_nearest(tmp_path):
-    from scheduling.step_cost import MeasuredStepCost
+    from scheduling.engine.step_cost import MeasuredStepCost
 
     rows = [(0, 0, 2, 0.10), (0, 0, 2, 0.30), (0, 0, 2, 0.12),  # median 0.12, not the mean 0.173
             (500, 1, 2, 1.00), (0, 0, 4, 0.20), (0, 0, 3, 0.0)]  # a zero duration is a missing value
@@ -73,7 +73,7 @@ def test_measured_step_cost_takes_the_median_of_a_composition_and_scales_the_nea
 
 def test_measured_step_cost_refuses_a_directory_without_timed_steps(tmp_path):
     from common.errors import ConfigError
-    from scheduling.step_cost import MeasuredStepCost, make_step_cost
+    from scheduling.engine.step_cost import MeasuredStepCost, make_step_cost
 
     for target, needle in ((tmp_path / "none", "no steps.csv"),
                            (_recorded_steps(tmp_path, [(0, 0, 1, 0.0)]), "no timed steps")):

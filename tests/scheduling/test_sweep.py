@@ -12,8 +12,17 @@ import pandas as pd
 import pytest
 
 from common.errors import ConfigError, GpubenchError, UnknownSKUError
-from scheduling.sweep import CSV_NAME, SweepCell, SweepSpec, cell_jobs, load_table, parse_assignments, run_sweep, summary_metrics
-from scheduling.sweep_table import SweepTable
+from scheduling.experiments.sweep import (
+    CSV_NAME,
+    SweepCell,
+    SweepSpec,
+    cell_jobs,
+    load_table,
+    parse_assignments,
+    run_sweep,
+    summary_metrics,
+)
+from scheduling.experiments.sweep_table import SweepTable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +86,7 @@ def test_table_appends_widens_and_resumes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# End to end through scheduling.replay
+# End to end through scheduling.experiments.replay
 # ---------------------------------------------------------------------------------------------
 
 SMALL = dict(policies=("fcfs", "continuum"), skus=("l40s",), jps=(0.5, 2.0), seeds=(0,), num_jobs=4)
@@ -164,7 +173,7 @@ def test_plots_only_redraws_from_table(tmp_path):
 
 def test_policy_variants_carry_their_own_parameters():
     from common.errors import ConfigError
-    from scheduling.sweep import SweepCell, SweepSpec, replay_config, split_policy_label
+    from scheduling.experiments.sweep import SweepCell, SweepSpec, replay_config, split_policy_label
 
     assert split_policy_label("cpu-offload@cpu_gib=128+store=lazy") == ("cpu-offload", {"cpu_gib": 128, "store": "lazy"})
     assert split_policy_label("fcfs") == ("fcfs", {})

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from common.errors import TraceFormatError
-from scheduling.swesmith import (
+from scheduling.workload.swesmith import (
     MESSAGE_OVERHEAD_TOKENS,
     SAMPLE_PATH,
     estimate_tokens,
@@ -17,12 +17,12 @@ from scheduling.swesmith import (
     tool_class,
     trajectory_to_job,
 )
-from scheduling.swesmith_gen import sample_trajectories, write_sample
-from scheduling.traces import load_trace
+from scheduling.workload.swesmith_gen import sample_trajectories, write_sample
+from scheduling.workload.trace_files import load_trace
 
 
 def test_shipped_sample_is_current(tmp_path):
-    """The committed file is exactly what write_sample() generates (regenerate: python -m scheduling.swesmith_gen)."""
+    """The committed file is exactly what write_sample() generates (regenerate: python -m scheduling.workload.swesmith_gen)."""
     fresh = write_sample(tmp_path / "s.jsonl")
     assert fresh.read_text() == SAMPLE_PATH.read_text()
 

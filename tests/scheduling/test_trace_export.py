@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from gpubench.cli import main
-from scheduling.trace_export import ENGINE_PID, JOBS_PID, STEPS_TID
-from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-from scheduling.traces import save_trace, with_poisson_arrivals
+from scheduling.viewer.trace_export import ENGINE_PID, JOBS_PID, STEPS_TID
+from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+from scheduling.workload.traces import save_trace, with_poisson_arrivals
 
 SMALL = SyntheticParams(turns_mean=4, turns_min=2, turns_max=6, obs_tokens_median=100, obs_tokens_max=600,
                         out_tokens_median=20, out_tokens_max=60)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from common.errors import GpubenchError, TraceFormatError
-from scheduling.trace_synth import SyntheticParams, ToolTimeModel, synthetic_jobs, trace_stats
-from scheduling.traces import Job, Turn, job_from_dict, load_trace, save_trace, validate_job, with_poisson_arrivals
+from scheduling.workload.trace_files import load_trace
+from scheduling.workload.trace_synth import SyntheticParams, ToolTimeModel, synthetic_jobs, trace_stats
+from scheduling.workload.traces import Job, Turn, job_from_dict, save_trace, validate_job, with_poisson_arrivals
 
 
 def make_job(job_id="j0", turns=((100, 10, "bash", 0.5), (50, 20, None, 0.0)), system_tokens=1000, group="g0"):
@@ -123,7 +124,7 @@ def test_synthetic_defaults_match_swe_smith_statistics():
     """The default agent is calibrated to public SWE-smith statistics (per job: ~43 turns, ~142K
     summed prompt tokens, ~1.1K output tokens, ~131:1) and agent tool times (medians 0.1-0.6 s,
     a heavy tail holding a large share of tool time)."""
-    from scheduling.trace_synth import SWE_SMITH_TARGETS
+    from scheduling.workload.trace_synth import SWE_SMITH_TARGETS
 
     jobs = synthetic_jobs(600, seed=0)
     s = trace_stats(jobs)
@@ -137,7 +138,7 @@ def test_synthetic_defaults_match_swe_smith_statistics():
 
 
 def test_long_context_preset_is_heavier():
-    from scheduling.trace_synth import PRESETS
+    from scheduling.workload.trace_synth import PRESETS
 
     base = trace_stats(synthetic_jobs(300, 0))
     long = trace_stats(synthetic_jobs(300, 0, PRESETS["swe-long"]()))
@@ -168,7 +169,8 @@ def test_synthetic_same_across_processes(tmp_path):
     import subprocess
     import sys
 
-    code = ("import hashlib, json; from scheduling.trace_synth import synthetic_jobs; from scheduling.traces import job_to_dict; "
+    code = ("import hashlib, json; from scheduling.workload.trace_synth import synthetic_jobs; "
+            "from scheduling.workload.traces import job_to_dict; "
             "print(hashlib.sha256(json.dumps([job_to_dict(j) for j in synthetic_jobs(40, 7)]).encode()).hexdigest())")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2, 3)}
@@ -181,7 +183,7 @@ def test_several_hundred_swesmith_trajectories_replay_end_to_end(tmp_path, capsy
     import json
 
     from gpubench.cli import main
-    from scheduling.trace_synth import SWE_SMITH_TARGETS
+    from scheduling.workload.trace_synth import SWE_SMITH_TARGETS
 
     path = tmp_path / "trajs.parquet"
     assert main(["trace", "swesmith", "--jobs", "400", "--out", str(path), "--json"]) == 0

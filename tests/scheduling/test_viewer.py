@@ -34,9 +34,9 @@ needs_browser = pytest.mark.skipif(
 def write_replay_dir(out_dir: Path, *, seed: int = 0, num_jobs: int = 30, jps: float = 3.0) -> Path:
     """A replay directory written by the real engine (the format ``gpubench replay`` writes): short
     multi-turn agents of two prefix groups in a pool small enough to preempt, a constant step."""
-    from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-    from scheduling.traces import with_poisson_arrivals
+    from scheduling.experiments.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.workload.traces import with_poisson_arrivals
 
     params = SyntheticParams(turns_mean=6, turns_min=2, turns_max=10, system_tokens_min=400, system_tokens_max=800,
                              obs_tokens_median=150, obs_tokens_max=1500, task_tokens_median=200,
@@ -261,9 +261,9 @@ def test_browser_exported_file(browser, run_dir, tmp_path):
 @needs_browser
 def test_browser_on_real_replay_output(browser, tmp_path):
     """The viewer on what the real engine writes (not the fixture)."""
-    from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-    from scheduling.traces import with_poisson_arrivals
+    from scheduling.experiments.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.workload.traces import with_poisson_arrivals
 
     params = SyntheticParams(turns_mean=6, turns_max=10, obs_tokens_median=300)
     jobs = with_poisson_arrivals(synthetic_jobs(12, 0, params), jps=1.0, seed=0)
@@ -294,10 +294,10 @@ def test_viewer_refuses_foreign_hosts_and_closes_idle_sockets(tmp_path, monkeypa
     import http.client
     import socket
 
-    from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-    from scheduling.traces import with_poisson_arrivals
+    from scheduling.experiments.replay import ReplayConfig, run_replay, write_outputs
     from scheduling.viewer import server as server_mod
+    from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.workload.traces import with_poisson_arrivals
 
     jobs = with_poisson_arrivals(synthetic_jobs(3, 0, SyntheticParams(turns_mean=3, turns_max=4)), jps=1.0, seed=0)
     out = tmp_path / "run"
@@ -361,9 +361,9 @@ def test_token_budget_read_from_the_run():
 
 def _two_policies(tmp_path) -> list[Path]:
     """FCFS and Continuum replayed on the same jobs (the comparison the viewer is asked for)."""
-    from scheduling.replay import ReplayConfig, run_replay, write_outputs
-    from scheduling.trace_synth import SyntheticParams, synthetic_jobs
-    from scheduling.traces import with_poisson_arrivals
+    from scheduling.experiments.replay import ReplayConfig, run_replay, write_outputs
+    from scheduling.workload.trace_synth import SyntheticParams, synthetic_jobs
+    from scheduling.workload.traces import with_poisson_arrivals
 
     jobs = with_poisson_arrivals(synthetic_jobs(10, 0, SyntheticParams(turns_mean=5, turns_max=8)), jps=1.0, seed=0)
     dirs = []

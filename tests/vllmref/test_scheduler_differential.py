@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from scheduling.trace_synth import scaled_cpu_params, synthetic_jobs
-from scheduling.traces import Job, Turn, with_poisson_arrivals
+from scheduling.workload.trace_synth import scaled_cpu_params, synthetic_jobs
+from scheduling.workload.traces import Job, Turn, with_poisson_arrivals
 from vllmref import env
 
 if not env.is_ready():
@@ -21,7 +21,7 @@ if not env.is_ready():
         raise RuntimeError(f"CI must set up the vLLM environment first: {env.SETUP_HINT}")
     pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
 
-from scheduling.vllm_diff import DiffSettings, run_differentials  # noqa: E402
+from scheduling.experiments.vllm_diff import DiffSettings, run_differentials  # noqa: E402
 
 
 def scaled(n: int, seed: int, jps: float) -> list[Job]:
@@ -123,7 +123,7 @@ def test_the_scenarios_cover_what_they_claim(results):
 def test_a_divergence_is_caught(results):
     # Admitting on the first chunk alone (vLLM before scheduler_reserve_full_isl) over-admits here:
     # the comparison must see it.
-    from scheduling.vllm_diff import compare_steps, sim_steps
+    from scheduling.experiments.vllm_diff import compare_steps, sim_steps
 
     jobs, settings = CASES["admission-gate"]
     mismatches = compare_steps(sim_steps(jobs, settings, reserve_full_sequence=False), results["admission-gate"].vllm)
@@ -137,9 +137,9 @@ DUPLICATE_CASES = ("identical-burst", "boundary-resend", "dup-eviction", "dup-ev
 def test_the_duplicate_block_scenarios_need_vllms_rule(results, name, monkeypatch):
     # A pool that keeps only the first copy of a hash cached (the simulator's rule before it
     # followed vLLM) must diverge from vLLM on each of these scenarios: they do exercise copies.
-    from scheduling import kv_manager
-    from scheduling.kv_cache import PyBlockPool
-    from scheduling.vllm_diff import compare_steps, sim_steps
+    from scheduling.engine import kv_manager
+    from scheduling.engine.kv_cache import PyBlockPool
+    from scheduling.experiments.vllm_diff import compare_steps, sim_steps
 
     class FirstCopyOnly(PyBlockPool):
         def cache_blocks(self, blocks, hashes, start, stop):

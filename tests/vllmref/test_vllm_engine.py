@@ -226,7 +226,7 @@ def test_simulator_on_the_live_runs_own_step_times_follows_it(live_and_sim, tmp_
     # Each simulated step takes its composition's median, so the simulator's mean step is the live
     # steps' mean with every step at its composition's median, not the live mean itself: a few slow
     # live steps on a busy host pull that mean up (CI saw the raw means 9.4 % apart).
-    from scheduling.step_cost import MeasuredStepCost
+    from scheduling.engine.step_cost import MeasuredStepCost
 
     live_cost = MeasuredStepCost.from_replay_dir(live)
     with (live / "steps.csv").open(newline="") as fh:

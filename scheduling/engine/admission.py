@@ -1,4 +1,4 @@
-"""Admission: moving the head of the waiting queue into the running batch (scheduling.engine).
+"""Admission: moving the head of the waiting queue into the running batch (scheduling.engine.loop).
 
 What vLLM's ``Scheduler.schedule()`` does for a waiting request, in its order: look its prefix up
 in the GPU prefix cache (hit capped at known tokens - 1, whole blocks), ask the connector (the KV
@@ -6,7 +6,7 @@ policy) for more, apply the admission gate (the free blocks must hold the whole 
 default), then take the hit blocks off the free queue and allocate the rest. A request whose load
 is asynchronous waits for it holding its blocks (``Status.LOADING``).
 
-A mixin of :class:`scheduling.engine.Engine`: these methods run inside the scheduling pass on the
+A mixin of :class:`scheduling.engine.loop.Engine`: these methods run inside the scheduling pass on the
 engine's own state.
 """
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from scheduling.events import LoadDoneEvent
-from scheduling.request import Request, Status
+from scheduling.engine.events import LoadDoneEvent
+from scheduling.engine.request import Request, Status
 
 if TYPE_CHECKING:
-    from scheduling.engine_config import EngineConfig
-    from scheduling.kv_manager import KVCacheManager
-    from scheduling.outputs import EngineResult
+    from scheduling.engine.engine_config import EngineConfig
+    from scheduling.engine.kv_manager import KVCacheManager
+    from scheduling.engine.outputs import EngineResult
     from scheduling.policies.base import KVPolicy, RequestQueue
 
 

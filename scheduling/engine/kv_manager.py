@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduling.kv_cache import BlockPool
+from scheduling.engine.kv_cache import BlockPool
 
 if TYPE_CHECKING:
-    from scheduling.request import Request
+    from scheduling.engine.request import Request
 
 
 class KVCacheManager:

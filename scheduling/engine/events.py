@@ -1,4 +1,4 @@
-"""The events of the replay engine (``scheduling.engine``) and their order at one instant.
+"""The events of the replay engine (``scheduling.engine.loop``) and their order at one instant.
 
 Events are frozen dataclasses kept in the engine's ``heapq`` as ``(time_s, priority, seq, event)``;
 ``seq`` comes from the engine's own ``itertools.count()``, so ties are broken first by kind
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, ClassVar
 
-from scheduling.request import JobState, Request
+from scheduling.engine.request import JobState, Request
 
 if TYPE_CHECKING:
-    from scheduling.engine import Engine
+    from scheduling.engine.loop import Engine
 
 
 class EventPriority(IntEnum):

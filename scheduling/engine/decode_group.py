@@ -1,4 +1,4 @@
-"""The decode group: how the replay engine decodes (scheduling.engine).
+"""The decode group: how the replay engine decodes (scheduling.engine.loop).
 
 Between steps every decoding request (prompt computed, one token per step) is a member of the
 group, its counters kept as offsets from the step index ``_g`` (``num_computed = lag + _g``), so a
@@ -10,7 +10,7 @@ its token, or a block it needs is not free), the members are materialized and vL
 them like any running request, one new token each; at the end of that step they rejoin the group.
 The differential test against vLLM's scheduler runs the engine both ways.
 
-A mixin of :class:`scheduling.engine.Engine`, not an object of its own: these methods run in the
+A mixin of :class:`scheduling.engine.loop.Engine`, not an object of its own: these methods run in the
 replay's hot loop on the engine's own attributes, which stay one attribute lookup away.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from scheduling.engine_config import EngineConfig
-    from scheduling.kv_cache import BlockPool
-    from scheduling.kv_manager import KVCacheManager
-    from scheduling.outputs import EngineResult
-    from scheduling.request import JobState, Request
-    from scheduling.step_cost import StepCost
+    from scheduling.engine.engine_config import EngineConfig
+    from scheduling.engine.kv_cache import BlockPool
+    from scheduling.engine.kv_manager import KVCacheManager
+    from scheduling.engine.outputs import EngineResult
+    from scheduling.engine.request import JobState, Request
+    from scheduling.engine.step_cost import StepCost
 
 
 class DecodeGroup:

@@ -18,7 +18,7 @@ import pandas as pd
 from common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from scheduling.sweep import SweepSpec
+    from scheduling.experiments.sweep import SweepSpec
 
 CSV_NAME, SPEC_NAME, COMMAND_NAME = "sweep.csv", "spec.json", "COMMAND"
 ID_COLUMNS = ("key", "policy", "sku", "jps", "seed")

@@ -1,4 +1,4 @@
-"""Sweeps: policies × SKUs × JPS × seeds through :func:`scheduling.replay.run_replay`.
+"""Sweeps: policies × SKUs × JPS × seeds through :func:`scheduling.experiments.replay.run_replay`.
 
 One **cell** is one replay: a policy, a SKU, an arrival rate (jobs per second) and a seed. The
 cell's jobs are the same for every policy and SKU of a (JPS, seed) pair — the trace (synthetic,
@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 
 from common.errors import ConfigError
-from scheduling.sweep_defaults import (  # light constants, shared with the CLI's --help
+from scheduling.experiments.sweep_defaults import (  # light constants, shared with the CLI's --help
     DEFAULT_JPS,
     DEFAULT_MODEL,
     DEFAULT_NUM_JOBS,
@@ -44,7 +44,7 @@ from scheduling.sweep_defaults import (  # light constants, shared with the CLI'
     DEFAULT_SEEDS,
     DEFAULT_SKUS,
 )
-from scheduling.sweep_table import CSV_NAME, SPEC_NAME, SweepTable, check_spec, done_keys, load_table
+from scheduling.experiments.sweep_table import CSV_NAME, SPEC_NAME, SweepTable, check_spec, done_keys, load_table
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class SweepSpec:
         # (a typo must not become 120 "finished" error rows): each policy label's and each SKU's
         # config, which checks itself (engine settings, policy parameters) and resolves SKU and model.
         if self.trace is not None:
-            from scheduling.traces import load_trace
+            from scheduling.workload.trace_files import load_trace
 
             load_trace(self.trace)
         jps, seed = float(self.jps[0]), int(self.seeds[0])
@@ -163,8 +163,9 @@ class SweepSpec:
 
 def cell_jobs(spec: SweepSpec, jps: float, seed: int):
     """The cell's workload: identical for every policy and SKU at this (JPS, seed)."""
-    from scheduling.trace_synth import synthetic_jobs
-    from scheduling.traces import load_trace, with_poisson_arrivals
+    from scheduling.workload.trace_files import load_trace
+    from scheduling.workload.trace_synth import synthetic_jobs
+    from scheduling.workload.traces import with_poisson_arrivals
 
     if spec.trace is not None:
         jobs = load_trace(spec.trace, seed=seed)[: spec.num_jobs]
@@ -175,7 +176,7 @@ def cell_jobs(spec: SweepSpec, jps: float, seed: int):
 
 def replay_config(spec: SweepSpec, cell: SweepCell):
     """The ReplayConfig of a cell (only fields ReplayConfig has; unknown replay_params are an error)."""
-    from scheduling.replay import ReplayConfig
+    from scheduling.experiments.replay import ReplayConfig
 
     names = {f.name for f in fields(ReplayConfig)}
     name, variant = split_policy_label(cell.policy)
@@ -217,7 +218,7 @@ def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:
     """Run one replay; returns its CSV row. A user error (e.g. the model does not fit the SKU)
     becomes a row with ``error`` set, so the rest of the sweep still runs."""
     from common.errors import GpubenchError
-    from scheduling.replay import run_replay
+    from scheduling.experiments.replay import run_replay
 
     t0, c0 = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"key": cell.key, "policy": cell.policy, "sku": cell.sku, "jps": cell.jps, "seed": cell.seed}
@@ -322,7 +323,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, workers: int | None = Non
         _append_rows(rows, table, on_row, total=len(todo), already_done=len(done), progress=progress)
         frame = load_table(out)
         if plots and len(frame):
-            from scheduling.sweep_report import write_plots
+            from scheduling.experiments.sweep_report import write_plots
 
             write_plots(frame, out)
         return frame

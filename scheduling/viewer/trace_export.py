@@ -1,7 +1,7 @@
 """A replay as a Chrome trace (the Trace Event Format that ui.perfetto.dev and chrome://tracing open).
 
 Built from the replay's documented tables only (``steps.csv``, ``turns.csv``, ``jobs.csv`` as the
-:class:`~scheduling.replay.ReplayResult` frames hold them; columns in ``scheduling.outputs``), so a
+:class:`~scheduling.experiments.replay.ReplayResult` frames hold them; columns in ``scheduling.engine.outputs``), so a
 replay run live through vLLM exports the same way as a simulated one.
 
 Layout (times in microseconds of simulated time, 0 = the replay's clock origin):
@@ -135,7 +135,7 @@ def build_trace(steps: pd.DataFrame, turns: pd.DataFrame, jobs: pd.DataFrame, *,
 
 
 def trace_of_result(result, *, label: str | None = None) -> dict:
-    """The trace of a :class:`~scheduling.replay.ReplayResult` (simulated or live)."""
+    """The trace of a :class:`~scheduling.experiments.replay.ReplayResult` (simulated or live)."""
     if result.steps.empty and int(result.summary.get("steps", 0)):
         raise ConfigError("the replay kept no step log (--no-step-log); the trace needs it")
     config = result.config.to_dict()

@@ -1,4 +1,4 @@
-"""The running tally of one step's batch, as the step cost prices it (scheduling.engine).
+"""The running tally of one step's batch, as the step cost prices it (scheduling.engine.loop).
 
 vLLM's scheduler has no prefill or decode phase, only tokens scheduled per request; the step cost
 does distinguish them. One rule decides, wherever a request enters or leaves a batch: a request
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduling.request import Request
-    from scheduling.step_cost import StepCost
+    from scheduling.engine.request import Request
+    from scheduling.engine.step_cost import StepCost
 
 
 def is_decode(r: Request, num_new_tokens: int, num_computed: int) -> bool:

@@ -30,16 +30,16 @@ import pandas as pd
 
 from common.errors import ConfigError
 from scheduling.engine import Engine, EngineConfig
-from scheduling.metrics import frames, summarize
+from scheduling.engine.request import BLOCK_SIZE
+from scheduling.engine.step_cost import StepCost, make_step_cost
+from scheduling.experiments.metrics import frames, summarize
 from scheduling.policies import make_policy
-from scheduling.request import BLOCK_SIZE
-from scheduling.step_cost import StepCost, make_step_cost
-from scheduling.traces import Job
+from scheduling.workload.traces import Job
 
 if TYPE_CHECKING:
     from gpubench.skus import SKU
     from predictor import ModelConfig
-    from scheduling.live import LiveReplayConfig
+    from scheduling.experiments.live import LiveReplayConfig
 
 GIB = 1 << 30
 DTYPE_BYTES = 2  # bf16 weights and KV cache
@@ -116,7 +116,7 @@ class ReplayConfig:
 
 @dataclass
 class ReplayResult:
-    config: ReplayConfig | LiveReplayConfig  # a live replay (scheduling.live) keeps its own config
+    config: ReplayConfig | LiveReplayConfig  # a live replay (scheduling.experiments.live) keeps its own config
     summary: dict
     steps: pd.DataFrame
     turns: pd.DataFrame

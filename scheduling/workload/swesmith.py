@@ -1,4 +1,4 @@
-"""SWE-smith trajectory loader: turn agent conversations into :class:`scheduling.traces.Job`.
+"""SWE-smith trajectory loader: turn agent conversations into :class:`scheduling.workload.traces.Job`.
 
 Input: the public SWE-smith trajectories layout, as parquet or JSONL, one trajectory per row with
 ``messages`` (a JSON string — or an already decoded list — of ``{role, content, tool_calls?,
@@ -28,7 +28,7 @@ Tool names: the first word of the command (``grep -rn foo .`` -> ``grep``; a lea
 is skipped); editor tools (``str_replace_editor``) use their sub-command (``view``, ``create``,
 ``str_replace``...). The dataset has no timestamps, so each tool call's duration is drawn from a
 seeded duration model keyed by tool name: the name maps to a class (``TOOL_CLASSES``: view, search,
-edit, bash, test, python, submit) whose :class:`~scheduling.trace_synth.ToolTimeModel` is
+edit, bash, test, python, submit) whose :class:`~scheduling.workload.trace_synth.ToolTimeModel` is
 ``DEFAULT_TOOL_MODELS[class]``.
 """
 from __future__ import annotations
@@ -47,8 +47,8 @@ import numpy as np
 
 from common.errors import TraceFormatError
 from common.jsonio import iter_jsonl
-from scheduling.trace_synth import DEFAULT_TOOL_MODELS, ToolTimeModel
-from scheduling.traces import Job, Turn, validate_job
+from scheduling.workload.trace_synth import DEFAULT_TOOL_MODELS, ToolTimeModel
+from scheduling.workload.traces import Job, Turn, validate_job
 
 __all__ = [
     "load_swesmith", "trajectory_to_job", "tool_class", "estimate_tokens", "get_token_counter",
@@ -57,7 +57,7 @@ __all__ = [
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4  # "<|im_start|>role\n ... <|im_end|>\n" around each message
-SAMPLE_PATH = Path(__file__).parent / "data" / "swesmith_sample.jsonl"
+SAMPLE_PATH = Path(__file__).parents[1] / "data" / "swesmith_sample.jsonl"
 
 # First word of a command -> duration class of DEFAULT_TOOL_MODELS. Unknown words are `bash`.
 TOOL_CLASSES: dict[str, str] = {

@@ -21,10 +21,10 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from common.errors import ConfigError
-from scheduling.metrics import summarize
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
-from scheduling.replay import ReplayResult
-from scheduling.traces import Job, job_to_dict
+from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
+from scheduling.experiments.metrics import summarize
+from scheduling.experiments.replay import ReplayResult
+from scheduling.workload.traces import Job, job_to_dict
 from vllmref.settings import EngineSettings, max_model_len
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-from scheduling.request import BLOCK_SIZE
+from scheduling.engine.request import BLOCK_SIZE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 default JPS levels (docs/sweep.md, "Choosing the JPS levels")."""
 from __future__ import annotations
 
-from scheduling.sweep_defaults import DEFAULT_MODEL
+from scheduling.experiments.sweep_defaults import DEFAULT_MODEL
 
 
 def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int = 400, seed: int = 0,
@@ -18,15 +18,15 @@ def saturation_estimate(sku: str, model: str = DEFAULT_MODEL, *, num_jobs: int =
     * ``decode_jps``: decode throughput at batch 32 / output tokens per job.
     * ``job_s``: unloaded mean job duration (tool gaps + generation).
 
-    The KV pool is the replay's own (``scheduling.replay.kv_pool_blocks``).
+    The KV pool is the replay's own (``scheduling.experiments.replay.kv_pool_blocks``).
     """
     import numpy as np
 
     from gpubench import skus
     from predictor import StepModel, load_model_config
-    from scheduling.replay import kv_pool_blocks
-    from scheduling.request import BLOCK_SIZE
-    from scheduling.trace_synth import synthetic_jobs
+    from scheduling.engine.request import BLOCK_SIZE
+    from scheduling.experiments.replay import kv_pool_blocks
+    from scheduling.workload.trace_synth import synthetic_jobs
 
     sku_spec = skus.get(sku)
     model_config = load_model_config(model)  # an unknown model fails here, before the step model is built

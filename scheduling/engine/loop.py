@@ -8,10 +8,10 @@ the policy's victim (FCFS: the last running request) is preempted by recompute, 
 requests are admitted only if nothing was preempted in this step, up to ``max_num_seqs``, each
 after a prefix-cache lookup (hit capped at known tokens − 1, whole blocks) and a connector lookup.
 
-Events (``scheduling.events``) are kept in a ``heapq`` as ``(time_s, priority, seq, event)``; ``seq``
+Events (``scheduling.engine.events``) are kept in a ``heapq`` as ``(time_s, priority, seq, event)``; ``seq``
 comes from this engine's own ``itertools.count()``, so two engines never share a counter.
-``run()`` returns an :class:`scheduling.outputs.EngineResult`; sizes come in an
-:class:`scheduling.engine_config.EngineConfig`.
+``run()`` returns an :class:`scheduling.engine.outputs.EngineResult`; sizes come in an
+:class:`scheduling.engine.engine_config.EngineConfig`.
 """
 from __future__ import annotations
 
@@ -21,27 +21,27 @@ import time
 from typing import Callable, Sequence
 
 from common.errors import ConfigError
-from scheduling.admission import Admission
-from scheduling.batch_tally import BatchTally
-from scheduling.decode_group import DecodeGroup
-from scheduling.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
-from scheduling.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
-from scheduling.kv_manager import KVCacheManager
-from scheduling.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
+from scheduling.engine.admission import Admission
+from scheduling.engine.batch_tally import BatchTally
+from scheduling.engine.decode_group import DecodeGroup
+from scheduling.engine.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
+from scheduling.engine.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
+from scheduling.engine.kv_manager import KVCacheManager
+from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
+from scheduling.engine.request import JobState, Request, Status
+from scheduling.engine.step_cost import StepCost
+from scheduling.engine.step_output import StepOutput
 from scheduling.policies.base import KVPolicy, PolicyContext
-from scheduling.request import JobState, Request, Status
-from scheduling.step_cost import StepCost
-from scheduling.step_output import StepOutput
-from scheduling.traces import Job
+from scheduling.workload.traces import Job
 
 
 class Engine(Admission, StepOutput, DecodeGroup):
     """One replay: jobs in, records out. Not reusable: build a new engine per run.
 
     This module holds the event loop and the scheduling pass; its parts live beside it, on the same
-    state: admission of waiting requests (:class:`scheduling.admission.Admission`), applying a
-    finished step (:class:`scheduling.step_output.StepOutput`) and the decode group, the one
-    representation of decoding requests between steps (:class:`scheduling.decode_group.DecodeGroup`).
+    state: admission of waiting requests (:class:`scheduling.engine.admission.Admission`), applying a
+    finished step (:class:`scheduling.engine.step_output.StepOutput`) and the decode group, the one
+    representation of decoding requests between steps (:class:`scheduling.engine.decode_group.DecodeGroup`).
 
     Args:
         jobs: the workload (arrival times set; see ``traces.with_poisson_arrivals``).
@@ -317,7 +317,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
             self._sched_n.append(n)
             budget -= n
             # one rule with the running loop: a re-admitted preempted request with only its
-            # last token left is a decode (scheduling.batch_tally)
+            # last token left is a decode (scheduling.engine.batch_tally)
             if not tally.add(r, n, c) and c + n == r.num_tokens:
                 tally.extra_s += policy.on_prefill_complete(r, c + n)
 

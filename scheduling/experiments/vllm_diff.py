@@ -10,7 +10,7 @@ same free queue, block id by block id (both pools number their blocks alike and 
 head of the queue first, so equal queues mean equal eviction order).
 The simulator runs twice: its exact loop alone (``fast_path=False``: every step scheduled by the
 code that mirrors vLLM's ``schedule()``) and as replays run it, with decoding requests in the decode
-group (``scheduling.decode_group``) whenever a step allows; both must match vLLM. A decode-group
+group (``scheduling.engine.decode_group``) whenever a step allows; both must match vLLM. A decode-group
 member is listed in the batch at its place in running order with its one token.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from scheduling.engine import Engine, EngineConfig
+from scheduling.engine.step_cost import ConstantStepCost
 from scheduling.policies import make_policy
-from scheduling.step_cost import ConstantStepCost
-from scheduling.traces import Job, job_to_dict
+from scheduling.workload.traces import Job, job_to_dict
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ loop: the next turn is sent when the previous one finished plus the gap); the la
 ``tool=None`` and ``tool_s=0``.
 
 File format: one JSON object per line (``.jsonl``); ``arrival_s`` is optional (default 0).
-``load_trace`` also reads SWE-smith trajectory files (parquet, or JSONL whose rows carry a
-``messages`` field); see :mod:`scheduling.swesmith`. Synthetic jobs come from
-:mod:`scheduling.trace_synth`.
+Reading a trace file of either format (ours, or SWE-smith trajectories) is
+:func:`scheduling.workload.trace_files.load_trace`, one floor up: it dispatches to
+:mod:`scheduling.workload.swesmith`, which builds its jobs from this schema. Synthetic jobs come from
+:mod:`scheduling.workload.trace_synth`.
 """
 from __future__ import annotations
 
@@ -31,10 +32,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from common.errors import TraceFormatError
-from common.jsonio import iter_jsonl
 
 __all__ = [
-    "Turn", "Job", "load_trace", "save_trace", "job_from_dict", "job_to_dict", "validate_job",
+    "Turn", "Job", "save_trace", "job_from_dict", "job_to_dict", "validate_job",
     "with_poisson_arrivals",
 ]
 
@@ -199,59 +199,6 @@ def save_trace(jobs: Iterable[Job], path: str | Path) -> Path:
         for job in jobs:
             f.write(json.dumps(job_to_dict(job), separators=(",", ":")) + "\n")
     return path
-
-
-def _is_swesmith_file(path: Path) -> bool:
-    """A parquet file, or a JSONL whose first object has a ``messages`` field, is SWE-smith."""
-    if path.suffix == ".parquet":
-        return True
-    with open(path, encoding="utf-8") as f:
-        for raw in f:
-            if raw.strip():
-                try:
-                    first = json.loads(raw)
-                except json.JSONDecodeError:
-                    return False
-                return isinstance(first, dict) and "messages" in first and "turns" not in first
-    return False
-
-
-def load_trace(path: str | Path, *, seed: int = 0) -> list[Job]:
-    """Load a trace file: our JSONL job schema, or a SWE-smith parquet/JSONL trajectory file.
-
-    Args:
-        path: the file.
-        seed: seed of the tool-duration model for SWE-smith files (they carry no timestamps).
-
-    Raises:
-        TraceFormatError: unreadable file, bad JSON (file and line), invalid job, duplicate job id.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError(f"{path}: trace file not found")
-    try:
-        return _load_trace(path, seed)
-    except UnicodeDecodeError as err:
-        raise TraceFormatError(f"{path}: not a trace (not UTF-8 text: {err.reason} at byte {err.start})") from None
-
-
-def _load_trace(path: Path, seed: int) -> list[Job]:
-    if _is_swesmith_file(path):
-        from scheduling import swesmith
-
-        return swesmith.load_swesmith(path, seed=seed)
-    jobs: list[Job] = []
-    seen: dict[str, int] = {}
-    for lineno, obj in iter_jsonl(path, error=TraceFormatError):
-        job = job_from_dict(obj, path=path, line=lineno)
-        if job.job_id in seen:
-            raise TraceFormatError(
-                f"{path}:{lineno}: job {job.job_id!r}: field 'job_id' duplicates line {seen[job.job_id]}")
-        seen[job.job_id] = lineno
-        jobs.append(job)
-    if not jobs:
-        raise TraceFormatError(f"{path}: no jobs in file")
-    return jobs
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Synthetic software-engineering agents: tool-time models, the generator and its presets, and the
 public SWE-smith statistics it is calibrated to.
 
-Separate from :mod:`scheduling.traces`, which owns the job schema and its file format: this module
+Separate from :mod:`scheduling.workload.traces`, which owns the job schema and its file format: this module
 only makes jobs (seeded, see :func:`synthetic_jobs`) and measures traces (:func:`trace_stats`)
 against ``SWE_SMITH_TARGETS``. Its tool-time models also give SWE-smith trajectories, which carry
-no timestamps, their tool gaps (:mod:`scheduling.swesmith`).
+no timestamps, their tool gaps (:mod:`scheduling.workload.swesmith`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from scheduling.traces import Job, Turn
+from scheduling.workload.traces import Job, Turn
 
 __all__ = [
     "ToolTimeModel", "DEFAULT_TOOL_MODELS", "LONG_TOOL_MODELS", "DEFAULT_TOOL_MIX", "SyntheticParams",

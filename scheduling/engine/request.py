@@ -6,7 +6,7 @@ Token identity is synthetic (traces carry counts, not tokens). A job's token seq
       block i in here: identity ("g", group, i)   block i past it: identity ("j", job_id, i)
 
 A block that straddles the end of the system prompt holds job tokens, so it is a job block. Hashes
-are chained (:func:`scheduling.kv_cache.chain_hash`), so two jobs of one group share exactly their
+are chained (:func:`scheduling.engine.kv_cache.chain_hash`), so two jobs of one group share exactly their
 full system-prompt blocks, and turn k+1's prompt shares every full block of turn k's prompt and
 output (the last sampled token of turn k has no KV: it is the first token turn k+1 computes).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import enum
 
-from scheduling.kv_cache import BlockHash, chain_hash
-from scheduling.traces import Job
+from scheduling.engine.kv_cache import BlockHash, chain_hash
+from scheduling.workload.traces import Job
 
 BLOCK_SIZE = 16
 

@@ -353,7 +353,7 @@ def _load_pools():
     try:
         from scheduling._kvpool import BlockPool, HashLRU  # csrc/sim/kvpool.cpp
     except ImportError as exc:
-        built = sorted(Path(__file__).with_name("__init__.py").parent.glob("_kvpool*.so"))
+        built = sorted(Path(__file__).parents[1].glob("_kvpool*.so"))
         if built:
             raise ImportError(f"{built[0]}: the compiled block pool does not import ({exc}); rebuild it "
                               "(pip install -e .) or set GPUBENCH_PURE_PYTHON=1 for the Python pool") from exc

@@ -1,7 +1,7 @@
 """Trajectories in the SWE-smith layout, generated: the shipped three-layout sample
-(``sample_trajectories`` / ``write_sample``, regenerate with ``python -m scheduling.swesmith_gen``)
+(``sample_trajectories`` / ``write_sample``, regenerate with ``python -m scheduling.workload.swesmith_gen``)
 and any number of trajectories drawn from a trace preset's statistics (``generate_trajectories``,
-``write_trajectories``; ``gpubench trace swesmith``). ``scheduling.swesmith`` reads them back
+``write_trajectories``; ``gpubench trace swesmith``). ``scheduling.workload.swesmith`` reads them back
 like the public files.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from scheduling.swesmith import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, SAMPLE_PATH, tool_class
+from scheduling.workload.swesmith import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, SAMPLE_PATH, tool_class
 
 _SYSTEM_PROMPT = (
     "You are a helpful assistant that can interact with a computer to solve tasks.\n"
@@ -163,7 +163,7 @@ def generate_trajectories(num_jobs: int, seed: int = 0, params=None) -> Iterator
     tool call names a command of the turn's duration class, so loading the file draws tool times
     from the same models. Message text is filler: only lengths, roles and calls are real.
     """
-    from scheduling.trace_synth import synthetic_jobs
+    from scheduling.workload.trace_synth import synthetic_jobs
 
     jobs = synthetic_jobs(num_jobs, seed, params, id_prefix="swesmith")
     system_texts: dict[str, str] = {}
@@ -237,5 +237,5 @@ def write_sample(path: str | Path = SAMPLE_PATH, seed: int = 0) -> Path:
     return path
 
 
-if __name__ == "__main__":  # python -m scheduling.swesmith_gen  -> regenerate the shipped sample
+if __name__ == "__main__":  # python -m scheduling.workload.swesmith_gen  -> regenerate the shipped sample
     print(write_sample())

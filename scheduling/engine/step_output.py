@@ -1,23 +1,23 @@
-"""Step output: applying a finished step to its requests (scheduling.engine).
+"""Step output: applying a finished step to its requests (scheduling.engine.loop).
 
 vLLM's ``Scheduler.update_from_output()`` in the simulator: computed tokens advance by what was
 scheduled, a request whose known tokens are all computed samples one, a turn that has all its
 output finishes (its blocks freed or kept by the KV policy, its record written) and the job's next
 turn arrives after the tool call. Decode-group members advance by the group's step index instead
-(``scheduling.decode_group``); those that finish or join the group are handled here.
+(``scheduling.engine.decode_group``); those that finish or join the group are handled here.
 
-A mixin of :class:`scheduling.engine.Engine`, on the engine's own state.
+A mixin of :class:`scheduling.engine.loop.Engine`, on the engine's own state.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduling.events import ArrivalEvent
-from scheduling.request import Request, Status
+from scheduling.engine.events import ArrivalEvent
+from scheduling.engine.request import Request, Status
 
 if TYPE_CHECKING:
-    from scheduling.kv_manager import KVCacheManager
-    from scheduling.outputs import EngineResult
+    from scheduling.engine.kv_manager import KVCacheManager
+    from scheduling.engine.outputs import EngineResult
     from scheduling.policies.base import KVPolicy
 
 
