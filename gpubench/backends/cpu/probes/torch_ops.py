@@ -72,18 +72,11 @@ class TorchOpsProbe(Probe):
         specs: list[MeasurementSpec] = []
         for dt in dtypes:
             if "linear" in families:
-                for k in (grid.QUICK_LINEAR_K if q else grid.LINEAR_K):
-                    for n in (grid.QUICK_LINEAR_N if q else grid.LINEAR_N):
-                        kk, nn = sz(k, 8), sz(n, 8)
-                        if nn * kk > grid.MAX_WEIGHT_ELEMENTS:
-                            continue
-                        ms = tuple(m for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M)
-                                   if m <= max_m and grid.linear_flops(m, nn, kk) <= grid.MAX_CALL_FLOPS)
-                        for p, m in grid.linear_sweep(ms, passes):
-                            specs.append(MeasurementSpec(
-                                key=grid.linear_key("torch_linear", dt, n, k, m, p),
-                                params={**common, "family": "linear", "dtype": dt, "m": m, "n": nn, "k": kk, "pass": p},
-                                label=f"linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
+                for n, k, nn, kk, p, m in grid.linear_cells(q, scale, max_m, passes):
+                    specs.append(MeasurementSpec(
+                        key=grid.linear_key("torch_linear", dt, n, k, m, p),
+                        params={**common, "family": "linear", "dtype": dt, "m": m, "n": nn, "k": kk, "pass": p},
+                        label=f"linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
             for h, hkv, d in (grid.QUICK_ATTN_HEADS if q else grid.ATTN_HEADS):
                 if "attn_decode" in families:
                     for b in (grid.QUICK_DECODE_BATCH if q else grid.DECODE_BATCH):

@@ -85,3 +85,18 @@ def linear_flops(m: int, n: int, k: int) -> int:
 
 def linear_bytes(m: int, n: int, k: int, itemsize: int) -> int:
     return (m * k + n * k + m * n) * itemsize
+
+
+def linear_cells(quick: bool, scale: float, max_m: int, passes: int):
+    """The linear grid both engines' probes sweep, in measurement order: ``(n, k, n_scaled,
+    k_scaled, pass, m)`` per cell and pass (weights over MAX_WEIGHT_ELEMENTS and calls over
+    MAX_CALL_FLOPS left out; sizes scaled in tests, at least 8)."""
+    for k in (QUICK_LINEAR_K if quick else LINEAR_K):
+        for n in (QUICK_LINEAR_N if quick else LINEAR_N):
+            kk, nn = max(8, int(k * scale)), max(8, int(n * scale))
+            if nn * kk > MAX_WEIGHT_ELEMENTS:
+                continue
+            ms = tuple(m for m in (QUICK_LINEAR_M if quick else LINEAR_M)
+                       if m <= max_m and linear_flops(m, nn, kk) <= MAX_CALL_FLOPS)
+            for p, m in linear_sweep(ms, passes):
+                yield n, k, nn, kk, p, m

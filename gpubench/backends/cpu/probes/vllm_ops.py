@@ -157,19 +157,12 @@ class VllmOpsProbe(Probe):
             pool_bytes = int(pool_bytes * min(1.0, scale * 4))
         specs = []
         for dt in dtypes:
-            for k in (grid.QUICK_LINEAR_K if q else grid.LINEAR_K):
-                for n in (grid.QUICK_LINEAR_N if q else grid.LINEAR_N):
-                    kk, nn = max(8, int(k * scale)), max(8, int(n * scale))
-                    if nn * kk > grid.MAX_WEIGHT_ELEMENTS:
-                        continue
-                    ms = tuple(m for m in (grid.QUICK_LINEAR_M if q else grid.LINEAR_M)
-                               if m <= max_m and grid.linear_flops(m, nn, kk) <= grid.MAX_CALL_FLOPS)
-                    for p, m in grid.linear_sweep(ms, passes):
-                        specs.append(MeasurementSpec(
-                            key=grid.linear_key("vllm_linear", dt, n, k, m, p),
-                            params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
-                                    "pass": p, "num_threads": threads, "pool_bytes": int(pool_bytes)},
-                            label=f"vllm linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
+            for n, k, nn, kk, p, m in grid.linear_cells(q, scale, max_m, passes):
+                specs.append(MeasurementSpec(
+                    key=grid.linear_key("vllm_linear", dt, n, k, m, p),
+                    params={"family": "linear", "engine": "vllm", "dtype": dt, "m": m, "n": nn, "k": kk,
+                            "pass": p, "num_threads": threads, "pool_bytes": int(pool_bytes)},
+                    label=f"vllm linear {dt} M={m} N={nn} K={kk} pass {p + 1}/{passes}"))
         if opt(cfg, "vllm_ops", "attention", True):
             specs += _attention_specs(cfg, dtypes, threads, int(pool_bytes), scale)
         if "fp32" in dtypes and opt(cfg, "vllm_ops", "engine_steps", True):
