@@ -7,7 +7,7 @@ every request whose scheduled tokens reach the end of what it knows, as vLLM's o
 do. Time is counted in steps of 1.0: the clock advances by one per step and jumps to the next
 arrival when nothing is running, exactly as the simulator runs with a constant step cost of 1 s.
 
-Jobs are the trace schema (``scheduling.traces``); a job's turn k+1 arrives at turn k's finish
+Jobs are the trace schema (``scheduling.workload.traces``); a job's turn k+1 arrives at turn k's finish
 plus its ``tool_s``. Prompt token ids follow the simulator's prefix structure: the prefix group's
 system tokens are identical within the group, every input and every sampled token is unique to
 its job, so block hashes match where the simulator's chained hashes match.
