@@ -228,10 +228,10 @@ def cmd_compare(args) -> int:
     regressions = []
     if args.fail_above is not None:
         for f in out["figures"]:
-            for run, pct in zip(out["runs"][1:], f["regression_pct"][1:]):
+            for run, pct, tainted in zip(out["runs"][1:], f["regression_pct"][1:], f["contended"][1:]):
                 if pct is not None and pct > args.fail_above:
                     regressions.append({"id": f["id"], "label": f["label"], "run_dir": run["run_dir"],
-                                        "regression_pct": pct})
+                                        "regression_pct": pct, "contended": tainted})
     out["fail_above_pct"] = args.fail_above
     out["regressions"] = regressions
     status = 1 if regressions else 0
