@@ -134,6 +134,7 @@ def cmd_run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from common import termtable
     from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import finite_or_none, print_summary
@@ -176,7 +177,7 @@ def cmd_run(args) -> int:
         # Strict JSON for other programs: an undefined figure (NaN spread of one repetition) is null.
         print(json.dumps(finite_or_none(doc), indent=2, default=float, allow_nan=False))
     else:
-        print_summary(summary, Console(width=max(Console().width, 160)))
+        print_summary(summary, termtable.console())
         print(f"run dir: {outcome.run_dir}")
     return 0 if outcome.ok else 1
 
@@ -184,8 +185,7 @@ def cmd_run(args) -> int:
 def cmd_show(args) -> int:
     import json
 
-    from rich.console import Console
-
+    from common import termtable
     from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import print_summary
@@ -206,7 +206,7 @@ def cmd_show(args) -> int:
             d["plots"] = [str(p) for p in plots]
         print(json.dumps(d, indent=2, default=float))
         return 0
-    print_summary(s, Console(width=max(Console().width, 160)))
+    print_summary(s, termtable.console())
     for p in plots:
         print(f"wrote {p}")
     return 0
@@ -256,10 +256,9 @@ def cmd_compare(args) -> int:
 def cmd_skus(args) -> int:
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
+    from common import termtable
     from gpubench import skus
+    from gpubench.bench_output import skus_table
 
     entries = [skus.get(i) for i in skus.all_ids()]
     if args.json:
@@ -274,18 +273,8 @@ def cmd_skus(args) -> int:
             out.append(d)
         print(json.dumps(out, indent=2))
         return 0
-    t = Table(title="gpubench SKU table (dense spec peaks; device properties are read at run time)")
-    for col in ("id", "name", "SMs", "clock MHz", "bf16 TF/s", "fp8 TF/s", "mem GB", "BW GB/s", "L2 MB", "s_floor ms", "droop"):
-        t.add_column(col, justify="right" if col not in ("id", "name") else "left")
-    for s in entries:
-        bf16 = s.peak_flops("bf16") / 1e12 if "bf16" in s.fma_per_tc_per_clk else None
-        fp8 = s.peak_flops("fp8") / 1e12 if "fp8" in s.fma_per_tc_per_clk else None
-        if s.backend == "cpu":
-            bf16 = s.peak_flops("fp32") / 1e12
-        t.add_row(s.id, s.name + (" [fp32 vector]" if s.backend == "cpu" else ""), str(s.sm_count),
-                  f"{s.spec_clock_mhz:.0f}", _f(bf16, 1 if s.backend != "cpu" else 4), _f(fp8, 1),
-                  f"{s.memory_gb:.0f}", _f(s.memory_bw_gbs, 0), f"{s.l2_mb:.0f}", _f(s.s_floor_ms, 2), _f(s.clock_droop, 3))
-    Console().print(t)
+    con = termtable.console()
+    con.print(skus_table(entries, con.width))
     if args.sources:
         for s in entries:
             print(f"{s.id}:")
@@ -293,6 +282,3 @@ def cmd_skus(args) -> int:
                 print(f"  {k}: {v}")
     return 0
 
-
-def _f(v, nd):
-    return "-" if v is None else f"{v:.{nd}f}"

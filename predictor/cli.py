@@ -183,17 +183,20 @@ def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list
     return cols, rows
 
 
-def _print_breakdown(pred, total_s: float, overlap: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# How each breakdown column gives way on a narrow terminal (common.termtable): the op is kept whole,
+# the least telling columns are left out first.
+BREAKDOWN_DROP = {"MB": 1, "GFLOP": 2, "GEMM (M,N,K)": 3, "calls": 4, "kind": 5, "bound": 6}
+
+
+def _print_breakdown(pred, total_s: float, overlap: bool, width: int | None = None) -> None:
+    from common import termtable
 
     cols, rows = breakdown_rows(pred, total_s, overlap)
-    table = Table(title=f"per-op breakdown ({pred.form} form; times summed over layers)")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right")
-    for row in rows:
-        table.add_row(*row)
-    Console(width=max(Console().width, 160)).print(table)
+    specs = [termtable.Col(c, "left" if c in ("op", "kind", "bound") else "right", keep=c == "op",
+                           drop=BREAKDOWN_DROP.get(c, 0)) for c in cols]
+    con = termtable.console(width)
+    con.print(termtable.table(specs, rows, width=con.width,
+                              title=f"per-op breakdown ({pred.form} form; times summed over layers)"))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -209,16 +212,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
         json.dump(cal.to_dict(), sys.stdout, indent=2)
         print()
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from common import termtable
 
-    table = Table(title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}")
-    for col in ("parameter", "value", "error", "tier", "source"):
-        table.add_column(col, overflow="fold")
-    for block in (cal.params, cal.hardware, cal.host_residual):
-        for name, p in block.items():
-            table.add_row(name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source)
-    Console(width=max(Console().width, 160)).print(table)
+    cols = (termtable.Col("parameter", keep=True), termtable.Col("value", "right"),
+            termtable.Col("error", "right", drop=1), termtable.Col("tier", drop=2), termtable.Col("source", wrap=True))
+    rows = [[name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source]
+            for block in (cal.params, cal.hardware, cal.host_residual) for name, p in block.items()]
+    con = termtable.console()
+    con.print(termtable.table(cols, rows, width=con.width,
+                              title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}"))
     for w in cal.meta.get("fit", {}).get("warnings", []):
         print(f"warning: {w}")
     print(f"wrote {args.output}")
