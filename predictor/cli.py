@@ -29,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--allow-contended", action="store_true",
                    help="fit a run taken under contention (load above the core count + 1, or probes that got "
                         "under 80 %% of their CPU) instead of refusing it; the calibration is marked")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every fit warning in full (default: one or two short lines; they are always in the "
+                        "calibration's meta.contended and meta.fit.warnings)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser(
@@ -204,9 +207,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None,
                   allow_contended=args.allow_contended)
-    if cal.meta.get("contended"):
-        print(f"warning: fitted from a run taken under contention ({cal.meta['contended']}); the calibration is "
-              "marked, and predict will say so", file=sys.stderr)
+    for line in fit_warning_lines(cal.meta, verbose=args.verbose):
+        print(f"warning: {line}", file=sys.stderr)
     cal.save(args.output)
     if args.json:
         json.dump(cal.to_dict(), sys.stdout, indent=2)
@@ -221,7 +223,25 @@ def cmd_fit(args: argparse.Namespace) -> int:
     con = termtable.console()
     con.print(termtable.table(cols, rows, width=con.width,
                               title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}"))
-    for w in cal.meta.get("fit", {}).get("warnings", []):
-        print(f"warning: {w}")
     print(f"wrote {args.output}")
     return 0
+
+
+def fit_warning_lines(meta: dict, *, verbose: bool = False) -> list[str]:
+    """What `fit` says of a calibration's warnings: at most two short lines (a contended run; how
+    many fitted values look off), or, ``verbose``, each in full. The calibration keeps them all
+    (``meta.contended``, ``meta.fit.warnings``)."""
+    contended = meta.get("contended")
+    checks = list((meta.get("fit") or {}).get("warnings") or [])
+    if verbose:
+        head = [f"fitted from a run taken under contention ({contended}); the calibration is marked, and predict "
+                "will say so"] if contended else []
+        return head + checks
+    out = []
+    if contended:
+        out.append("fitted a run taken under contention: the calibration is marked and predict will say so")
+    if checks:
+        what = "value looks" if len(checks) == 1 else "values look"
+        out.append(f"{len(checks)} fitted {what} off{' (as on a busy host)' if contended else ''}: "
+                   "--verbose lists them (also in meta.fit.warnings)")
+    return out
