@@ -58,7 +58,9 @@ def register(sub) -> None:
                    help="results root: the run goes to OUT/<sku>/<UTC>-<host>/ (default: ./gpubench-results, so a "
                         "run from a checkout never lands among its committed results/)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
-    r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")
+    r.add_argument("--force", action="store_true",
+                   help="accept a GPU --sku that the GPU's name contradicts (never a SKU of another backend: a "
+                        "GPU SKU on the CPU is refused; `gpubench predict --sku ID` prices a GPU you do not have)")
     # --repeats as in the kvcomm commands; the short spelling stays a hidden alias.
     r.add_argument("--repeats", type=int, default=10, dest="reps", metavar="N",
                    help="repetitions per measurement (default 10; first discarded)")
