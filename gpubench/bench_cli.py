@@ -133,14 +133,12 @@ def _check_set(key: str, value: str, item: str) -> None:
 
 
 def cmd_run(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from common import termtable
     from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import finite_or_none, print_summary
     from gpubench.results import load
+    from gpubench.run_progress import progress_for_stderr
     from gpubench.runner import RunRequest, execute
 
     if args.reps < 2:
@@ -152,23 +150,9 @@ def cmd_run(args) -> int:
     req = RunRequest(device=args.device, sku=args.sku, probes=probes, quick=args.quick, out=args.out,
                      resume=args.resume, force=args.force, options=_parse_sets(args.set), num_reps=args.reps,
                      probe_budget_s=args.probe_budget_s, argv=tuple(["gpubench", *sys.argv[1:]]))
-    err = Console(stderr=True)
-    progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err)
-    tasks: dict = {}
-
-    def on_start(writer, line, todo):
-        err.print(line)
-        err.print(f"run dir: {writer.run_dir}")
-
-    def on_event(name, ev):
-        if ev.get("event") == "plan":
-            tasks[name] = progress.add_task(name, total=ev["total"], completed=ev["done"], label="")
-        elif ev.get("event") == "row" and name in tasks:
-            progress.update(tasks[name], advance=1, label=("" if ev["valid"] else "INVALID ") + ev.get("label", ""))
-
+    progress = progress_for_stderr()  # bars on a terminal, one-line records in a log
     with progress:
-        outcome = execute(req, on_event=on_event, on_start=on_start)
+        outcome = execute(req, on_event=progress.on_event, on_start=progress.on_start)
     summary = report.summarize_run(load(outcome.run_dir))
     if getattr(args, "json", False):
         import json
