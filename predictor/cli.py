@@ -150,9 +150,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     form = f"{pred.form}, async" if overlap else pred.form
     print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {total_s * 1e3:.3f} ms [{form}]"
           f" = {pred.num_new_tokens / total_s:,.0f} tokens/s")
-    print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
-          f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
-          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms{' (overlapped)' if overlap else ''} | "
+    print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({blocks_text(pred)}) | {launch_name} {pred.launch_s * 1e3:.3f} ms "
+          f"over {pred.num_kernels} {unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms"
+          f"{' (overlapped)' if overlap else ''} | "
           f"sampling {pred.sample_s * 1e3:.3f} ms")
     t = pred.tiers
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
@@ -162,10 +162,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def blocks_text(pred) -> str:
+    """What the blocks' time is made of, for the headline: its terms, and how they make it."""
+    c, m = f"{pred.compute_s * 1e3:.3f}", f"{pred.memory_s * 1e3:.3f}"
+    if pred.form == "max":
+        return f"max of compute {c}, memory {m}: {pred.bound} bound"
+    if pred.form == "cpu_ops":
+        return f"the measured op tables, mostly {pred.bound}-bound ops; the roofline's compute {c}, memory {m} for reference"
+    return f"sum over ops of max(t_c, t_m), mostly {pred.bound}-bound ops; sums: compute {c}, memory {m}"
+
+
+BREAKDOWN_TITLE = {
+    "additive": "additive form: t = max(t_c, t_m) per op",
+    "max": "max form: the step takes max(sum t_c, sum t_m), so each op's t is its t_c when compute wins, else its t_m",
+    "cpu_ops": "cpu_ops form: t = the measured op tables; t_c, t_m = the roofline, for reference",
+}
+
+
 def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list[list[str]]]:
-    """The per-op table's columns and rows. ``total_s`` is the headline total; with ``overlap``
-    (asynchronous scheduling) the host residual runs beside the device and is not added, so its
-    share is left blank and the total row is the headline, not the synchronous sum."""
+    """The per-op table's columns and rows, whose times add up to the headline ``total_s``. With
+    ``overlap`` (asynchronous scheduling) the host residual runs beside the device and is not added:
+    a ``device`` row sums the ops and launches, the host row says ``overlapped``, and the total row
+    is max(device, host), the headline."""
     with_fixed = any(op.t_fixed_s > 0 for op in pred.ops.values())
     cols = ["op", "kind", "calls", "GEMM (M,N,K)", "GFLOP", "MB", "t_c ms", "t_m ms", *(["fixed ms"] if with_fixed else []),
             "t ms", "share", "bound"]
@@ -177,11 +195,14 @@ def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list
                      f"{op.t_s * 1e3:.4f}", f"{op.t_s / total_s:.1%}", op.bound])
     blank = [""] * (len(cols) - 4)
     rows.append(["launch (added)", *blank, f"{pred.launch_added_s * 1e3:.4f}", f"{pred.launch_added_s / total_s:.1%}", ""])
+    if overlap:
+        device_s = pred.total_s - pred.host_s  # the synchronous step less its host term
+        rows.append(["device (ops + launches)", *blank, f"{device_s * 1e3:.4f}", f"{device_s / total_s:.1%}", ""])
     host_share = "overlapped" if overlap else f"{pred.host_s / total_s:.1%}"
     rows.append(["host residual", *blank, f"{pred.host_s * 1e3:.4f}", host_share, ""])
     flops = f"{sum(o.flops for o in pred.ops.values()) / 1e9:.3f}"
     nbytes = f"{sum(o.bytes for o in pred.ops.values()) / 1e6:.2f}"
-    total_name = "total (async: max of device, host)" if overlap else "total"
+    total_name = "total = max(device, host)" if overlap else "total"
     rows.append([total_name, "", "", "", flops, nbytes, *[""] * (len(cols) - 9), f"{total_s * 1e3:.4f}", "100%", ""])
     return cols, rows
 
@@ -199,7 +220,8 @@ def _print_breakdown(pred, total_s: float, overlap: bool, width: int | None = No
                            drop=BREAKDOWN_DROP.get(c, 0)) for c in cols]
     con = termtable.console(width)
     con.print(termtable.table(specs, rows, width=con.width,
-                              title=f"per-op breakdown ({pred.form} form; times summed over layers)"))
+                              title=f"per-op breakdown ({BREAKDOWN_TITLE.get(pred.form, pred.form)}; times in ms, "
+                                    "summed over layers; the rows add up to the total)"))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
