@@ -229,9 +229,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None,
                   allow_contended=args.allow_contended)
+    cal.save(args.output)  # first: a path that cannot be written is the one line, not after warnings
     for line in fit_warning_lines(cal.meta, verbose=args.verbose):
         print(f"warning: {line}", file=sys.stderr)
-    cal.save(args.output)
     if args.json:
         json.dump(cal.to_dict(), sys.stdout, indent=2)
         print()
