@@ -12,7 +12,8 @@ committed figures were taken), a different command replaces the file.
 
 ``refuse_committed(path, option)``: a path that holds files a git checkout tracks (the repository's
 own committed results) is refused unless ``GPUBENCH_REGENERATE=1`` says the user means to
-regenerate them, so re-running a documented command cannot silently rewrite committed figures.
+regenerate them, so re-running a documented command cannot silently rewrite committed figures (or,
+for `run --out`, add a run among them: the committed runs' COMMAND lines put the env in front).
 
 ``write_text_atomic(path, text)``: a temporary file in the same directory, fsync, rename, fsync of
 the directory: a crash or a full disk leaves the old file or the new one, never a truncated one.
@@ -71,14 +72,16 @@ def committed_files(path: str | os.PathLike) -> list[str]:
     return [f for f in proc.stdout.decode("utf-8", "replace").split("\0") if f]
 
 
-def refuse_committed(path: str | os.PathLike, option: str) -> None:
-    """ConfigError when ``path`` holds committed files and the user did not ask to regenerate them."""
+def refuse_committed(path: str | os.PathLike, option: str, hint: str | None = None) -> None:
+    """ConfigError when ``path`` holds committed files and the user did not ask to regenerate them
+    (``hint``: what to do instead, when the default advice does not fit the command)."""
     if os.environ.get(REGENERATE_ENV) == "1":
         return
     files = committed_files(path)
     if files:
+        hint = hint or f"set {REGENERATE_ENV}=1 to regenerate them in place, or choose another path"
         raise ConfigError(f"{option} {path}: holds {len(files)} file(s) committed to this checkout (e.g. {files[0]}); "
-                          f"set {REGENERATE_ENV}=1 to regenerate them in place, or choose another path")
+                          f"{hint}")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

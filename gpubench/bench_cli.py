@@ -58,7 +58,9 @@ def register(sub) -> None:
                    help="results root: the run goes to OUT/<sku>/<UTC>-<host>/ (default: ./gpubench-results, so a "
                         "run from a checkout never lands among its committed results/)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run; keys already measured are skipped")
-    r.add_argument("--force", action="store_true", help="accept a --sku that contradicts the detected device")
+    r.add_argument("--force", action="store_true",
+                   help="accept a GPU --sku that the GPU's name contradicts (never a SKU of another backend: a "
+                        "GPU SKU on the CPU is refused; `gpubench predict --sku ID` prices a GPU you do not have)")
     # --repeats as in the kvcomm commands; the short spelling stays a hidden alias.
     r.add_argument("--repeats", type=int, default=10, dest="reps", metavar="N",
                    help="repetitions per measurement (default 10; first discarded)")
@@ -131,13 +133,12 @@ def _check_set(key: str, value: str, item: str) -> None:
 
 
 def cmd_run(args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from common import termtable
     from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import finite_or_none, print_summary
     from gpubench.results import load
+    from gpubench.run_progress import progress_for_stderr
     from gpubench.runner import RunRequest, execute
 
     if args.reps < 2:
@@ -149,23 +150,9 @@ def cmd_run(args) -> int:
     req = RunRequest(device=args.device, sku=args.sku, probes=probes, quick=args.quick, out=args.out,
                      resume=args.resume, force=args.force, options=_parse_sets(args.set), num_reps=args.reps,
                      probe_budget_s=args.probe_budget_s, argv=tuple(["gpubench", *sys.argv[1:]]))
-    err = Console(stderr=True)
-    progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=err)
-    tasks: dict = {}
-
-    def on_start(writer, line, todo):
-        err.print(line)
-        err.print(f"run dir: {writer.run_dir}")
-
-    def on_event(name, ev):
-        if ev.get("event") == "plan":
-            tasks[name] = progress.add_task(name, total=ev["total"], completed=ev["done"], label="")
-        elif ev.get("event") == "row" and name in tasks:
-            progress.update(tasks[name], advance=1, label=("" if ev["valid"] else "INVALID ") + ev.get("label", ""))
-
+    progress = progress_for_stderr()  # bars on a terminal, one-line records in a log
     with progress:
-        outcome = execute(req, on_event=on_event, on_start=on_start)
+        outcome = execute(req, on_event=progress.on_event, on_start=progress.on_start)
     summary = report.summarize_run(load(outcome.run_dir))
     if getattr(args, "json", False):
         import json
@@ -176,7 +163,7 @@ def cmd_run(args) -> int:
         # Strict JSON for other programs: an undefined figure (NaN spread of one repetition) is null.
         print(json.dumps(finite_or_none(doc), indent=2, default=float, allow_nan=False))
     else:
-        print_summary(summary, Console(width=max(Console().width, 160)))
+        print_summary(summary, termtable.console())
         print(f"run dir: {outcome.run_dir}")
     return 0 if outcome.ok else 1
 
@@ -184,8 +171,7 @@ def cmd_run(args) -> int:
 def cmd_show(args) -> int:
     import json
 
-    from rich.console import Console
-
+    from common import termtable
     from common.errors import ConfigError
     from gpubench import report
     from gpubench.bench_output import print_summary
@@ -206,7 +192,7 @@ def cmd_show(args) -> int:
             d["plots"] = [str(p) for p in plots]
         print(json.dumps(d, indent=2, default=float))
         return 0
-    print_summary(s, Console(width=max(Console().width, 160)))
+    print_summary(s, termtable.console())
     for p in plots:
         print(f"wrote {p}")
     return 0
@@ -228,10 +214,10 @@ def cmd_compare(args) -> int:
     regressions = []
     if args.fail_above is not None:
         for f in out["figures"]:
-            for run, pct in zip(out["runs"][1:], f["regression_pct"][1:]):
+            for run, pct, tainted in zip(out["runs"][1:], f["regression_pct"][1:], f["contended"][1:]):
                 if pct is not None and pct > args.fail_above:
                     regressions.append({"id": f["id"], "label": f["label"], "run_dir": run["run_dir"],
-                                        "regression_pct": pct})
+                                        "regression_pct": pct, "contended": tainted})
     out["fail_above_pct"] = args.fail_above
     out["regressions"] = regressions
     status = 1 if regressions else 0
@@ -256,10 +242,9 @@ def cmd_compare(args) -> int:
 def cmd_skus(args) -> int:
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
+    from common import termtable
     from gpubench import skus
+    from gpubench.bench_output import skus_table
 
     entries = [skus.get(i) for i in skus.all_ids()]
     if args.json:
@@ -274,18 +259,8 @@ def cmd_skus(args) -> int:
             out.append(d)
         print(json.dumps(out, indent=2))
         return 0
-    t = Table(title="gpubench SKU table (dense spec peaks; device properties are read at run time)")
-    for col in ("id", "name", "SMs", "clock MHz", "bf16 TF/s", "fp8 TF/s", "mem GB", "BW GB/s", "L2 MB", "s_floor ms", "droop"):
-        t.add_column(col, justify="right" if col not in ("id", "name") else "left")
-    for s in entries:
-        bf16 = s.peak_flops("bf16") / 1e12 if "bf16" in s.fma_per_tc_per_clk else None
-        fp8 = s.peak_flops("fp8") / 1e12 if "fp8" in s.fma_per_tc_per_clk else None
-        if s.backend == "cpu":
-            bf16 = s.peak_flops("fp32") / 1e12
-        t.add_row(s.id, s.name + (" [fp32 vector]" if s.backend == "cpu" else ""), str(s.sm_count),
-                  f"{s.spec_clock_mhz:.0f}", _f(bf16, 1 if s.backend != "cpu" else 4), _f(fp8, 1),
-                  f"{s.memory_gb:.0f}", _f(s.memory_bw_gbs, 0), f"{s.l2_mb:.0f}", _f(s.s_floor_ms, 2), _f(s.clock_droop, 3))
-    Console().print(t)
+    con = termtable.console()
+    con.print(skus_table(entries, con.width))
     if args.sources:
         for s in entries:
             print(f"{s.id}:")
@@ -293,6 +268,3 @@ def cmd_skus(args) -> int:
                 print(f"  {k}: {v}")
     return 0
 
-
-def _f(v, nd):
-    return "-" if v is None else f"{v:.{nd}f}"

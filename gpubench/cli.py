@@ -61,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Options naming a file or directory a command writes into (or, for --resume, appends to). `run --out`
-# is left out: it is a root under which every run makes a new directory, so nothing in it is rewritten.
+# is a root under which every run makes a new directory: nothing in it is rewritten, but a root that
+# holds committed files (the checkout's results/, results/cpu, ...) would put the user's run among the
+# committed ones, so it is refused too, with its own hint (RUN_OUT_HINT).
+RUN_OUT_HINT = ("a run there lands among the committed results: leave --out out (./gpubench-results) or choose "
+                "another root; to add one there on purpose (a committed COMMAND line), put GPUBENCH_REGENERATE=1 "
+                "in front")
 WRITTEN_OPTIONS = {"out": "--out", "output": "--out", "trace_out": "--trace-out", "csv": "--csv", "plot": "--plot",
                    "resume": "--resume", "export": "--export"}
 
@@ -80,9 +85,9 @@ def check_outputs(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None)
     for dest, option in WRITTEN_OPTIONS.items():
         value = getattr(args, dest, None)
-        if value is None or (command == "run" and dest == "out") or not isinstance(value, (str, os.PathLike)):
+        if value is None or not isinstance(value, (str, os.PathLike)):
             continue
-        refuse_committed(value, option)
+        refuse_committed(value, option, RUN_OUT_HINT if (command == "run" and dest == "out") else None)
     if command == "show" and getattr(args, "plots", False) and getattr(args, "out", None) is None:
         refuse_committed(args.run_dir, "show --plots (next to the run)")
 

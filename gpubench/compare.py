@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpubench.contention import judge_run
 from gpubench.report import size_text, valid_rows
 from gpubench.results import Run
 
@@ -134,9 +135,14 @@ def compare_runs(runs: list) -> dict:
     rates, base / value for times), ``regression_pct`` (how much worse, in % of the baseline) and
     ``flagged`` (|ratio - 1| larger than either row's (p80 - p20) / median spread). Invalid rows
     are left out; figures the baseline lacks or no other run has are counted, not compared.
+    Each run says whether it was taken under contention (``contention``, gpubench.contention), and
+    each figure's ``contended`` says, per run, whether its ratio involves a contended run (that run
+    or the baseline): such a ratio measures the other work on the machine as much as a change.
     """
     figs = [run_figures(r) for r in runs]
     devices = [describe_device(r.manifest) for r in runs]
+    judged = [judge_run(r) for r in runs]
+    involves = [judged[0].contended or j.contended for j in judged]
     ident = [(d["backend"], d["name"], d["cores"], tuple(sorted(d["caches"].items()))) for d in devices]
     base = figs[0]
     figures = []
@@ -146,8 +152,9 @@ def compare_runs(runs: list) -> dict:
             continue
         entry = {"id": fid, "probe": f0.probe, "label": f0.label, "unit": f0.unit,
                  "higher_is_better": f0.higher_is_better, "values": [f0.value], "speed_ratio": [1.0],
-                 "regression_pct": [0.0], "flagged": [False], "spread": [f0.spread]}
-        for f in others:
+                 "regression_pct": [0.0], "flagged": [False], "spread": [f0.spread], "contended": [involves[0]]}
+        for i, f in enumerate(others, start=1):
+            entry["contended"].append(involves[i])
             if f is None:
                 for k in ("values", "speed_ratio", "regression_pct", "flagged", "spread"):
                     entry[k].append(None)
@@ -162,8 +169,10 @@ def compare_runs(runs: list) -> dict:
     matched = {f["id"] for f in figures}
     return {
         "baseline": str(runs[0].run_dir),
-        "runs": [{"run_dir": str(r.run_dir), "device": d} for r, d in zip(runs, devices)],
+        "runs": [{"run_dir": str(r.run_dir), "device": d, "contention": j.to_dict()}
+                 for r, d, j in zip(runs, devices, judged)],
         "same_device": len(set(ident)) == 1,
+        "any_contended": any(j.contended for j in judged),
         "figures": figures,
         "unmatched": [{"run_dir": str(r.run_dir), "num_figures": len(fs), "num_unmatched": len(set(fs) - matched)}
                       for r, fs in zip(runs, figs)],

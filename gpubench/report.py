@@ -2,6 +2,8 @@
 
 Pure functions of loaded runs (``gpubench.results.Run``) returning dataclasses / dicts; the CLI
 renders them. Rows with ``valid=false`` are never used as figures: they are counted and listed.
+A run taken under contention says so (``contention``, gpubench.contention) and each headline from
+a row that got under its share of the CPU is marked (``contended``).
 Matching figures across runs (`gpubench compare`) is ``gpubench.compare``'s.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gpubench.contention import judge_run
 from gpubench.results import Run
 
 
@@ -31,6 +34,7 @@ class Headline:
     pct: float | None = None
     pct_of: str | None = None
     note: str | None = None
+    contended: bool = False  # the row got under MIN_CPU_SHARE of its CPU (gpubench.contention)
 
 
 @dataclass
@@ -43,6 +47,7 @@ class RunSummary:
     probes: dict = field(default_factory=dict)  # name -> {status, reason, num_rows, num_invalid, wall_s}
     invalid: list = field(default_factory=list)  # "probe/key: reason"
     telemetry: dict = field(default_factory=dict)
+    contention: dict = field(default_factory=dict)  # gpubench.contention.Contention.to_dict()
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -227,6 +232,10 @@ def summarize_run(run: Run) -> RunSummary:
         elif probe == "gemm":
             s.headlines += _gemm(good, peaks)
     s.telemetry = telemetry_summary(run)
+    judged = judge_run(run)
+    s.contention = judged.to_dict()
+    for h in s.headlines:
+        h.contended = judged.is_flagged(h.probe, h.key)
     return s
 
 

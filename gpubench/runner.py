@@ -321,4 +321,10 @@ def _run_all(writer, backend, names, todo, manifest, budget_override, outcome, o
                                                entry.get("num_invalid", 0), entry.get("wall_s", 0.0)))
             continue
         budget = budget_override or find_probe(backend, n).time_budget_s
-        outcome.probes.append(run_probe(writer, backend, n, float(budget), on_event))
+        if on_event:
+            on_event(n, {"event": "probe_start"})
+        result = run_probe(writer, backend, n, float(budget), on_event)
+        outcome.probes.append(result)
+        if on_event:
+            on_event(n, {"event": "probe_end", "status": result.status, "reason": result.reason,
+                         "num_rows": result.num_rows, "wall_s": result.wall_s})

@@ -192,12 +192,24 @@ def detect(device_name: str) -> SKU | None:
 
 
 def check_matches(sku: SKU, device_name: str, backend: str, force: bool = False) -> None:
-    """Raise SKUMismatchError when --sku contradicts the detected device (unless force)."""
+    """Raise SKUMismatchError when --sku contradicts the detected device.
+
+    A SKU of another backend (a GPU SKU on a machine measured on its CPU, or ``cpu`` on a GPU) is
+    refused whatever ``force`` says: the probes would measure this device and file its figures
+    under the other one's id, which `fit` then refuses. ``force`` only accepts a GPU SKU that the
+    GPU's name contradicts (a variant the table takes for another SKU).
+    """
+    if sku.backend != backend:
+        if backend == "cpu":
+            raise SKUMismatchError(
+                f"--sku {sku.id}: this machine has no {sku.name} (the device is the CPU, '{device_name}'); to price "
+                f"a step on one, use `gpubench predict --sku {sku.id}`; to characterize this host, "
+                "`gpubench run --device cpu`")
+        raise SKUMismatchError(
+            f"--sku {sku.id} is this host's CPU, but the device is the GPU '{device_name}': pass --device cpu to "
+            "characterize the CPU, or leave --sku out to characterize the GPU")
     if force:
         return
-    if sku.backend != backend:
-        raise SKUMismatchError(
-            f"--sku {sku.id} is a {sku.backend} SKU but the device is {backend} ('{device_name}'); use --force to override")
     if backend == "cuda":
         found = detect(device_name)
         if found is not None and found.id != sku.id:

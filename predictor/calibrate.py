@@ -203,8 +203,8 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
     run = results.load_many(run_dir if isinstance(run_dir, (list, tuple)) else [run_dir])
     contended = run_contention(run)
     if contended and not allow_contended:
-        raise ConfigError(f"{run.run_dir}: taken under contention ({contended}); re-run it on a quiet machine, "
-                          "or pass --allow-contended to fit it anyway (the calibration is then marked)")
+        raise ConfigError(f"{run.run_dir}: taken under contention ({contended}): rerun when the machine is quiet, "
+                          "or pass --allow-contended to fit anyway (the calibration is then marked)")
     hw0 = HardwareSpec.from_sku(run.sku)
     if hw0.backend != run.backend:
         raise ConfigError(f"{run.run_dir}: manifest backend '{run.backend}' does not match SKU '{run.sku}' ({hw0.backend})")

@@ -29,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--allow-contended", action="store_true",
                    help="fit a run taken under contention (load above the core count + 1, or probes that got "
                         "under 80 %% of their CPU) instead of refusing it; the calibration is marked")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every fit warning in full (default: one or two short lines; they are always in the "
+                        "calibration's meta.contended and meta.fit.warnings)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser(
@@ -147,9 +150,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     form = f"{pred.form}, async" if overlap else pred.form
     print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {total_s * 1e3:.3f} ms [{form}]"
           f" = {pred.num_new_tokens / total_s:,.0f} tokens/s")
-    print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({pred.bound} bound: compute {pred.compute_s * 1e3:.3f}, "
-          f"memory {pred.memory_s * 1e3:.3f}) | {launch_name} {pred.launch_s * 1e3:.3f} ms over {pred.num_kernels} "
-          f"{unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms{' (overlapped)' if overlap else ''} | "
+    print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({blocks_text(pred)}) | {launch_name} {pred.launch_s * 1e3:.3f} ms "
+          f"over {pred.num_kernels} {unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms"
+          f"{' (overlapped)' if overlap else ''} | "
           f"sampling {pred.sample_s * 1e3:.3f} ms")
     t = pred.tiers
     print(f"  tiers: B {hw.mem_bw_tier}, eta_mem {t['eta_max']}, f_clk {t['f_clk']}, eta_active {t['eta_active']}, "
@@ -159,10 +162,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def blocks_text(pred) -> str:
+    """What the blocks' time is made of, for the headline: its terms, and how they make it."""
+    c, m = f"{pred.compute_s * 1e3:.3f}", f"{pred.memory_s * 1e3:.3f}"
+    if pred.form == "max":
+        return f"max of compute {c}, memory {m}: {pred.bound} bound"
+    if pred.form == "cpu_ops":
+        return f"the measured op tables, mostly {pred.bound}-bound ops; the roofline's compute {c}, memory {m} for reference"
+    return f"sum over ops of max(t_c, t_m), mostly {pred.bound}-bound ops; sums: compute {c}, memory {m}"
+
+
+BREAKDOWN_TITLE = {
+    "additive": "additive form: t = max(t_c, t_m) per op",
+    "max": "max form: the step takes max(sum t_c, sum t_m), so each op's t is its t_c when compute wins, else its t_m",
+    "cpu_ops": "cpu_ops form: t = the measured op tables; t_c, t_m = the roofline, for reference",
+}
+
+
 def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list[list[str]]]:
-    """The per-op table's columns and rows. ``total_s`` is the headline total; with ``overlap``
-    (asynchronous scheduling) the host residual runs beside the device and is not added, so its
-    share is left blank and the total row is the headline, not the synchronous sum."""
+    """The per-op table's columns and rows, whose times add up to the headline ``total_s``. With
+    ``overlap`` (asynchronous scheduling) the host residual runs beside the device and is not added:
+    a ``device`` row sums the ops and launches, the host row says ``overlapped``, and the total row
+    is max(device, host), the headline."""
     with_fixed = any(op.t_fixed_s > 0 for op in pred.ops.values())
     cols = ["op", "kind", "calls", "GEMM (M,N,K)", "GFLOP", "MB", "t_c ms", "t_m ms", *(["fixed ms"] if with_fixed else []),
             "t ms", "share", "bound"]
@@ -174,26 +195,33 @@ def breakdown_rows(pred, total_s: float, overlap: bool) -> tuple[list[str], list
                      f"{op.t_s * 1e3:.4f}", f"{op.t_s / total_s:.1%}", op.bound])
     blank = [""] * (len(cols) - 4)
     rows.append(["launch (added)", *blank, f"{pred.launch_added_s * 1e3:.4f}", f"{pred.launch_added_s / total_s:.1%}", ""])
+    if overlap:
+        device_s = pred.total_s - pred.host_s  # the synchronous step less its host term
+        rows.append(["device (ops + launches)", *blank, f"{device_s * 1e3:.4f}", f"{device_s / total_s:.1%}", ""])
     host_share = "overlapped" if overlap else f"{pred.host_s / total_s:.1%}"
     rows.append(["host residual", *blank, f"{pred.host_s * 1e3:.4f}", host_share, ""])
     flops = f"{sum(o.flops for o in pred.ops.values()) / 1e9:.3f}"
     nbytes = f"{sum(o.bytes for o in pred.ops.values()) / 1e6:.2f}"
-    total_name = "total (async: max of device, host)" if overlap else "total"
+    total_name = "total = max(device, host)" if overlap else "total"
     rows.append([total_name, "", "", "", flops, nbytes, *[""] * (len(cols) - 9), f"{total_s * 1e3:.4f}", "100%", ""])
     return cols, rows
 
 
-def _print_breakdown(pred, total_s: float, overlap: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# How each breakdown column gives way on a narrow terminal (common.termtable): the op is kept whole,
+# the least telling columns are left out first.
+BREAKDOWN_DROP = {"MB": 1, "GFLOP": 2, "GEMM (M,N,K)": 3, "calls": 4, "kind": 5, "bound": 6}
+
+
+def _print_breakdown(pred, total_s: float, overlap: bool, width: int | None = None) -> None:
+    from common import termtable
 
     cols, rows = breakdown_rows(pred, total_s, overlap)
-    table = Table(title=f"per-op breakdown ({pred.form} form; times summed over layers)")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right")
-    for row in rows:
-        table.add_row(*row)
-    Console(width=max(Console().width, 160)).print(table)
+    specs = [termtable.Col(c, "left" if c in ("op", "kind", "bound") else "right", keep=c == "op",
+                           drop=BREAKDOWN_DROP.get(c, 0)) for c in cols]
+    con = termtable.console(width)
+    con.print(termtable.table(specs, rows, width=con.width,
+                              title=f"per-op breakdown ({BREAKDOWN_TITLE.get(pred.form, pred.form)}; times in ms, "
+                                    "summed over layers; the rows add up to the total)"))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -201,27 +229,43 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None,
                   allow_contended=args.allow_contended)
-    if cal.meta.get("contended"):
-        print(f"warning: fitted from a run taken under contention ({cal.meta['contended']}); the calibration is "
-              "marked, and predict will say so", file=sys.stderr)
-    cal.save(args.output)
+    cal.save(args.output)  # first: a path that cannot be written is the one line, not after warnings
+    for line in fit_warning_lines(cal.meta, verbose=args.verbose):
+        print(f"warning: {line}", file=sys.stderr)
     for probe, lacking in cal.meta.get("fit", {}).get("quick_left_out", {}).items():
         print(f"note: a --quick run left out {probe} ({lacking}); a run without --quick measures it", file=sys.stderr)
     if args.json:
         json.dump(cal.to_dict(), sys.stdout, indent=2)
         print()
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from common import termtable
 
-    table = Table(title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}")
-    for col in ("parameter", "value", "error", "tier", "source"):
-        table.add_column(col, overflow="fold")
-    for block in (cal.params, cal.hardware, cal.host_residual):
-        for name, p in block.items():
-            table.add_row(name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source)
-    Console(width=max(Console().width, 160)).print(table)
-    for w in cal.meta.get("fit", {}).get("warnings", []):
-        print(f"warning: {w}")
+    cols = (termtable.Col("parameter", keep=True), termtable.Col("value", "right"),
+            termtable.Col("error", "right", drop=1), termtable.Col("tier", drop=2), termtable.Col("source", wrap=True))
+    rows = [[name, f"{p.value:.6g}", "" if p.error is None else f"{p.error:.3g}", p.tier, p.source]
+            for block in (cal.params, cal.hardware, cal.host_residual) for name, p in block.items()]
+    con = termtable.console()
+    con.print(termtable.table(cols, rows, width=con.width,
+                              title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}"))
     print(f"wrote {args.output}")
     return 0
+
+
+def fit_warning_lines(meta: dict, *, verbose: bool = False) -> list[str]:
+    """What `fit` says of a calibration's warnings: at most two short lines (a contended run; how
+    many fitted values look off), or, ``verbose``, each in full. The calibration keeps them all
+    (``meta.contended``, ``meta.fit.warnings``)."""
+    contended = meta.get("contended")
+    checks = list((meta.get("fit") or {}).get("warnings") or [])
+    if verbose:
+        head = [f"fitted from a run taken under contention ({contended}); the calibration is marked, and predict "
+                "will say so"] if contended else []
+        return head + checks
+    out = []
+    if contended:
+        out.append("fitted a run taken under contention: the calibration is marked and predict will say so")
+    if checks:
+        what = "value looks" if len(checks) == 1 else "values look"
+        out.append(f"{len(checks)} fitted {what} off{' (as on a busy host)' if contended else ''}: "
+                   "--verbose lists them (also in meta.fit.warnings)")
+    return out

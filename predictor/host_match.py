@@ -9,25 +9,19 @@ the device name and driver), and ``predict``/``evaluate`` compare it with the ho
 the ``cpu`` SKU) or with the SKU asked for (GPUs), refusing a mismatch with one line unless forced.
 
 Contention: a probe run taken while other work held the cores measures the other work. ``fit``
-refuses a run whose 1-minute load exceeded the core count by more than one, or whose probes got
-under :data:`MIN_CPU_SHARE` of the CPU they asked for, unless told to accept it; then the
-calibration is marked (``meta.contended``) and ``predict`` warns.
+refuses a run that gpubench.contention judges contended (the judgement `show` and `compare` print
+too; re-exported here) unless told to accept it; then the calibration is marked
+(``meta.contended``) and ``predict`` warns.
 """
 from __future__ import annotations
 
 from common.errors import ConfigError
+from gpubench.contention import MIN_CPU_SHARE, is_contended, run_contention
 
-# A measurement that got less than this share of the CPU time it asked for was shared with other
-# work (the same threshold as vLLM engine-step rows: predictor.vllm_profile).
-MIN_CPU_SHARE = 0.8
+__all__ = ["MIN_CPU_SHARE", "is_contended", "run_contention", "check_calibration_host", "calibration_for",
+           "calibration_for_command", "identity_from_device", "current_cpu_identity", "mismatches"]
 
 CPU_IDENTITY_KEYS = ("model_name", "num_cpus", "vector_bits", "isa_flags", "llc_bytes")
-
-
-def is_contended(*, load_1m: float | None, num_cpus: int, cpu_share: float | None = None) -> bool:
-    """The one contention rule: load above the core count + 1, or a CPU share under MIN_CPU_SHARE."""
-    return bool((load_1m is not None and load_1m > num_cpus + 1)
-                or (cpu_share is not None and cpu_share < MIN_CPU_SHARE))
 
 
 def identity_from_device(device: dict) -> dict:
@@ -116,38 +110,3 @@ def calibration_for_command(path, sku: str | None, *, force: bool = False):
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     return cal
-
-
-def run_contention(run) -> str | None:
-    """Why a probe run counts as contended (None when quiet): the load at its start and at the end
-    of each probe against its logical CPUs, and the CPU share its rows recorded (CPU runs)."""
-    manifest = run.manifest
-    device = manifest.get("device") or {}
-    if device.get("backend") != "cpu":
-        return None
-    props = device.get("properties") or {}
-    ncpu = int(props.get("num_cpus") or 1)
-    threads = int(props.get("omp_threads") or ncpu)
-    loads = []
-    start = (manifest.get("telemetry") or {}).get("loadavg_at_start")
-    if start:
-        loads.append(float(start[0]))
-    for info in (manifest.get("probes") or {}).values():
-        if isinstance(info, dict) and info.get("loadavg_1m_at_end") is not None:
-            loads.append(float(info["loadavg_1m_at_end"]))
-    load = max(loads) if loads else None
-    shares = []
-    for name, frame in run.frames.items():
-        if "proc_cpu_util" in frame.columns and "threads" in frame.columns:
-            util = (frame["proc_cpu_util"] / frame["threads"].clip(lower=1)).dropna()
-            if len(util):
-                shares.append((name, float(util.median())))
-    worst = min(shares, key=lambda s: s[1]) if shares else None
-    if not is_contended(load_1m=load, num_cpus=ncpu, cpu_share=worst[1] if worst else None):
-        return None
-    parts = []
-    if load is not None and load > ncpu + 1:
-        parts.append(f"1-minute load up to {load:.1f} on {ncpu} CPUs")
-    if worst and worst[1] < MIN_CPU_SHARE:
-        parts.append(f"probe {worst[0]} got {worst[1]:.0%} of the CPU its {threads} threads asked for")
-    return "; ".join(parts)

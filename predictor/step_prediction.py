@@ -70,18 +70,29 @@ class StepPrediction:
 
     @property
     def bound(self) -> str:
-        """What dominates the blocks: "compute" when the compute-bound ops' time (each op's ``bound``)
-        exceeds the memory-bound ops', else "memory"."""
+        """What dominates the blocks. The max form: the roof the step takes (``blocks_s`` is the larger
+        of ``compute_s`` and ``memory_s``). The additive form and the CPU op tables: "compute" when
+        the compute-bound ops' time (each op's ``bound``) exceeds the memory-bound ops', else "memory"."""
+        if self.form == "max":
+            return "compute" if self.compute_s >= self.memory_s else "memory"
         t = {"compute": 0.0, "memory": 0.0}
         for name, op in self.ops.items():
             if name != "sample":
                 t[op.bound] += op.t_s
         return "compute" if t["compute"] > t["memory"] else "memory"
 
+    @property
+    def blocks_rule(self) -> str:
+        """How ``blocks_s`` is made of the ops, in words (``compute_s``/``memory_s`` are the sums of the
+        ops' t_c and t_m in every form; only the max form takes its blocks from them)."""
+        return {"max": "max(compute, memory)", "cpu_ops": "sum of the measured op tables' times"}.get(
+            self.form, "sum over ops of max(t_c, t_m) + fixed")
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ops"] = {k: {**asdict(v), "bytes": v.bytes} for k, v in self.ops.items()}
         d["bound"] = self.bound
+        d["blocks_rule"] = self.blocks_rule
         return d
 
 

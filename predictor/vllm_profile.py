@@ -48,7 +48,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.model_config import ModelConfig
-from predictor.host_match import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
+from gpubench.contention import MIN_CPU_SHARE, is_contended  # noqa: F401 - one rule for probes and steps
 from predictor.profile import cpu_model_name
 from predictor.profile_grid import GridPoint, point_features
 from predictor.profile_rows import SCHEMA_VERSION, read_rows, wall_fields, write_parquet

@@ -24,7 +24,20 @@ def test_unknown_sku_suggests(tmp_path):
 
 def test_sku_contradicting_the_cpu(tmp_path):
     res = run_cli("run", "--device", "cpu", "--sku", "h100", "--out", str(tmp_path))
-    _one_line_error(res, "h100-sxm", "cpu", "--force")
+    line = _one_line_error(res, "h100-sxm", "no NVIDIA H100", "gpubench predict --sku h100-sxm")
+    assert "--force" not in line
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_a_gpu_sku_on_this_cpu_points_to_predict_and_run_device_cpu(tmp_path, device):
+    """`run --sku l40s` on a machine without that GPU: it has no L40S; predict prices a step on one,
+    run --device cpu characterizes this host. --force does not file CPU rows under l40s/."""
+    for extra in ([], ["--force"]):
+        res = run_cli("run", "--device", device, "--sku", "l40s", "--out", str(tmp_path), *extra)
+        line = _one_line_error(res, "this machine has no NVIDIA L40S", "gpubench predict --sku l40s",
+                               "gpubench run --device cpu")
+        assert "--force" not in line
+        assert not list(tmp_path.iterdir())  # nothing created
 
 
 def test_unknown_probe_and_bad_options(tmp_path):

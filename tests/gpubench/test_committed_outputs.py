@@ -50,7 +50,9 @@ def test_untracked_and_outside_paths_are_written_as_before(checkout, tmp_path, c
 
 
 @pytest.mark.parametrize("argv, refused", [
-    (["run", "--device", "cpu", "--out", "{c}"], False),  # a new run directory under the root
+    (["run", "--device", "cpu", "--out", "{c}"], True),  # a new run directory among committed results
+    (["run", "--device", "cpu", "--out", "{r}"], True),  # the results root itself
+    (["run", "--device", "cpu", "--out", "{s}"], False),  # a root with nothing committed
     (["run", "--device", "cpu", "--resume", "{c}"], True),  # appends to the committed run
     (["show", "{c}", "--plots"], True),  # PNGs next to the committed run
     (["show", "{c}", "--plots", "--out", "{s}"], False),
@@ -61,10 +63,28 @@ def test_untracked_and_outside_paths_are_written_as_before(checkout, tmp_path, c
     (["view", "{s}", "--export", "{c}/COMMAND"], True),
 ])
 def test_every_written_option_is_checked(checkout, argv, refused):
-    paths = {"c": str(checkout / "results" / "replay"), "s": str(checkout / "scratch")}
+    paths = {"c": str(checkout / "results" / "replay"), "s": str(checkout / "scratch"), "r": str(checkout / "results")}
     args = build_parser().parse_args([a.format(**paths) for a in argv])
     if refused:
         with pytest.raises(ConfigError, match="committed to this checkout"):
             check_outputs(args)
     else:
         check_outputs(args)
+
+
+def test_run_out_into_committed_results_is_one_line_before_any_work(checkout, monkeypatch):
+    """`gpubench run --out results` (through the real console script) is refused, naming the way out,
+    and creates nothing; GPUBENCH_REGENERATE=1 in front (what a committed COMMAND line is re-run
+    with) lets the check pass."""
+    from tests.conftest import gpubench
+
+    before = sorted(p.relative_to(checkout) for p in checkout.rglob("*") if ".git" not in p.parts)
+    res = gpubench("run", "--device", "cpu", "--probes", "launch", "--out", "results", cwd=checkout)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr
+    assert "--out results: holds 1 file(s) committed" in lines[0] and "./gpubench-results" in lines[0]
+    assert REGENERATE_ENV in lines[0]
+    assert sorted(p.relative_to(checkout) for p in checkout.rglob("*") if ".git" not in p.parts) == before
+    args = build_parser().parse_args(["run", "--device", "cpu", "--out", str(checkout / "results")])
+    monkeypatch.setenv(REGENERATE_ENV, "1")
+    check_outputs(args)

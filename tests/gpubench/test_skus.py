@@ -62,5 +62,10 @@ def test_mismatch_is_an_error_unless_forced():
     with pytest.raises(SKUMismatchError):
         skus.check_matches(skus.get("h100-sxm"), "NVIDIA A100-SXM4-80GB", "cuda")
     skus.check_matches(skus.get("h100-sxm"), "NVIDIA A100-SXM4-80GB", "cuda", force=True)
-    with pytest.raises(SKUMismatchError):
+    with pytest.raises(SKUMismatchError, match="this machine has no NVIDIA H100"):
         skus.check_matches(skus.get("h100-sxm"), "AMD EPYC", "cpu")
+    # across backends --force is no way out: the CPU's rows would be filed under the GPU's id
+    with pytest.raises(SKUMismatchError, match="gpubench predict --sku h100-sxm"):
+        skus.check_matches(skus.get("h100-sxm"), "AMD EPYC", "cpu", force=True)
+    with pytest.raises(SKUMismatchError, match="--device cpu"):
+        skus.check_matches(skus.get("cpu"), "NVIDIA H100 80GB HBM3", "cuda", force=True)

@@ -81,3 +81,28 @@ def test_hugging_face_ids_of_shipped_configs_resolve_and_unknown_ids_say_why():
     assert load_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_layers == load_model_config("smollm2-135m").num_layers
     with pytest.raises(GpubenchError, match="not a shipped config's Hugging Face id"):
         load_model_config("google/gemma-2-9b")
+
+
+CONTENDED_RUN = ROOT / "results/cpu/20261129T174152Z-vm"  # committed: load 12.5, 0.34 CPUs per row
+
+
+def test_fit_of_a_contended_run_names_the_way_out_and_warns_in_two_short_lines(tmp_path):
+    out = tmp_path / "c.json"
+    p = gpubench("fit", str(CONTENDED_RUN), "-o", str(out))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and not out.exists()
+    assert "rerun when the machine is quiet, or pass --allow-contended to fit anyway" in lines[0]
+    p = gpubench("fit", str(CONTENDED_RUN), "-o", str(out), "--allow-contended")
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and all(len(ln) <= 110 for ln in lines), lines
+    assert "contention" in lines[0] and "--verbose" in lines[1] and "warning" not in p.stdout
+    cal = Calibration.load(out)
+    assert "load up to 12.7" in cal.meta["contended"] and len(cal.meta["fit"]["warnings"]) >= 3
+    verbose = gpubench("fit", str(CONTENDED_RUN), "-o", str(out), "--allow-contended", "--verbose")
+    assert verbose.returncode == 0
+    full = verbose.stderr.strip().splitlines()
+    assert len(full) == 1 + len(cal.meta["fit"]["warnings"]) and "load up to 12.7" in full[0]
+    js = gpubench("fit", str(CONTENDED_RUN), "-o", str(out), "--allow-contended", "--json")
+    assert js.returncode == 0 and len(js.stderr.strip().splitlines()) <= 2
+    assert json.loads(js.stdout)["meta"]["fit"]["warnings"] == cal.meta["fit"]["warnings"]
