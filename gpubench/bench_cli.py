@@ -49,11 +49,11 @@ def register(sub) -> None:
     r.add_argument("--sku", help="SKU id for the spec peaks (default: the detected device; `cpu` on the CPU)")
     r.add_argument("--device", default="auto", help="auto (a working GPU, else the CPU), cpu, or cuda:N (default: auto)")
     r.add_argument("--probes", action=_ProbesOption)
-    # Durations measured: a quick one-thread CPU run on the 2-core VM took ~4 min (2026-12-01 20:49 UTC: stream 24 s,
-    # l2 32 s, gemm 17 s, torch_ops 67 s, vllm_ops 90 s with its attention rows); docs/cuda.md gives the GPU figure.
+    # Durations measured: a quick CPU run on the 2-core AMD VM took 41.6 s at load 0.00 (2026-12-06 01:57 UTC: torch_ops
+    # 29.6 s, the rest 10 s); vllm_ops, ~90 s alone, is left out of it. docs/cuda.md gives the GPU figure.
     r.add_argument("--quick", action="store_true",
-                   help="coarser sweeps: about 4 minutes on a 2-core CPU (torch_ops and vllm_ops take about 2.5 of "
-                        "them), a couple of minutes on an H100-class GPU")
+                   help="a sanity run of under a minute: coarser sweeps, and vllm_ops (vLLM's own kernels, ~90 s on a "
+                        "2-core CPU) left out unless --probes names it; a couple of minutes on an H100-class GPU")
     r.add_argument("--out", default="gpubench-results",
                    help="results root: the run goes to OUT/<sku>/<UTC>-<host>/ (default: ./gpubench-results, so a "
                         "run from a checkout never lands among its committed results/)")
