@@ -17,6 +17,13 @@ for `run --out`, add a run among them: the committed runs' COMMAND lines put the
 
 ``write_text_atomic(path, text)``: a temporary file in the same directory, fsync, rename, fsync of
 the directory: a crash or a full disk leaves the old file or the new one, never a truncated one.
+Missing parent directories of the file are created (an output path like ``runs/c.json`` works in a
+fresh directory, as ``locked`` creates an output directory's parents).
+
+``check_output_file(path, option)``: before any work, a ConfigError (one line) when a file output
+could not be written afterwards (a directory there, a file where a parent directory should be, no
+write permission); missing parents are fine, the writer creates them. Nothing is created here, so
+refused or failed commands leave nothing behind; input paths never go through it.
 """
 from __future__ import annotations
 
@@ -54,6 +61,24 @@ def locked(directory: str | os.PathLike, what: str = "output directory") -> Iter
         yield d
     finally:
         os.close(fd)  # releases the lock
+
+
+def check_output_file(path: str | os.PathLike, option: str) -> Path:
+    """``path`` (a file a command will write) checked before the command spends its time: ConfigError
+    naming ``option`` when it could not be written later. Creates nothing."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{option} {p} is a directory")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{option} {p}: file is not writable")
+    ancestor = p.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:  # the nearest existing ancestor
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{option} {p}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {p}: directory {ancestor} is not writable")
+    return p
 
 
 def committed_files(path: str | os.PathLike) -> list[str]:
@@ -94,6 +119,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """``write_text_atomic`` for bytes (a PNG, ...)."""
     p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a directory should be: name the path asked for
+        raise OSError(e.errno, e.strerror or str(e), str(p)) from None
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:

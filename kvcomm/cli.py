@@ -103,7 +103,9 @@ def register(sub) -> None:
                     "protocol once per round, rotated order, after an untimed warm-up) and the speedup is the "
                     "median over rounds of TTFT(text) / TTFT(protocol) in the same round. Writes rows.jsonl, "
                     "summary.json/.md, ttft.png and COMMAND into a new --out; a run is flagged when the 1-minute "
-                    f"load average exceeds {LOAD_FLAG} before it (plus its own threads while it runs).",
+                    f"load average exceeds {LOAD_FLAG} before it (plus its own threads while it runs), and so is "
+                    "each row whose rounds ran under that load: the table printed and summary.md mark its "
+                    "figures * and give the load average and CPU share beside them.",
         formatter_class=DefaultsHelpFormatter)
     t.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
     t.add_argument("--lengths", default="64,128,256,512,1024", help="imported tokens, comma-separated")
@@ -122,8 +124,8 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, type=Path, help="a new output directory, e.g. results/kvcomm/ttft/")
     t.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     t.add_argument("--json", action="store_true",
-                   help="print one JSON object on stdout (the command, out_dir, files written and summary.json's "
-                        "per-length summary) instead of the table; progress stays on stderr")
+                   help="print one JSON object on stdout (the command, out_dir, files written, the contention state "
+                        "and summary.json's per-length summary) instead of the table; progress stays on stderr")
     t.set_defaults(func=cmd_ttft)
 
 
@@ -310,7 +312,7 @@ def cmd_ttft(args) -> int:
 
     from common.outdir import locked
     from kvcomm.models import load_model
-    from kvcomm.ttft import ROWS_FILE, TtftConfig, markdown_table, run_sweep, write_outputs
+    from kvcomm.ttft import ROWS_FILE, TtftConfig, contention_lines, markdown_table, run_sweep, write_outputs
 
     try:
         lengths = tuple(int(v) for v in _csv(args.lengths))
@@ -337,13 +339,16 @@ def cmd_ttft(args) -> int:
                                               "--boundary-k", args.boundary_k, "--senders", str(args.senders),
                                               "--anchor-examples", str(args.anchor_examples), "--repeats", str(args.repeats),
                                               "--out", str(args.out)])
-        summary = write_outputs(args.out, cfg, rows, command, load_before)
+        summary, state = write_outputs(args.out, cfg, rows, command, load_before)
     if args.json:
         import json
 
         files = [str(args.out / n) for n in (ROWS_FILE, "summary.json", "summary.md", "ttft.png", "COMMAND")]
-        print(json.dumps({"command": command, "out_dir": str(args.out), "files": files, "summary": summary}, indent=1))
+        print(json.dumps({"command": command, "out_dir": str(args.out), "files": files, "contention": state,
+                          "summary": summary}, indent=1))
         return 0
     print(markdown_table(summary), end="")
+    for line in contention_lines(state):
+        print(line)
     print(f"wrote {args.out}/rows.jsonl, summary.json, summary.md, ttft.png, COMMAND")
     return 0

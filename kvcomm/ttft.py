@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.errors import KVCommError
-from kvcomm.load import load_flags
+from kvcomm.load import LOAD_FLAG, load_flags
 
 ROWS_FILE = "rows.jsonl"
 QUESTION = "Which code was set last in the log above? Reply with the code only."
@@ -181,15 +181,50 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(summary: list[dict]) -> str:
+    """The per-length table; a row taken under contention (its ``flagged``) has its TTFT and speedup
+    marked `` *`` and its load and CPU share beside them."""
     from common.mdtable import markdown_table as layout
 
     header = ["imported tokens", "protocol", "rounds", "B's TTFT median ms [IQR]", "speedup vs text, median [IQR]",
-              "recomputed / imported"]
-    rows = [[s["num_imported"], s["protocol"], s["rounds"],
-             f"{1e3 * s['ttft_median_s']:.1f} [{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}]",
-             f"{s['speedup_median']:.2f}x [{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}]",
-             f"{s['recompute_fraction']:.3f}"] for s in summary]
+              "recomputed / imported", "load avg max", "CPU share"]
+    rows = []
+    for s in summary:
+        mark = " *" if s.get("flagged") else ""
+        share = s.get("cpu_share")
+        rows.append([s["num_imported"], s["protocol"], s["rounds"],
+                     f"{1e3 * s['ttft_median_s']:.1f} [{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}]{mark}",
+                     f"{s['speedup_median']:.2f}x [{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}]{mark}",
+                     f"{s['recompute_fraction']:.3f}", f"{s['loadavg_1m_max']:.2f}",
+                     "-" if share is None else f"{share:.2f}"])
     return layout(header, rows) + "\n"
+
+
+def contention(summary: list[dict], rows: list[dict], load_before: float, num_threads: int) -> dict:
+    """The run's contention state (load before and during, CPU share, the run's flags, how many
+    summary rows are flagged); marks each summary row's ``flagged`` by the one rule of
+    ``kvcomm.load`` applied to the load during that row's rounds."""
+    for s in summary:
+        s["flagged"] = bool(load_flags(load_before, [s["loadavg_1m_max"]], num_threads))
+    flags = load_flags(load_before, [r["loadavg_1m"] for r in rows], num_threads)
+    shares = [s["cpu_share"] for s in summary if s.get("cpu_share") is not None]
+    return {"loadavg_1m_before": load_before, "loadavg_1m_max": max(r["loadavg_1m"] for r in rows),
+            "cpu_share_min": min(shares) if shares else None, "cpu_share_max": max(shares) if shares else None,
+            "load_flag": LOAD_FLAG, "num_threads": num_threads, "flagged": bool(flags), "flags": flags,
+            "flagged_rows": sum(s["flagged"] for s in summary), "num_rows": len(summary)}
+
+
+def contention_lines(c: dict) -> list[str]:
+    """``contention``'s state in words: what the console and summary.md print under the table."""
+    share = "-" if c["cpu_share_min"] is None else f"{c['cpu_share_min']:.2f}-{c['cpu_share_max']:.2f}"
+    lines = [f"contention: load average (1 min) {c['loadavg_1m_before']:.2f} before, up to {c['loadavg_1m_max']:.2f} "
+             f"during (flagged above {c['load_flag']} before, {c['load_flag']} + {c['num_threads']} thread(s) during); "
+             f"CPU share {share}"]
+    if c["flagged"]:
+        lines.append(f"FLAGGED, not for quoting: {'; '.join(c['flags'])}; {c['flagged_rows']} of {c['num_rows']} "
+                     f"rows flagged (marked *)")
+    else:
+        lines.append(f"not flagged: 0 of {c['num_rows']} rows taken under contention")
+    return lines
 
 
 def plot(summary: list[dict], path: Path) -> None:
@@ -223,27 +258,31 @@ def plot(summary: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(out_dir: Path, cfg: TtftConfig, rows: list[dict], command: str, load_before: float) -> list[dict]:
-    """rows.jsonl, summary.json/.md, ttft.png and COMMAND (command, then '#' notes), each atomically."""
+def write_outputs(out_dir: Path, cfg: TtftConfig, rows: list[dict], command: str,
+                  load_before: float) -> tuple[list[dict], dict]:
+    """rows.jsonl, summary.json/.md, ttft.png and COMMAND (command, then '#' notes), each atomically;
+    returns the summary (each row with its ``flagged``) and the run's ``contention`` state."""
     from common.outdir import write_text_atomic
     from gpubench.hostinfo import host_cpu
 
     summary = summarize(rows)
-    flags = load_flags(load_before, [r["loadavg_1m"] for r in rows], cfg.num_threads)
+    state = contention(summary, rows, load_before, cfg.num_threads)
+    flags = state["flags"]
     cpu = host_cpu()
     meta = {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "cpu_model": cpu.model_name, "num_cpus": os.cpu_count(), "config": {**asdict(cfg), "protocols":
-            [p.label for p in cfg.protocols]}, "loadavg_1m_before": load_before, "flagged": bool(flags), "flags": flags}
+            [p.label for p in cfg.protocols]}, "loadavg_1m_before": load_before, "flagged": bool(flags), "flags": flags,
+            "contention": state}
     out_dir = Path(out_dir)
     write_text_atomic(out_dir / ROWS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     write_text_atomic(out_dir / "summary.json", json.dumps({"command": command, **meta, "summary": summary}, indent=1) + "\n")
-    write_text_atomic(out_dir / "summary.md", f"<!-- generated by: {command} -->\n" + markdown_table(summary))
+    write_text_atomic(out_dir / "summary.md", f"<!-- generated by: {command} -->\n" + markdown_table(summary)
+                      + "\n" + "".join(f"{line}\n\n" for line in contention_lines(state)))
     plot(summary, out_dir / "ttft.png")
-    shares = [s["cpu_share"] for s in summary if s["cpu_share"] is not None]
     notes = [f"measured {meta['created_utc']} on {meta['host']} ({meta['cpu_model']}, {meta['num_cpus']} CPUs), "
              f"{cfg.model}, {cfg.num_threads} torch thread(s), {cfg.repeats} interleaved rounds per length",
-             f"load average 1 min: {load_before:.2f} before, up to {max(r['loadavg_1m'] for r in rows):.2f} during; "
-             f"CPU share {min(shares):.2f}-{max(shares):.2f}",
+             f"load average 1 min: {load_before:.2f} before, up to {state['loadavg_1m_max']:.2f} during; "
+             f"CPU share {state['cpu_share_min']:.2f}-{state['cpu_share_max']:.2f}",
              ("FLAGGED, not for quoting: " + "; ".join(flags)) if flags else "not flagged (load below the threshold)"]
     write_text_atomic(out_dir / "COMMAND", command.strip() + "\n" + "".join(f"# {n}\n" for n in notes))
-    return summary
+    return summary, state

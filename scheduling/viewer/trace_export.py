@@ -37,20 +37,14 @@ TRACE_SUFFIX = ".json"
 
 def check_trace_path(path: str | os.PathLike) -> Path:
     """The ``--trace-out`` path, checked before a replay spends its time: ConfigError (one line)
-    when the file could not be written afterwards."""
+    when the file could not be written afterwards. Missing parent directories are created when the
+    trace is written (``write_text_atomic``), not here."""
+    from common.outdir import check_output_file
+
     p = Path(path)
     if p.suffix.lower() != TRACE_SUFFIX:
         raise ConfigError(f"--trace-out must end in {TRACE_SUFFIX} (Chrome trace JSON), got {p}")
-    if p.is_dir():
-        raise ConfigError(f"--trace-out {p} is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"--trace-out {p}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"--trace-out {p}: directory {parent} is not writable")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ConfigError(f"--trace-out {p}: file is not writable")
-    return p
+    return check_output_file(p, "--trace-out")
 
 
 def _us(seconds: float) -> float:

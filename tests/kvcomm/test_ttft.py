@@ -91,3 +91,51 @@ def test_one_load_rule_for_the_timed_kvcomm_runs():
     assert load_flags(0.4, [LOAD_FLAG + 2.0], 2, whose="the backend's") == []
     during, = load_flags(None, [LOAD_FLAG + 2.1], 2, whose="the backend's")
     assert "during the run" in during and "the backend's 2 thread(s)" in during
+
+
+def test_cli_prints_and_writes_the_contention_state_beside_the_speedups(tiny_chat_model_dir, tmp_path):
+    from tests.conftest import gpubench
+
+    # a fresh directory and an --out whose parents do not exist yet
+    proc = gpubench("kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "16", "--repeats", "2",
+                    "--protocols", "text,kv-rerotated", "--out", "new/parents/ttft", "--no-progress", cwd=tmp_path,
+                    timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "new/parents/ttft"
+    doc = json.loads((out / "summary.json").read_text())
+    state = doc["contention"]
+    assert state["flagged"] == doc["flagged"] and state["num_rows"] == len(doc["summary"]) == 2
+    assert state["flagged_rows"] == sum(s["flagged"] for s in doc["summary"])
+    md = (out / "summary.md").read_text()
+    for text in (proc.stdout, md):
+        assert "| load avg max | CPU share |" in text
+        assert f"contention: load average (1 min) {state['loadavg_1m_before']:.2f} before" in text
+        assert f"CPU share {state['cpu_share_min']:.2f}-" in text
+        assert ("FLAGGED, not for quoting" in text) == state["flagged"]
+        assert ("not flagged: 0 of 2 rows" in text) == (not state["flagged"])
+        for s in doc["summary"]:  # each row: its load and CPU share beside its speedup, marked when flagged
+            row = next(line for line in text.splitlines() if line.startswith(f"| 16 | {s['protocol']} |"))
+            assert row.endswith(f"| {s['loadavg_1m_max']:.2f} | {s['cpu_share']:.2f} |")
+            assert (" *" in row) == s["flagged"]
+
+
+def test_flagged_rows_are_marked_in_the_table_printed_and_in_summary_md(tiny_chat_model_dir, tmp_path, capsys,
+                                                                        monkeypatch):
+    import os
+
+    # quiet before the run and during the first length's rounds, loaded during the second's
+    loads = iter([0.2, 0.3, 0.3])
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads, 9.0), 0.0, 0.0))
+    out = tmp_path / "ttft"
+    assert main(["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "16,24", "--repeats", "2",
+                 "--protocols", "text,kv-rerotated", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "summary.json").read_text())
+    assert [s["flagged"] for s in doc["summary"]] == [False, False, True, True]
+    assert doc["flagged"] and doc["contention"]["flagged_rows"] == 2
+    for text in (printed, (out / "summary.md").read_text()):
+        rows = [line for line in text.splitlines() if line.startswith(("| 16 |", "| 24 |"))]
+        assert [row.count(" *") for row in rows] == [0, 0, 2, 2]  # TTFT and speedup of the loaded rows
+        assert "| 9.00 |" in rows[3] and "| 0.30 |" in rows[0]
+        assert "FLAGGED, not for quoting: load average up to 9.00 during the run" in text
+        assert "2 of 4 rows flagged (marked *)" in text

@@ -90,13 +90,14 @@ def test_json_output_names_the_trace(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("trace_out, extra, message", [
-    ("missing/t.json", [], "does not exist"),
+    ("a_file/t.json", [], "a_file is not a directory"),
     ("t.txt", [], "must end in .json"),
     ("a_dir.json", [], "is a directory"),
     ("t.json", ["--no-step-log"], "drop --no-step-log"),
 ])
 def test_bad_trace_out_is_one_line_before_the_replay(tmp_path, capsys, trace_out, extra, message):
     (tmp_path / "a_dir.json").mkdir()
+    (tmp_path / "a_file").write_text("x")
     out = tmp_path / "run"
     rc = main(["replay", "--jobs", "2", "--jps", "1", "--step-cost", "constant:0.01", "--no-progress",
                "--out", str(out), "--trace-out", str(tmp_path / trace_out), *extra])
