@@ -16,13 +16,18 @@ DEFAULT_PROTOCOLS = "text,kv-verbatim,kv-rerotated,kv-rerotated+boundary,kv-blen
 
 
 def register(sub) -> None:
-    """Add `kvcomm` with its `eval` sub-command."""
-    from kvcomm.names import DEFAULT_ANCHOR_EXAMPLES, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, TASK_NAMES as TASKS
-
+    """Add `kvcomm` with its `eval`, `serve-exchange` and `ttft` sub-commands."""
     kv = sub.add_parser("kvcomm", help="KV-cache communication between agents (evaluation on a real model)",
                         description="KV-cache communication between agents.")
     kv_sub = kv.add_subparsers(dest="kvcomm_command", metavar="SUBCOMMAND")
     kv.set_defaults(func=lambda _args: (kv.print_help(), 2)[1])
+    _register_eval(kv_sub)
+    _register_serve_exchange(kv_sub)
+    _register_ttft(kv_sub)
+
+
+def _register_eval(kv_sub) -> None:
+    from kvcomm.names import DEFAULT_ANCHOR_EXAMPLES, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, TASK_NAMES as TASKS
 
     p = kv_sub.add_parser(
         "eval", help="accuracy and receiver TTFT of text vs KV-import protocols on seeded multi-agent tasks",
@@ -57,6 +62,8 @@ def register(sub) -> None:
                         "n, em, rel_em, speedup_median, goal) instead of the table; progress stays on stderr")
     p.set_defaults(func=cmd_eval)
 
+
+def _register_serve_exchange(kv_sub) -> None:
     from kvcomm.exchange import COLD_MODES, EXCHANGE_TASKS
     from kvcomm.load import LOAD_FLAG
 
@@ -95,6 +102,11 @@ def register(sub) -> None:
     x.add_argument("--json", action="store_true",
                    help="print summary.json's object on stdout instead of the headline; progress stays on stderr")
     x.set_defaults(func=cmd_serve_exchange)
+
+
+def _register_ttft(kv_sub) -> None:
+    from kvcomm.load import LOAD_FLAG
+    from kvcomm.names import DEFAULT_BOUNDARY_K, DEFAULT_RATIO
 
     t = kv_sub.add_parser(
         "ttft", help="agent B's time to first token against the number of tokens it imports, per protocol",
