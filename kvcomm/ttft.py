@@ -227,12 +227,15 @@ def contention_lines(c: dict) -> list[str]:
     return lines
 
 
-def plot(summary: list[dict], path: Path) -> None:
-    """TTFT and speedup against imported length, one line per protocol."""
+def figure(summary: list[dict]):
+    """TTFT and speedup against imported length, one line per protocol (the unsaved figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    from common.plotaxes import plain_log_ticks
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label in dict.fromkeys(s["protocol"] for s in summary):
@@ -244,16 +247,27 @@ def plot(summary: list[dict], path: Path) -> None:
         right.plot(x, [s["speedup_median"] for s in mine], marker="o", label=label)
     left.set(xscale="log", yscale="log", xlabel="imported tokens", ylabel="B's TTFT, ms (median, IQR)",
              title="receiver time to first token")
+    # TTFT often spans less than a decade, where a log axis has no major tick inside: its minor
+    # ticks carry the labels, as plain numbers.
+    plain_log_ticks(left.yaxis)
     right.axhline(1.5, color="gray", ls="--", lw=1, label="1.5x")
     right.set(xscale="log", xlabel="imported tokens", ylabel="TTFT(text) / TTFT(protocol), median of rounds",
               title="speedup over re-reading the text")
     lengths = sorted({s["num_imported"] for s in summary})
     for ax in (left, right):
         ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(NullLocator())  # the lengths run are the x ticks, nothing between
         ax.grid(alpha=0.3)
     right.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    """ttft.png: see ``figure``."""
+    fig = figure(summary)
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

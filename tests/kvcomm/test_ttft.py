@@ -139,3 +139,28 @@ def test_flagged_rows_are_marked_in_the_table_printed_and_in_summary_md(tiny_cha
         assert "| 9.00 |" in rows[3] and "| 0.30 |" in rows[0]
         assert "FLAGGED, not for quoting: load average up to 9.00 during the run" in text
         assert "2 of 4 rows flagged (marked *)" in text
+
+
+def _summary(ttft_ms: dict[str, list[float]], lengths=(64, 128, 256)) -> list[dict]:
+    return [{"num_imported": n, "protocol": label, "ttft_median_s": ms / 1e3, "ttft_p25_s": 0.95 * ms / 1e3,
+             "ttft_p75_s": 1.05 * ms / 1e3, "speedup_median": ttft_ms["text"][i] / ms}
+            for label, values in ttft_ms.items() for i, (n, ms) in enumerate(zip(lengths, values))]
+
+
+@pytest.mark.parametrize("ttft_ms", [
+    {"text": [520.0, 700.0, 880.0], "kv-rerotated": [410.0, 430.0, 450.0]},  # inside one decade: no major tick
+    {"text": [600.0, 1300.0, 2400.0], "kv-rerotated": [380.0, 400.0, 420.0]},  # one major tick (1000)
+])
+def test_ttft_panel_has_readable_y_tick_labels(ttft_ms):
+    """The TTFT axis (log) once showed no label at all, or only 10^3, over a range within a decade."""
+    import matplotlib.pyplot as plt
+
+    from kvcomm.ttft import figure
+    from tests.plotcheck import MATHTEXT, drawn, visible_tick_labels
+
+    fig = drawn(figure(_summary(ttft_ms)))
+    labels = visible_tick_labels(fig.axes[0].yaxis)
+    plt.close(fig)
+    assert len(labels) >= 2, labels
+    assert all(float(text) > 0 for text in labels)  # plain numbers, no 10^3 mathtext
+    assert not any(m in text for text in labels for m in MATHTEXT)
