@@ -119,6 +119,7 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from common.plotaxes import plain_log_ticks
     from scheduling.workload.trace_synth import SWE_SMITH_TARGETS
 
     turns = np.array([j.num_turns for j in jobs])
@@ -141,6 +142,7 @@ def plot_stats(jobs, label: str, path: Path) -> Path:
     if len(tools):
         ax.plot(tools, np.arange(1, len(tools) + 1) / len(tools), color="#4c72b0")
         ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)  # 1, 10, 100 s, not 10^0
     low, high = SWE_SMITH_TARGETS["tool_s_median"]
     ax.axvspan(low, high, color="#dd8452", alpha=0.3)
     ax.axhline(0.5, color="grey", lw=0.8, ls=":")

@@ -77,6 +77,10 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
     series = [s for s in series if s[0] in ok.columns]
     if ok.empty or not series:
         return None
+    from matplotlib.ticker import NullLocator
+
+    from common.plotaxes import plain_log_ticks
+
     skus = list(dict.fromkeys(ok["sku"]))
     plt, fig, axes = _panel_grid(len(skus))
     for ax, sku in zip(axes, skus):
@@ -96,9 +100,10 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
         ax.set_xscale("log")
         levels = sorted(ok["jps"].unique())
         ax.set_xticks(levels, [f"{j:g}" for j in levels])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(NullLocator())  # the JPS levels run are the x ticks, nothing between
         if logy:
             ax.set_yscale("log")
+            plain_log_ticks(ax.yaxis)  # 600, not 6x10^2
         ax.grid(alpha=0.3, which="both")
         ax.set_xlabel("arrival rate (jobs/s)")
         ax.set_ylabel(ylabel)
