@@ -355,6 +355,22 @@ class StepModel:
                 f"{weights / gib:.1f} GiB + KV cache {kv / gib:.1f} GiB for this batch > {memory / gib:.1f} GiB "
                 f"of device memory")
 
+    # ---------------------------------------------------------------- one op at a time
+    def op_call_times(self, feats) -> np.ndarray:
+        """Seconds per call of every op (columns in ``graph.names`` order) for (P, 5) features, as the
+        vectorized path prices them (GEMMs with their fixed time; attention by feature totals): what
+        ``gpubench silicon`` scores op by op against measured kernels. No memory-fit check."""
+        t_c, t_m = self._op_times(np.atleast_2d(np.asarray(feats, dtype=np.float64)))
+        return np.maximum(t_c, t_m) + self._op_fixed_s
+
+    def attention_call_time(self, batch) -> float:
+        """Seconds of one layer's attention op for ``batch``, as ``predict`` prices it (on a GPU per
+        part and per sequence). No memory-fit check."""
+        parts = self._attention_parts(*batch_sums(batch))
+        if parts is not None:
+            return parts[2]
+        return float(self.op_call_times(batch_features(batch)[None, :])[0, self.graph.names.index("attention")])
+
     # ---------------------------------------------------------------- physical floor
     def physical_floor_s(self, batch) -> float:
         """Lower bound no step can beat: max(total bytes / spec B, total FLOPs / spec peak)."""

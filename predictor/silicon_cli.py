@@ -1,0 +1,137 @@
+"""``gpubench silicon``: score the step model's kernel prices against GPU kernels measured on real silicon
+(the aiconfigurator-core wheel's tables, an optional extra)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from common.clihelp import DefaultsHelpFormatter
+from common.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "silicon", help="score the GPU step model's kernel prices against kernels measured on 5 real GPUs",
+        description="Read the kernel latencies NVIDIA's aiconfigurator collectors measured on real GPUs (the "
+                    "aiconfigurator-core wheel: pip install 'gpubench[reference]'; nothing is copied into this "
+                    "repository) and score what the step model charges for each kernel: every projection GEMM of "
+                    "the shipped model configs at every measured M (exact, or interpolated along N/K, with the "
+                    "interpolation's own leave-one-out error), decode attention by batch x context and prefill "
+                    "attention by tokens, for the default pricing (published, else spec) and for each "
+                    "--calibration (retargeted to each GPU with --force-calibration: nothing of the target is "
+                    "measured then). Nothing is fitted on the tables. Writes silicon.csv, summary.csv, "
+                    "interpolation.csv, silicon.md, one <system>.png per GPU and COMMAND into --out.",
+        formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--systems", default="all",
+                   help="comma-separated aiconfigurator systems (see --list), or 'all' with a gpubench SKU")
+    p.add_argument("--framework", default="vllm", choices=("vllm", "sglang", "trtllm"),
+                   help="whose tables: the kernels that framework runs (vLLM 0.24 on most GPUs, 0.14 on A100)")
+    p.add_argument("--calibration", action="append", type=Path, default=[],
+                   help="a calibration.json from `gpubench fit` to score beside the default pricing (repeatable)")
+    p.add_argument("--force-calibration", action="store_true",
+                   help="retarget a calibration to the GPUs it was not taken on (transfer)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (required unless --list)")
+    p.add_argument("--list", action="store_true", help="list the systems, their SKUs and table versions, and exit")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (out_dir, files, MAPE / median / p90 / signed per system, predictor "
+                        "and kind) instead of the Markdown")
+    p.set_defaults(func=_silicon)
+
+
+def _systems(arg: str) -> list[str]:
+    from predictor import silicon_tables as st
+
+    have = st.systems()
+    if arg == "all":
+        return [s for s in have if s in st.SYSTEM_SKUS]
+    names = [s.strip() for s in arg.split(",") if s.strip()]
+    for s in names:
+        if s not in have:
+            raise ConfigError(f"--systems: no measured tables for '{s}' (have: {', '.join(have)})")
+        if s not in st.SYSTEM_SKUS:
+            raise ConfigError(f"--systems: '{s}' has tables but no gpubench SKU to price it with "
+                              f"(priced: {', '.join(st.SYSTEM_SKUS)})")
+    return names
+
+
+def _list(framework: str) -> int:
+    from predictor import silicon_tables as st
+
+    print(f"aiconfigurator-core {st.wheel_version()} at {st.data_root()}")
+    for s in st.systems():
+        ts = st.table_set(s, framework)
+        have = [k for k in ("gemm", "decode", "prefill") if getattr(ts, k) is not None]
+        print(f"  {s:<22} sku={st.SYSTEM_SKUS.get(s, '-'):<9} {framework} {ts.version:<12} {' '.join(have) or '-'}")
+    return 0
+
+
+def _predictors(args, systems: list[str]) -> list:
+    """The default pricing, then each --calibration (loaded once, checked, retargeted per SKU)."""
+    from predictor.calibration_model import Calibration
+    from predictor.silicon_score import Predictor
+
+    preds = [Predictor("default")]
+    for path in args.calibration:
+        cal = Calibration.load(path)
+        if cal.backend == "cpu":
+            raise ConfigError(f"--calibration {path}: a CPU calibration cannot price GPU kernels")
+        preds.append(Predictor(f"{cal.sku} probes", calibration=path))
+    return preds
+
+
+def _silicon(args) -> int:
+    from predictor import silicon_tables as st
+
+    if args.list:
+        return _list(args.framework)
+    if args.out is None:
+        raise ConfigError("--out is required (an output directory; --list only lists)")
+    systems = _systems(args.systems)
+    preds = _predictors(args, systems)
+    table_sets = [st.table_set(s, args.framework) for s in systems]
+    for ts in table_sets:
+        if ts.gemm is None and ts.decode is None:
+            raise ConfigError(f"{ts.system} has no {args.framework} GEMM or attention tables (see --list)")
+    from predictor import silicon_report
+    from predictor.silicon_score import score_tables
+
+    score = score_tables(table_sets, _bind_calibrations(preds, table_sets, args.force_calibration),
+                         progress=lambda line: print(line, file=sys.stderr))
+    command = silicon_report.command_line(systems=systems, framework=args.framework,
+                                          calibrations=[str(c) for c in args.calibration], force=args.force_calibration,
+                                          out=str(args.out))
+    text, summary, files = silicon_report.write(score, str(args.out), command, wheel=st.wheel_version())
+    if not args.json:
+        print(text)
+        return 0
+    import json
+
+    pooled = summary[summary["regime"] == "all"]
+    doc = {"out_dir": str(args.out), "files": [str(f) for f in files], "num_rows": int(len(score.rows)),
+           "scores": [{k: (float(v) if k.endswith("pct") else (int(v) if k == "n" else v)) for k, v in r.items()}
+                      for r in pooled.drop(columns=["regime"]).to_dict("records")]}
+    print(json.dumps(doc, indent=2, allow_nan=False))
+    return 0
+
+
+def _bind_calibrations(preds: list, table_sets: list, force: bool) -> list:
+    """Each calibration predictor, resolved per SKU: score_tables builds a StepModel per (system,
+    predictor), so a calibration path becomes one Calibration per target SKU (retargeted when forced)."""
+    from predictor.host_match import calibration_for
+    from predictor.silicon_score import Predictor
+
+    out = []
+    for p in preds:
+        if p.calibration is None:
+            out.append(p)
+            continue
+        per_sku, said = {}, set()
+        for ts in table_sets:
+            cal, warnings = calibration_for(p.calibration, ts.sku, force=force)
+            per_sku[ts.sku] = cal
+            for line in warnings:
+                if line not in said:
+                    said.add(line)
+                    print(f"warning: {line}", file=sys.stderr)
+        out.append(Predictor(p.name, calibration=per_sku))
+    return out

@@ -1,0 +1,105 @@
+"""``gpubench silicon``'s outputs: the Markdown tables, one predicted-vs-measured plot per system, the
+CSVs and COMMAND, written into one locked output directory."""
+from __future__ import annotations
+
+import io
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor.silicon_score import KINDS, SiliconScore, summaries
+
+
+def command_line(*, systems: list[str], framework: str, calibrations: list[str], force: bool, out: str) -> str:
+    parts = ["gpubench", "silicon", "--systems", ",".join(systems), "--framework", framework]
+    for c in calibrations:
+        parts += ["--calibration", c]
+    return shlex.join(parts + (["--force-calibration"] if force and calibrations else []) + ["--out", out])
+
+
+def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel: str) -> str:
+    from common.mdtable import markdown_table
+
+    f1 = lambda v: f"{v:.1f}"  # noqa: E731
+    head = ["system", "predictor", "kind", "regime", "n", "MAPE %", "median %", "p90 %", "signed %"]
+    body = [[r.system, r.predictor, r.kind, r.regime, int(r.n), f1(r.mape_pct), f1(r.median_ape_pct), f1(r.p90_ape_pct),
+             f"{r.signed_pct:+.1f}"] for r in summary.itertuples()]
+    pooled = summary[summary["regime"] == "all"]
+    tables = [[ts.label, ts.sku, dsrc or "-", psrc or "-"] for ts, dsrc, psrc in score.tables]
+    rows = score.rows
+    match = rows[rows["kind"] == "gemm"].groupby(["system", "predictor", "match"]).size().reset_index(name="n")
+    match = match[match["predictor"] == match["predictor"].iloc[0]] if len(match) else match
+    interp = [[r.system, r.direction, r.subset, int(r.n), f1(r.mape_pct), f1(r.median_ape_pct), f1(r.p90_ape_pct)]
+              for r in score.interpolation.itertuples()]
+    return (f"<!-- {command} -->\n# The step model's kernel prices against measured GPU kernels\n\n"
+            f"Measured: the kernel latencies NVIDIA's aiconfigurator collectors timed on each GPU, read from the "
+            f"installed `aiconfigurator-core` wheel ({wheel}). Predicted: the step model's op time per call plus one "
+            "CUDA-graph node interval per kernel. Nothing is fitted on these tables. Shapes: every projection GEMM "
+            "of the shipped model configs at every M the table measured; decode and prefill attention rows whose "
+            "heads a shipped model has (batch <= 256, context <= 32K).\n\n"
+            "## Per system and kind\n\n"
+            + markdown_table(head, [[r.system, r.predictor, r.kind, "all", int(r.n), f1(r.mape_pct), f1(r.median_ape_pct),
+                                     f1(r.p90_ape_pct), f"{r.signed_pct:+.1f}"] for r in pooled.itertuples()])
+            + "\n\n## Tables read\n\n" + markdown_table(["tables", "SKU", "decode kernel", "prefill kernel"], tables)
+            + "\n\n## GEMM shapes matched (rows: shape x M)\n\n"
+            + markdown_table(["system", "predictor", "match", "rows"], [list(r)[:4] for r in match.itertuples(index=False)])
+            + "\n\nInterpolation along N or K, checked by predicting every interior grid point from its two "
+            "neighbours (leave one out):\n\n"
+            + markdown_table(["system", "direction", "subset", "n", "MAPE %", "median %", "p90 %"], interp)
+            + "\n\n## By regime\n\n" + markdown_table(head, body) + "\n")
+
+
+def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
+    """Predicted vs measured, one panel per kind, one colour per predictor, on log axes in microseconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from common.outdir import write_bytes_atomic
+
+    sub = rows[rows["system"] == system]
+    fig, axes = plt.subplots(1, len(KINDS), figsize=(14, 4.4), dpi=100)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, kind in zip(axes, KINDS):
+        part = sub[sub["kind"] == kind]
+        for name, g in part.groupby("predictor", sort=False):
+            ape = g["ape_pct"].mean()
+            ax.scatter(g["measured_s"] * 1e6, g["predicted_s"] * 1e6, s=6, alpha=0.5, label=f"{name} (MAPE {ape:.0f} %)")
+        if len(part):
+            both = part[["measured_s", "predicted_s"]].to_numpy() * 1e6
+            lo, hi = float(np.min(both)) * 0.8, float(np.max(both)) * 1.25
+            ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_formatter(plain)
+            ax.legend(fontsize=7, loc="upper left")
+        ax.set_title(f"{system}: {kind.replace('_', ' ')}", fontsize=10)
+        ax.set_xlabel("measured (us)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("predicted (us)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
+
+
+def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[str, pd.DataFrame, list[Path]]:
+    """silicon.csv (every row), summary.csv, interpolation.csv, silicon.md, <system>.png and COMMAND."""
+    from common.outdir import locked, write_command, write_text_atomic
+
+    summary = summaries(score.rows)
+    text = markdown(score, summary, command, wheel=wheel)
+    with locked(out) as d:
+        files = [write_text_atomic(d / "silicon.csv", score.rows.to_csv(index=False, float_format="%.6g")),
+                 write_text_atomic(d / "summary.csv", summary.to_csv(index=False, float_format="%.4g")),
+                 write_text_atomic(d / "interpolation.csv", score.interpolation.to_csv(index=False, float_format="%.4g")),
+                 write_text_atomic(d / "silicon.md", text)]
+        files += [plot_system(score.rows, system, d / f"{system}.png") for system in score.rows["system"].unique()]
+        files.append(write_command(d, command))
+    return text, summary, files

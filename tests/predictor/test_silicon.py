@@ -1,0 +1,124 @@
+"""gpubench silicon: the measured tables of the installed aiconfigurator-core wheel, the GEMM grid's
+interpolation, and the step model's kernel prices scored against them through the CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.errors import ConfigError
+from predictor import silicon_tables as st
+from predictor.silicon_match import GemmGrid, bracket_ratio
+from tests.gpubench.conftest import run_cli
+
+
+def _affine_grid() -> GemmGrid:
+    """A table whose time is exactly affine in N and in K at each M: interpolation must be exact."""
+    rows = [(m, n, k, 1e-6 * (3 + 0.002 * n + 0.001 * k + 0.0005 * m))
+            for m in (1, 16, 128) for n in (1024, 2048, 4096, 8192) for k in (1024, 4096, 16384)]
+    return GemmGrid(pd.DataFrame(rows, columns=["m", "n", "k", "latency_s"]))
+
+
+def test_gemm_grid_exact_interpolated_and_outside():
+    grid = _affine_grid()
+    t, how = grid.lookup(16, 2048, 4096)
+    assert how == "exact" and t == pytest.approx(1e-6 * (3 + 4.096 + 4.096 + 0.008))
+    for (n, k), expected_how in {(3000, 4096): "interp-n", (2048, 10000): "interp-k", (6000, 2000): "interp-nk"}.items():
+        t, how = grid.lookup(128, n, k)
+        assert how == expected_how
+        assert t == pytest.approx(1e-6 * (3 + 0.002 * n + 0.001 * k + 0.064))
+    assert grid.lookup(17, 2048, 4096) is None  # M is never interpolated
+    assert grid.lookup(16, 16384, 4096) is None  # outside the N grid
+    assert bracket_ratio(grid.n_grid, 3000) == 2.0 and bracket_ratio(grid.n_grid, 4096) == 1.0
+
+
+def test_interpolation_check_is_exact_on_an_affine_table_and_not_on_a_curved_one():
+    check = _affine_grid().interpolation_check()
+    assert len(check) and check["signed_pct"].abs().max() < 1e-9
+    curved = GemmGrid(pd.DataFrame([(1, n, 1024, 1e-9 * n ** 1.5) for n in (1024, 2048, 4096)],
+                                   columns=["m", "n", "k", "latency_s"]))
+    err = curved.interpolation_check()
+    assert len(err) == 1 and err["signed_pct"].iloc[0] > 1  # the check can fail
+
+
+def test_the_wheels_tables_read_as_published():
+    """Spot values published with the tables: H200 bf16 GEMM 4096x6144x4096 reads 0.248 ms; FA3 decode
+    batch 32, 32 q / 8 KV heads of 128, step 1023 reads 0.0468 ms."""
+    ts = st.table_set("h200_sxm", "vllm")
+    assert ts.sku == "h200" and ts.version == "0.24.0"
+    gemm = st.read_gemm(ts)
+    t = gemm[(gemm.m == 4096) & (gemm.n == 6144) & (gemm.k == 4096)]["latency_s"]
+    assert len(t) == 1 and t.iloc[0] == pytest.approx(0.248e-3, rel=0.01)
+    decode, source = st.read_attention(ts.decode)
+    assert source == "vllm_flash_attn_fa3"
+    row = decode[(decode.batch_size == 32) & (decode.num_heads == 32) & (decode.num_key_value_heads == 8)
+                 & (decode.head_dim == 128) & (decode.step == 1023)]
+    assert len(row) == 1 and row["latency_s"].iloc[0] == pytest.approx(0.0468e-3, rel=0.02)
+    prefill, psource = st.read_attention(st.table_set("b200_sxm").prefill)
+    assert psource == "vllm_flashinfer_trtllmprefill" and (prefill["step"] == 0).all()
+
+
+def test_no_wheel_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setattr(st.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"gpubench\[reference\]"):
+        st.data_root()
+
+
+def test_op_call_times_agree_with_predicts_breakdown():
+    """The per-kernel price silicon scores is the op time predict() reports, per call."""
+    from predictor.ops import batch_features
+    from predictor.step import StepModel
+
+    sm = StepModel("h200", "llama-3.1-8b", cuda_graphs=True)
+    batch = [(1, 700)] * 48
+    pred = sm.predict(batch)
+    per_call = sm.op_call_times(batch_features(batch)[None, :])[0]
+    for name in ("qkv_proj", "gate_up", "down", "lm_head"):
+        assert per_call[sm.graph.names.index(name)] == pytest.approx(pred.ops[name].t_s / pred.ops[name].num_calls)
+    assert sm.attention_call_time(batch) == pytest.approx(pred.ops["attention"].t_s / sm.model.num_layers)
+
+
+def test_silicon_cli_scores_h200_and_writes_its_files(tmp_path):
+    out = tmp_path / "sil"
+    proc = run_cli("silicon", "--systems", "h200_sxm", "--out", str(out), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    kinds = {s["kind"]: s for s in doc["scores"] if s["predictor"] == "default"}
+    assert set(kinds) == {"gemm", "decode_attention", "prefill_attention"}
+    assert all(s["n"] > 100 and np.isfinite(s["mape_pct"]) for s in kinds.values())
+    for name in ("silicon.csv", "summary.csv", "interpolation.csv", "silicon.md", "h200_sxm.png", "COMMAND"):
+        assert (out / name).is_file(), name
+    rows = pd.read_csv(out / "silicon.csv")
+    # a GEMM row's price is the model's own: recompute one from StepModel
+    from predictor.step import StepModel
+
+    r = rows[(rows.kind == "gemm") & (rows.op == "down") & (rows.n == 4096) & (rows.k == 14336) & (rows.m == 64)].iloc[0]
+    assert r["match"] == "interp-k"  # 14336 lies between 12288 and 16384
+    sm = StepModel("h200", "llama-3.1-8b", cuda_graphs=True)
+    assert r["predicted_op_s"] == pytest.approx(sm.predict([(1, 0)] * 64).ops["down"].t_s / 32, rel=1e-5)
+    assert "gpubench silicon --systems h200_sxm" in (out / "COMMAND").read_text()
+    interp = pd.read_csv(out / "interpolation.csv")
+    assert set(interp["direction"]) == {"n", "k"} and (interp["mape_pct"] < 15).all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--systems", "b300_sxm"], "no gpubench SKU"),
+    (["--systems", "nope"], "no measured tables for 'nope'"),
+    ([], "--out is required"),
+    (["--calibration", "results/eval/cpu/calibration-probes.json"], "a CPU calibration cannot price GPU kernels"),
+])
+def test_silicon_bad_input_is_one_line(tmp_path, args, message):
+    extra = ["--out", str(tmp_path / "o")] if args else []
+    proc = run_cli("silicon", *args, *extra, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_silicon_list_names_every_system():
+    proc = run_cli("silicon", "--list", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for system in ("h200_sxm", "b300_sxm", "l40s"):
+        assert system in proc.stdout
+    assert "sku=h200" in proc.stdout
