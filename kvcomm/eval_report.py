@@ -150,14 +150,16 @@ def plot_summary(summary: pd.DataFrame, path: Path) -> None:
         row[0].set_yticks(y, labels, fontsize=8)
         row[0].set_title(f"{task}: EM relative to text (text EM {t.loc[t['protocol'] == 'text', 'em'].mean():.2f}, "
                          f"n={int(t['n'].max())})", fontsize=9)
-        row[0].legend(fontsize=7, loc="lower right")
         row[1].barh(y, t["speedup_median"], color="tab:green", alpha=0.7)
         row[1].axvline(1.0, color="gray", linewidth=0.8)
         row[1].set_yticks(y, [""] * len(t))
         row[1].set_title(f"{task}: receiver prefill speedup vs text (median paired ratio)", fontsize=9)
+        row[1].margins(x=0.12)  # room right of the longest bar for its "1.39x"
         for yi, v in zip(y, t["speedup_median"]):
             row[1].annotate(f"{v:.2f}x", (v, yi), fontsize=7, xytext=(3, -3), textcoords="offset points")
-    fig.tight_layout()
+    # One legend below every panel: inside an axes it sat on the bars whatever corner it took.
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -238,3 +238,36 @@ def test_result_rows_are_read_by_the_one_jsonl_reader(tmp_path):
     path.write_text('{"task": "keycode"}\n')
     with pytest.raises(KVCommError, match=r"results.jsonl:1: malformed result row"):
         _read_done(path)
+
+
+@pytest.mark.parametrize("rel_em", [(1.0, 0.85, 0.83), (1.0, 0.98, 0.99), (1.0, 0.3, 0.97)])
+def test_summary_plot_legend_covers_no_bar(tmp_path, monkeypatch, rel_em):
+    """The legend once sat in the lower-right corner of the accuracy panel, on the last bar and its
+    error bar (results/kvcomm/smollm2-anchored/summary.png): now it lies outside every panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    from kvcomm.eval_report import plot_summary
+    from tests.plotcheck import drawn, overlap
+
+    saved = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (real(fig, *a, **k), saved.append(drawn(fig))))
+    protocols = ["text", "kv-reencoded", "kv-anchored a=40"]
+    summary = pd.DataFrame([{"task": task, "protocol": p, "recompute_fraction": 1.0 if p == "text" else 0.0,
+                             "rel_em": r, "rel_em_lo": r - 0.15, "rel_em_hi": min(r + 0.2, 1.1), "agree_text": 0.75,
+                             "em": 0.27, "n": 200, "speedup_median": 1.0 if p == "text" else 1.39}
+                            for task in ("multihop", "keycode") for p, r in zip(protocols, rel_em)])
+    plot_summary(summary, tmp_path / "summary.png")
+    [fig] = saved
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the plot has a legend"
+    bars = [p for ax in fig.axes for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(bars) == 2 * 2 * len(protocols)
+    for legend in legends:
+        box = legend.get_window_extent()
+        assert not [b for b in bars if overlap(box, b.get_window_extent())]
+        assert not [ax for ax in fig.axes if overlap(box, ax.get_window_extent())]  # nor any data
