@@ -254,16 +254,22 @@
     viewer.charts[id] = { marks };
   }
 
+  // [first arrival, last finish] of a run's timeline turns ([0, 1] when it has none).
+  function timelineSpan(T) {
+    let x0 = Infinity, x1 = -Infinity;
+    for (let i = 0; i < T.job_id.length; i++) { x0 = Math.min(x0, T.arrival_s[i]); x1 = Math.max(x1, T.finish_s[i]); }
+    return Number.isFinite(x0) ? [x0, x1] : [0, 1];
+  }
+
   // Gantt of the first jobs: one row per job; per turn queue / prefill / decode bars; tool gaps as lines.
-  function jobTimeline(id, data) {
+  // span: the time axis [x0, x1] (runs compared share one, so a job's bars line up across them).
+  function jobTimeline(id, data, span) {
     const jobs = data.timeline_jobs, T = data.timeline_turns;
     const rowH = 10, h = PAD.t + PAD.b + Math.max(1, jobs.length) * rowH + 4;
     const g = makeCanvas(id, h);
     const { ctx } = g;
     const row = new Map(jobs.map((j, i) => [j, i]));
-    let x0 = Infinity, x1 = -Infinity;
-    for (let i = 0; i < T.job_id.length; i++) { x0 = Math.min(x0, T.arrival_s[i]); x1 = Math.max(x1, T.finish_s[i]); }
-    if (!Number.isFinite(x0)) { x0 = 0; x1 = 1; }
+    const [x0, x1] = span || timelineSpan(T);
     const A = axes(g, x0, x1, 0, 0, { xlabel: 'time (s)', yfmt: () => '' });
     const sx = A.sx;
     ctx.clearRect(0, 0, PAD.l - 2, h - PAD.b);
@@ -465,6 +471,8 @@
   // ---- several runs side by side: one summary table, curves overlaid, one colour per run ----
   // A run's label is its directory name: any character may appear in it, so it is escaped in HTML.
   const esc = t => String(t).replace(/[&<>"]/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
+  // The timeline's colour key, as index.html writes it (read before a comparison replaces the page).
+  const TIMELINE_LEGEND = (document.querySelector('.legend-row') || { outerHTML: '' }).outerHTML;
   const RUN_COLORS = ['#3b6fd8', '#f0a030', '#2fa37a', '#d43c3c', '#8e44ad', '#d97a2b', '#1d2430', '#8a9099'];
 
   // Step lines of series that each have their own x values (runs do not share step times).
@@ -521,7 +529,11 @@
       card('cmp-preempt', 'Preemptions (cumulative)') +
       card('cmp-ttft', 'TTFT per turn: CDF (log s)') +
       card('cmp-jct', 'JCT per job: CDF (s)') +
-      card('cmp-hit', 'Prefix hit per turn: CDF (share of prompt)');
+      card('cmp-hit', 'Prefix hit per turn: CDF (share of prompt)') +
+      runs.map((r, i) => `<section class="card wide" data-run="${esc(r.label)}"><h2>Per-job timelines: ` +
+        `<span style="color:${color(i)}">${esc(r.label)}</span> <span class="muted small">(first ` +
+        `${r.timeline_jobs.length} of ${r.jobs.job_id.length} jobs by arrival; one time axis for every run)</span></h2>` +
+        `${TIMELINE_LEGEND}<div class="chart timeline" id="cmp-jobs-${i}"></div></section>`).join('');
     // the summary table: a row per metric, a column per run
     const table = document.getElementById('compare-summary');
     const computed = runs.map(computeSummary);
@@ -555,6 +567,9 @@
              { xlabel: 'TTFT (s)', xfmt: t => fmt(Math.pow(10, t)) });
     cdfChart('cmp-jct', r => r.jobs.jct_s, null, { xlabel: 'JCT (s)' });
     cdfChart('cmp-hit', r => r.turn_hit_frac, null, { xlabel: 'share of prompt' });
+    const spans = runs.map(r => timelineSpan(r.timeline_turns));
+    const span = [Math.min(...spans.map(s => s[0])), Math.max(...spans.map(s => s[1]))];
+    runs.forEach((r, i) => jobTimeline(`cmp-jobs-${i}`, r, span));
   }
 
   async function getData() {

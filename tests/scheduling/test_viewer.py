@@ -395,8 +395,25 @@ def _check_compare_page(driver, dirs: list[Path], labels: list[str], shot: Path)
     for chart in ("cmp-tokens", "cmp-running", "cmp-kv", "cmp-ttft", "cmp-jct", "cmp-hit"):
         assert all(charts[chart]["seriesMarks"][label] > 0 for label in labels), (chart, charts[chart])
         assert _ink_fraction(driver, chart) > 0.005, chart
+    _check_compare_timelines(driver, dirs, labels)
     assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
     driver.save_screenshot(str(shot))
+
+
+def _check_compare_timelines(driver, dirs: list[Path], labels: list[str]) -> None:
+    """Compared runs once lost the per-job timeline: now each run has its own, titled with its
+    label, one bar group per turn of its first jobs, on one time axis shared by every run."""
+    charts = driver.execute_script("return window.gpubenchViewer.charts;")
+    titles = driver.execute_script(
+        "return [...document.querySelectorAll('section[data-run]')].map(s => [s.dataset.run, s.querySelector('h2').textContent,"
+        " !!s.querySelector('.legend-row'), s.querySelector('.chart').id]);")
+    assert [t[0] for t in titles] == labels
+    for i, (label, d) in enumerate(zip(labels, dirs)):
+        _, title, has_key, chart = titles[i]
+        assert chart == f"cmp-jobs-{i}" and has_key and title.startswith(f"Per-job timelines: {label}")
+        turns = pd.read_csv(d / "turns.csv")
+        assert charts[chart]["marks"] == len(turns) > 0  # every turn of these (few) jobs drawn
+        assert _ink_fraction(driver, chart) > 0.01, chart
 
 
 @needs_browser
