@@ -20,7 +20,8 @@ def register(sub) -> None:
                     "attention by tokens, for the default pricing (published, else spec) and for each "
                     "--calibration (retargeted to each GPU with --force-calibration: nothing of the target is "
                     "measured then). Nothing is fitted on the tables. Writes silicon.csv, summary.csv, "
-                    "interpolation.csv, silicon.md, one <system>.png per GPU and COMMAND into --out.",
+                    "interpolation.csv, steps.csv (decode steps composed from the measured kernels, against the "
+                    "model), silicon.md, one <system>.png per GPU and COMMAND into --out.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--systems", default="all",
                    help="comma-separated aiconfigurator systems (see --list), or 'all' with a gpubench SKU")

@@ -48,7 +48,25 @@ def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel:
             + "\n\nInterpolation along N or K, checked by predicting every interior grid point from its two "
             "neighbours (leave one out):\n\n"
             + markdown_table(["system", "direction", "subset", "n", "MAPE %", "median %", "p90 %"], interp)
+            + "\n\n## Composed decode steps\n\n" + _steps_markdown(score.steps)
             + "\n\n## By regime\n\n" + markdown_table(head, body) + "\n")
+
+
+def _steps_markdown(steps: pd.DataFrame) -> str:
+    from common.mdtable import markdown_table
+
+    if not len(steps):
+        return "No decode step could be composed from these tables."
+    g = steps.groupby(["system", "predictor"], sort=False)
+    rows = [[system, pred, int(len(s)), ", ".join(sorted(s["model"].unique())), f"{s['ape_pct'].mean():.1f}",
+             f"{s['ape_pct'].quantile(0.9):.1f}", f"{s['signed_pct'].mean():+.1f}", f"{(s['ape_pct'] <= 10).mean() * 100:.0f}"]
+            for (system, pred), s in g]
+    return ("Each step: per layer the four projection GEMMs (M = batch) and the decode attention kernel from the "
+            "tables, times the layers; predicted: the step model's price of the same kernels (op time + one graph-"
+            "node interval each). Elementwise kernels, the KV write and the LM head are left out of both sides "
+            "(the tables do not measure the first two; the vocabulary lies beyond their N grid). Batch 1-256, "
+            "context 512-32K; models whose heads or shapes a table lacks are skipped.\n\n"
+            + markdown_table(["system", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %", "within 10 %"], rows))
 
 
 def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
@@ -90,7 +108,7 @@ def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
 
 
 def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[str, pd.DataFrame, list[Path]]:
-    """silicon.csv (every row), summary.csv, interpolation.csv, silicon.md, <system>.png and COMMAND."""
+    """silicon.csv (every row), summary.csv, interpolation.csv, steps.csv, silicon.md, <system>.png, COMMAND."""
     from common.outdir import locked, write_command, write_text_atomic
 
     summary = summaries(score.rows)
@@ -99,6 +117,7 @@ def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[s
         files = [write_text_atomic(d / "silicon.csv", score.rows.to_csv(index=False, float_format="%.6g")),
                  write_text_atomic(d / "summary.csv", summary.to_csv(index=False, float_format="%.4g")),
                  write_text_atomic(d / "interpolation.csv", score.interpolation.to_csv(index=False, float_format="%.4g")),
+                 write_text_atomic(d / "steps.csv", score.steps.to_csv(index=False, float_format="%.6g")),
                  write_text_atomic(d / "silicon.md", text)]
         files += [plot_system(score.rows, system, d / f"{system}.png") for system in score.rows["system"].unique()]
         files.append(write_command(d, command))

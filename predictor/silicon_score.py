@@ -69,6 +69,7 @@ class SiliconScore:
 
     rows: pd.DataFrame
     interpolation: pd.DataFrame
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # composed decode steps (predictor.silicon_steps)
     tables: list = field(default_factory=list)  # (TableSet, decode source, prefill source)
 
 
@@ -149,10 +150,11 @@ def score_attention(rows: pd.DataFrame, kind: str, step_model_for, models: list[
 def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, models: list[ModelConfig] | None = None,
                  progress=None) -> SiliconScore:
     """Score every predictor on every table set (each with a gpubench SKU)."""
+    from predictor.silicon_steps import composed_steps
     from predictor.step import StepModel
 
     models = models or shipped_models()
-    frames, checks, tables = [], [], []
+    frames, checks, tables, steps = [], [], [], []
     for ts in table_sets:
         grid = GemmGrid(read_gemm(ts))
         decode, dsrc = read_attention(ts.decode)
@@ -178,16 +180,17 @@ def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, mod
             parts = [score_gemm(grid, step_model_for, models).assign(kind="gemm"),
                      score_attention(decode, "decode_attention", step_model_for, models).assign(kind="decode_attention"),
                      score_attention(prefill, "prefill_attention", step_model_for, models).assign(kind="prefill_attention")]
+            labels = dict(system=ts.system, sku=ts.sku, framework=ts.framework, version=ts.version, predictor=p.name)
+            steps.append(composed_steps(grid, decode, step_model_for).assign(**labels))
             for part in parts:
                 if len(part):
-                    frames.append(part.assign(system=ts.system, sku=ts.sku, framework=ts.framework, version=ts.version,
-                                              predictor=p.name))
+                    frames.append(part.assign(**labels))
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(rows):
         rows["signed_pct"] = (rows["predicted_s"] - rows["measured_s"]) / rows["measured_s"] * 100
         rows["ape_pct"] = rows["signed_pct"].abs()
     return SiliconScore(rows=rows, interpolation=pd.concat(checks, ignore_index=True) if checks else pd.DataFrame(),
-                        tables=tables)
+                        steps=pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(), tables=tables)
 
 
 def summarize(rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:

@@ -95,10 +95,12 @@ def systems(root: Path | None = None) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.rglob("*.parquet")))
 
 
-def _newest(folder: Path, version: str | None) -> str | None:
+def _newest(folder: Path, version: str | None, table: str) -> str | None:
+    """The newest version folder holding ``table`` (a folder may hold only a reuse.yaml that points at
+    another version's data, e.g. TensorRT-LLM 1.3.0rc23's GEMMs on B200: skipped, its data is there)."""
     if not folder.is_dir():
         return None
-    versions = [p.name for p in folder.iterdir() if p.is_dir()]
+    versions = [p.name for p in folder.iterdir() if (p / table).is_file()]
     if version is not None:
         return version if version in versions else None
     return max(versions, key=_version_key) if versions else None
@@ -114,8 +116,8 @@ def table_set(system: str, framework: str = "vllm", version: str | None = None, 
     base = root / system
     if not base.is_dir():
         raise ConfigError(f"no measured tables for system '{system}' (have: {', '.join(systems(root))})")
-    gv = _newest(base / "gemm" / framework, version)
-    av = _newest(base / "attention" / framework, version)
+    gv = _newest(base / "gemm" / framework, version, "gemm_perf.parquet")
+    av = _newest(base / "attention" / framework, version, "generation_attention_perf.parquet")
     gemm = base / "gemm" / framework / gv / "gemm_perf.parquet" if gv else None
     attn = base / "attention" / framework / av if av else None
     decode = attn / "generation_attention_perf.parquet" if attn else None

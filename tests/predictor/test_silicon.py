@@ -88,7 +88,7 @@ def test_silicon_cli_scores_h200_and_writes_its_files(tmp_path):
     kinds = {s["kind"]: s for s in doc["scores"] if s["predictor"] == "default"}
     assert set(kinds) == {"gemm", "decode_attention", "prefill_attention"}
     assert all(s["n"] > 100 and np.isfinite(s["mape_pct"]) for s in kinds.values())
-    for name in ("silicon.csv", "summary.csv", "interpolation.csv", "silicon.md", "h200_sxm.png", "COMMAND"):
+    for name in ("silicon.csv", "summary.csv", "interpolation.csv", "steps.csv", "silicon.md", "h200_sxm.png", "COMMAND"):
         assert (out / name).is_file(), name
     rows = pd.read_csv(out / "silicon.csv")
     # a GEMM row's price is the model's own: recompute one from StepModel
@@ -122,3 +122,42 @@ def test_silicon_list_names_every_system():
     for system in ("h200_sxm", "b300_sxm", "l40s"):
         assert system in proc.stdout
     assert "sku=h200" in proc.stdout
+
+
+def test_a_composed_decode_step_is_the_sum_of_its_measured_kernels_and_the_models_price():
+    from predictor.silicon_score import Predictor, score_tables
+    from predictor.silicon_steps import LAYER_GEMMS
+    from predictor.step import StepModel
+
+    ts = st.table_set("h100_sxm")
+    steps = score_tables([ts], [Predictor("default")]).steps
+    row = steps[(steps.model == "llama-3.1-8b") & (steps.batch == 32) & (steps.context == 1024)].iloc[0]
+    grid = GemmGrid(st.read_gemm(ts))
+    decode, _ = st.read_attention(ts.decode)
+    attn = decode[(decode.batch_size == 32) & (decode.step == 1023) & (decode.num_heads == 32)
+                  & (decode.num_key_value_heads == 8) & (decode.head_dim == 128)]["latency_s"].iloc[0]
+    shapes = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+    gemm = sum(grid.lookup(32, n, k)[0] for n, k in shapes.values())
+    assert row["measured_s"] == pytest.approx(32 * (gemm + attn))
+    sm = StepModel("h100-sxm", "llama-3.1-8b", cuda_graphs=True)
+    pred = sm.predict([(1, 1023)] * 32)
+    per_layer = sum(pred.ops[op].t_s for op in (*LAYER_GEMMS, "attention")) / 32 + 5 * sm.t_launch_s
+    assert row["predicted_s"] == pytest.approx(32 * per_layer)
+    assert "qwen2.5-7b" not in set(steps.model)  # 28 query heads: not in the attention table, so skipped
+
+
+@pytest.mark.parametrize("framework", ["vllm", "sglang", "trtllm"])
+def test_the_committed_silicon_scores_regenerate(tmp_path, framework):
+    """results/silicon/<framework>/summary.csv and steps.csv come back from the first line of its COMMAND
+    (no timing is involved: the same wheel gives the same figures on any host)."""
+    import shlex
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "silicon" / framework
+    args = shlex.split((committed / "COMMAND").read_text().splitlines()[0])[1:]
+    args[args.index("--out") + 1] = str(tmp_path / "again")
+    proc = run_cli(*args, timeout=600, cwd=str(committed.parents[2]))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("summary.csv", "steps.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / name), pd.read_csv(committed / name),
+                                      check_exact=False, rtol=1e-3)

@@ -1,0 +1,67 @@
+"""Whole decode steps composed from measured kernels, against the step model's device time for the same kernels.
+
+A decode step of a dense model launches, per layer, four projection GEMMs (qkv, o, gate_up, down, each
+with M = batch) and one decode attention kernel, plus the LM head once. The measured step is the sum
+of those kernels' table latencies (predictor.silicon_tables, GEMMs matched or interpolated as in
+predictor.silicon_match). The predicted step is the step model's price of the same kernels: each op's
+time per call plus one CUDA-graph node interval per kernel, summed over the layers.
+
+Left out of both sides, so that both sum the same kernels: the elementwise kernels (norms, rotary
+embedding, activation, residual adds; the tables do not measure them), the KV-cache write, and the
+LM head (its N, the vocabulary, lies beyond the tables' N grid for every shipped model of this size).
+A model whose attention heads or projection shapes a table lacks is skipped, never approximated.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from common.model_config import load_model_config
+from predictor.silicon_match import GemmGrid
+
+STEP_MODELS = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "mistral-7b", "qwen3-8b")
+STEP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STEP_CONTEXTS = (512, 1024, 4096, 8192, 16384, 32768)  # cached tokens; the tables' step is this minus one
+LAYER_GEMMS = ("qkv_proj", "o_proj", "gate_up", "down")
+
+
+def _layer_gemm_shapes(cfg) -> dict[str, tuple[int, int]]:
+    h, q, kv, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up": (2 * inter, h), "down": (h, inter)}
+
+
+def composed_steps(grid: GemmGrid, decode: pd.DataFrame, step_model_for, *, models=STEP_MODELS) -> pd.DataFrame:
+    """Rows (model, batch, context, measured_s, predicted_s, gemm_measured_s, attention_measured_s,
+    skipped) per decode step the tables can compose."""
+    lat = {(int(r.batch_size), int(r.step), int(r.num_heads), int(r.num_key_value_heads), int(r.head_dim)): float(r.latency_s)
+           for r in decode.itertuples()}
+    out = []
+    for name in models:
+        cfg = load_model_config(name)
+        if cfg.is_moe:
+            continue
+        sm = None
+        for b in STEP_BATCHES:
+            gemms = {op: grid.lookup(b, n, k) for op, (n, k) in _layer_gemm_shapes(cfg).items()}
+            for ctx in STEP_CONTEXTS:
+                attn = lat.get((b, ctx - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+                if attn is None or any(v is None for v in gemms.values()):
+                    continue
+                sm = sm or step_model_for(cfg)
+                gemm_s = sum(v[0] for v in gemms.values() if v is not None)
+                batch = [(1, ctx - 1)] * b
+                per_call = sm.op_call_times(_features(batch))[0]
+                gemm_pred = sum(per_call[sm.graph.names.index(op)] for op in LAYER_GEMMS)
+                predicted = cfg.num_layers * (gemm_pred + sm.attention_call_time(batch) + 5 * sm.t_launch_s)
+                out.append((name, b, ctx, cfg.num_layers * (gemm_s + attn), predicted, cfg.num_layers * gemm_s,
+                            cfg.num_layers * attn))
+    df = pd.DataFrame(out, columns=["model", "batch", "context", "measured_s", "predicted_s", "gemm_measured_s",
+                                    "attention_measured_s"])
+    df["signed_pct"] = (df["predicted_s"] - df["measured_s"]) / df["measured_s"] * 100
+    df["ape_pct"] = df["signed_pct"].abs()
+    return df
+
+
+def _features(batch):
+    from predictor.ops import batch_features
+
+    return batch_features(batch)[None, :]
