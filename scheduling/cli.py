@@ -236,7 +236,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scheduling.experiments.replay import run_replay, write_outputs
+    from scheduling.experiments.replay import kv_pool_note, run_replay, write_outputs
 
     if args.engine == "vllm":
         return cmd_replay_live(args)
@@ -266,8 +266,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if trace_path is not None:
             doc["trace"] = str(trace_path)
         print(json.dumps(doc, default=str, indent=2))
-        return 0
-    print_summary(result.summary, config, out, trace_path)
+    else:
+        print_summary(result.summary, config, out, trace_path)
+    note = kv_pool_note(result.summary)
+    if note:  # on stderr: --json's stdout stays JSON
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

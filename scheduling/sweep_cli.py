@@ -102,9 +102,14 @@ def run(args: argparse.Namespace) -> int:
                       progress=not args.no_progress, plots=not args.no_plots, fresh=args.fresh)
     if args.json:
         print(frame.to_json(orient="records"))
-        return 0
-    _print_table(frame)
-    print(f"wrote {args.out / 'sweep.csv'} ({len(frame)} runs)")
+    else:
+        _print_table(frame)
+        print(f"wrote {args.out / 'sweep.csv'} ({len(frame)} runs)")
+    from scheduling.experiments.sweep_report import pool_note
+
+    note = pool_note(frame)
+    if note:  # on stderr: --json's stdout stays JSON
+        print(note, file=sys.stderr)
     return 0
 
 

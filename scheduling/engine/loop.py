@@ -133,6 +133,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
         self.result.wall_s = time.perf_counter() - t0
         self.result.sim_time_s = self.now_s
         self.result.policy_stats = self.policy.stats()
+        self.result.num_evicted_blocks = self.kv.pool.num_evictions
         unfinished = [js.job.job_id for js in self.jobs if js.finish_s is None]
         if unfinished:  # an engine bug, not a user error: say which jobs
             raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished jobs: {unfinished[:5]}")
@@ -185,6 +186,11 @@ class Engine(Admission, StepOutput, DecodeGroup):
             self._step_end = self._decode_run(now_s, dur_s)
         else:
             self._step_end = now_s + dur_s
+        # After the step's allocations (and an inline decode run's, which only allocate): the peak.
+        pool = self.kv.pool
+        held = pool.num_used_blocks + pool.num_cached_free
+        if held > self.result.peak_kv_blocks:
+            self.result.peak_kv_blocks = held
 
     # --- the scheduler ------------------------------------------------------------------------
     #
@@ -253,6 +259,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
             need = kv.num_new_blocks(r, c + n)
             if need > 0:
                 got = kv.allocate(r, need)
+                if not got:
+                    self.result.num_block_shortages += 1
                 while not got:
                     assert not fast, "fast path planned blocks that are not free"
                     if policy.relieve_pressure(now_s, len(running) - 1):
@@ -303,6 +311,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
             r = queue.peek()
             admitted = self._admit(r, budget, now_s)
             if admitted is None:
+                self.result.num_block_shortages += 1
                 if policy.relieve_pressure(now_s, len(running)) or self._release_loaded(len(running)):
                     continue
                 return budget, "no_blocks"

@@ -80,6 +80,14 @@ class EngineResult:
     sim_time_s: float = 0.0
     wall_s: float = 0.0
     num_gpu_blocks: int = 0
+    # Whether the GPU pool ever ran short (``gpubench replay`` notes a run where it never did: the
+    # KV policies then had nothing to evict, pin or offload): the most blocks holding KV (in use,
+    # or free with a reusable prefix) after a step was scheduled, the cached blocks evicted for new
+    # ones, and the times a request found too few free blocks (a policy's relief, a preemption or
+    # a wait followed).
+    peak_kv_blocks: int = 0
+    num_evicted_blocks: int = 0
+    num_block_shortages: int = 0
     policy_stats: dict = field(default_factory=dict)
 
     def step_records(self) -> list[StepRecord]:

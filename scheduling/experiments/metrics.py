@@ -98,5 +98,9 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
         "steps": int(res.num_steps),
         "steps_per_wall_s": res.num_steps / res.wall_s if res.wall_s > 0 else None,
         "num_gpu_blocks": int(res.num_gpu_blocks),
+        # Did the pool ever run short? (replay's note: if not, the KV policies had nothing to do)
+        "kv_peak_blocks": int(res.peak_kv_blocks),
+        "kv_evicted_blocks": int(res.num_evicted_blocks),
+        "kv_block_shortages": int(res.num_block_shortages),
         "policy_stats": res.policy_stats,
     }

@@ -215,6 +215,24 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
     return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df)
 
 
+def pool_never_filled(metrics: dict) -> bool:
+    """True when the run's GPU KV pool never ran short: no cached block evicted, no request short
+    of free blocks, no preemption. False too for a summary without these counts (a live replay)."""
+    counts = [metrics.get(k) for k in ("kv_evicted_blocks", "kv_block_shortages", "preemptions")]
+    return all(isinstance(c, int) for c in counts) and not any(counts)
+
+
+def kv_pool_note(metrics: dict) -> str | None:
+    """One line for a replay whose GPU KV pool never filled (None otherwise): users compared KV
+    policies on such runs and found them (nearly) the same, with no hint why."""
+    if not pool_never_filled(metrics):
+        return None
+    return (f"note: the GPU KV pool never filled (peak {metrics.get('kv_peak_blocks', 0):,} of "
+            f"{metrics.get('num_gpu_blocks', 0):,} blocks): nothing was evicted, so KV-cache eviction, pinning "
+            f"and offload made no difference here; to compare KV policies add jobs (--jobs), raise --jps or "
+            f"shrink the pool (--num-gpu-blocks)")
+
+
 def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | None = None) -> Path:
     """Write summary.json, steps.csv, turns.csv, jobs.csv into ``out_dir`` (created)."""
     from common.outdir import locked, write_text_atomic

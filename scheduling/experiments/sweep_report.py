@@ -158,6 +158,24 @@ def markdown_tables(frame: pd.DataFrame) -> str:
     return f"{n_cells} runs ({(frame['error'] != '').sum() if 'error' in frame.columns else 0} failed).\n\n" + "\n\n".join(parts) + "\n"
 
 
+def pool_note(frame: pd.DataFrame) -> str | None:
+    """One line when some runs' GPU KV pool never filled (nothing evicted, no request short of
+    blocks, no preemption): there the policies' KV handling made no difference. None otherwise, and
+    for a table from before these columns were recorded."""
+    counts = ["kv_evicted_blocks", "kv_block_shortages", "preemptions"]
+    if frame.empty or any(c not in frame.columns for c in counts + ["kv_peak_blocks", "num_gpu_blocks"]):
+        return None
+    ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
+    never = ok[(ok[counts].fillna(1) == 0).all(axis=1)]
+    if never.empty:
+        return None
+    fullest = never.loc[(never["kv_peak_blocks"] / never["num_gpu_blocks"]).idxmax()]
+    return (f"note: the GPU KV pool never filled in {len(never)} of {len(ok)} runs (at most "
+            f"{int(fullest['kv_peak_blocks']):,} of {int(fullest['num_gpu_blocks']):,} blocks; kv_peak_blocks in "
+            f"sweep.csv): there KV-cache eviction, pinning and offload made no difference; to compare KV policies "
+            f"add jobs (--jobs), raise --jps or shrink the pool (--set num_gpu_blocks=N)")
+
+
 def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """jct_vs_jps.png, ttft_vs_jps.png, tpot_vs_jps.png, goodput_vs_jps.png, hit_rates.png,
     preemptions.png (those whose metrics exist), and tables.md."""
