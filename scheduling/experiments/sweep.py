@@ -333,10 +333,12 @@ def _append_rows(rows, table: SweepTable, on_row, *, total: int, already_done: i
     """Append each finished cell's row as it arrives, with a progress bar when asked."""
     bar = task = None
     if progress and total:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        # on stderr: stdout carries the results (the table, or --json's records)
         bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), TextColumn("{task.description}"))
+                       TimeRemainingColumn(), TextColumn("{task.description}"), console=Console(stderr=True))
         bar.start()
         task = bar.add_task(f"{already_done} already done", total=total)
     try:

@@ -187,3 +187,16 @@ def test_policy_variants_carry_their_own_parameters():
     for bad in ("cpu-offload@pool=16", "cpu-offload@cpu_gib", "teleport@x=1"):
         with pytest.raises(ConfigError):
             SweepSpec(policies=(bad,), skus=("a100-40",), jps=(1.0,)).validate()
+
+
+def test_sweep_json_stdout_is_only_json_with_the_progress_bar_on(tmp_path):
+    """The progress bar once went to stdout, ahead of --json's records ("sweep ━━━ 1/1 ..." then the
+    JSON): now it goes to stderr and stdout parses as JSON."""
+    cmd = [sys.executable, "-m", "gpubench.cli", "sweep", "--policies", "fcfs", "--skus", "h100-sxm", "--jps", "1",
+           "--jobs", "2", "--workers", "1", "--no-plots", "--json", "--out", str(tmp_path / "j")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert [r["key"] for r in rows] == ["fcfs|h100-sxm|1|0"]
+    assert "━" not in proc.stdout and "sweep" not in proc.stdout.split("[", 1)[0]
+    assert "sweep" in proc.stderr and "1/1" in proc.stderr  # the bar was on, on stderr
