@@ -28,7 +28,7 @@ from predictor.hardware import HardwareSpec
 SCHEMA = "gpubench.calibration/1"
 KNOWN = {
     "params": ("eta_max", "x_half", "eta_active", "eta_duty", "f_clk", "t_launch_s", "t_graph_node_s", "t_dispatch_s",
-               "t_gemm_fixed_s"),
+               "t_gemm_fixed_s", "t_attn_fixed_s", "eta_attn"),
     "hardware": ("num_sms", "l2_bytes", "mem_bytes_per_s"),
     "host_residual": ("s_floor_ms", "s_slope_ms"),
     "curves": ("eta_duty_by_m",),
@@ -131,7 +131,9 @@ class Calibration:
 
     ``params``: eta_max, x_half, eta_active, eta_duty, f_clk, t_launch_s, t_graph_node_s,
     t_dispatch_s, and on a GPU t_gemm_fixed_s (a GEMM kernel's fixed time; only when a run measured
-    it: absent, no fixed time is charged). ``hardware``: overrides of the spec read from the run (num_sms, l2_bytes,
+    it: absent, no fixed time is charged), t_attn_fixed_s (an attention kernel's fixed time) and
+    eta_attn (attention's compute rate as a share of the GEMMs'), both only from measured attention
+    kernels (``gpubench fit --from-silicon``): absent, 0 and 1. ``hardware``: overrides of the spec read from the run (num_sms, l2_bytes,
     mem_bytes_per_s). ``host_residual``: s_floor_ms, s_slope_ms. ``curves``: name -> dtype ->
     Curve (``eta_duty_by_m``: eta_duty as a function of GEMM M; absent in older files, where
     the scalar eta_duty applies to every M).

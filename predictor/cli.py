@@ -18,9 +18,16 @@ def register(sub) -> None:
         description="Fit eta_mem (eta_max, x_half) from the stream/l2 cold sweeps, eta_active from `peak`, "
                     "eta_duty from `gemm`, t_launch from `launch`, f_clk from telemetry. Parameters a run "
                     "lacks fall back to published, then spec values; each says which tier it came from.")
-    p.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="*",
                    help="a run directory (results/<sku>/<stamp>-<host>/); several runs of one device are fitted "
                         "together, each probe from the run that measured it (a probe in two runs is refused)")
+    p.add_argument("--from-silicon", metavar="SYSTEM", default=None,
+                   help="instead of a run: fit a GPU's calibration from the kernels NVIDIA measured on it (the "
+                        "aiconfigurator-core tables, extra 'reference'; systems: `gpubench silicon --list`): GEMM "
+                        "fixed time, streaming bandwidth and eta_duty(M) from its GEMMs, the attention floor and "
+                        "rate from its attention kernels")
+    p.add_argument("--framework", default="vllm", choices=("vllm", "sglang", "trtllm"),
+                   help="with --from-silicon: whose tables")
     # -o/--out as every other command's output option; --output stays a hidden alias.
     p.add_argument("-o", "--out", default="calibration.json", dest="output", metavar="PATH", help="where to write (default: %(default)s)")
     p.add_argument("--output", action=DeprecatedAlias, canonical="--out", dest="output")
@@ -225,10 +232,17 @@ def _print_breakdown(pred, total_s: float, overlap: bool, width: int | None = No
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from predictor.calibrate import fit_run
+    argv = ["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None
+    if args.from_silicon is not None:
+        cal = _fit_from_silicon(args, argv)
+        sources = f"{args.from_silicon} ({args.framework} tables)"
+    elif not args.run_dir:
+        raise ConfigError("fit needs a RUN_DIR, or --from-silicon SYSTEM")
+    else:
+        from predictor.calibrate import fit_run
 
-    cal = fit_run(args.run_dir, dtype=args.dtype, argv=["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None,
-                  allow_contended=args.allow_contended)
+        cal = fit_run(args.run_dir, dtype=args.dtype, argv=argv, allow_contended=args.allow_contended)
+        sources = " + ".join(args.run_dir)
     cal.save(args.output)  # first: a path that cannot be written is the one line, not after warnings
     for line in fit_warning_lines(cal.meta, verbose=args.verbose):
         print(f"warning: {line}", file=sys.stderr)
@@ -246,9 +260,23 @@ def cmd_fit(args: argparse.Namespace) -> int:
             for block in (cal.params, cal.hardware, cal.host_residual) for name, p in block.items()]
     con = termtable.console()
     con.print(termtable.table(cols, rows, width=con.width,
-                              title=f"calibration {cal.sku} {cal.dtype} <- {' + '.join(args.run_dir)}"))
+                              title=f"calibration {cal.sku} {cal.dtype} <- {sources}"))
     print(f"wrote {args.output}")
     return 0
+
+
+def _fit_from_silicon(args: argparse.Namespace, argv):
+    from predictor import silicon_tables as st
+    from predictor.silicon_fit import fit_from_silicon
+
+    if args.run_dir:
+        raise ConfigError("fit takes RUN_DIRs or --from-silicon, not both")
+    if args.dtype not in (None, "bf16"):
+        raise ConfigError(f"--from-silicon fits bf16 (the tables' dtype), not --dtype {args.dtype}")
+    systems = st.systems()
+    if args.from_silicon not in systems:
+        raise ConfigError(f"--from-silicon: no measured tables for '{args.from_silicon}' (have: {', '.join(systems)})")
+    return fit_from_silicon(st.table_set(args.from_silicon, args.framework), argv=argv)
 
 
 def fit_warning_lines(meta: dict, *, verbose: bool = False) -> list[str]:

@@ -34,10 +34,12 @@ class GpuAttention:
         num_kv_heads: the model's KV heads (one CTA per sequence, KV head and split).
         flops_per_s: every op's rate (StepModel's, with eta_c but no eta_cluster).
         mem_bytes_per_s: the streaming bandwidth B * eta_max.
+        fixed_s: the attention kernel's fixed time, charged once per call (one kernel serves a mixed
+            batch's decodes and prefill chunks), 0 unless calibrated.
     """
 
     def __init__(self, graph: OpGraph, num_sms: int, num_kv_heads: int, flops_per_s: np.ndarray,
-                 mem_bytes_per_s: float):
+                 mem_bytes_per_s: float, *, fixed_s: float = 0.0):
         g = graph
         i = g.names.index("attention")
         self.index = i
@@ -49,6 +51,7 @@ class GpuAttention:
         # KV bytes one cached token costs one layer's attention (K and V of every KV head)
         self._kv_bytes_per_token = float(g.kv_read_bytes[i, 4])
         self._kv_heads = max(1, int(num_kv_heads))
+        self._fixed_s = float(fixed_s)
 
     def splits(self, num_seqs, max_tokens):
         """Split-KV count of a decode batch (numpy arrays or floats; see ATTN_SPLIT_FILL)."""
@@ -72,7 +75,8 @@ class GpuAttention:
         ``decode`` and ``prefill`` are the (T, S, A, C) feature sums of the batch's decode
         sequences (one new token) and of its prefill chunks. Each part gets its own
         max(t_c, t_m): a prefill chunk's compute does not hide the decodes' KV reads. The decode
-        part's memory time is at least its longest sequence's (``longest_sequence_bytes``).
+        part's memory time is at least its longest sequence's (``longest_sequence_bytes``). ``t``
+        holds the kernel's fixed time once.
         """
         fc, bc, rate, bw = self._attn_flops, self._attn_bytes, self._attn_rate, self._mem_bytes_per_s
         t_c = t_m = t = 0.0
@@ -87,4 +91,4 @@ class GpuAttention:
             t_c += part_c
             t_m += part_m
             t += max(part_c, part_m)
-        return t_c, t_m, t
+        return t_c, t_m, t + self._fixed_s

@@ -31,6 +31,9 @@ def register(sub) -> None:
                    help="a calibration.json from `gpubench fit` to score beside the default pricing (repeatable)")
     p.add_argument("--force-calibration", action="store_true",
                    help="retarget a calibration to the GPUs it was not taken on (transfer)")
+    p.add_argument("--fit-from", default=None, choices=("vllm", "sglang", "trtllm"),
+                   help="also score, on each GPU, a calibration fitted from that GPU's own tables of this framework "
+                        "(`gpubench fit --from-silicon`): held out when it is not --framework, in-sample when it is")
     p.add_argument("--out", type=Path, default=None, help="output directory (required unless --list)")
     p.add_argument("--list", action="store_true", help="list the systems, their SKUs and table versions, and exit")
     p.add_argument("--json", action="store_true",
@@ -76,7 +79,15 @@ def _predictors(args, systems: list[str]) -> list:
         cal = Calibration.load(path)
         if cal.backend == "cpu":
             raise ConfigError(f"--calibration {path}: a CPU calibration cannot price GPU kernels")
-        preds.append(Predictor(f"{cal.sku} probes", calibration=path))
+        source = "silicon fit" if str(cal.meta.get("from", "")).startswith("silicon") else "probes"
+        preds.append(Predictor(f"{cal.sku} {source}", calibration=path))
+    if args.fit_from:
+        from predictor import silicon_tables as st
+        from predictor.silicon_fit import fit_from_silicon
+
+        own = {st.SYSTEM_SKUS[s]: fit_from_silicon(st.table_set(s, args.fit_from)) for s in systems}
+        held = "in-sample" if args.fit_from == args.framework else "held out"
+        preds.append(Predictor(f"own {args.fit_from} fit ({held})", calibration=own))
     return preds
 
 
@@ -100,7 +111,7 @@ def _silicon(args) -> int:
                          progress=lambda line: print(line, file=sys.stderr))
     command = silicon_report.command_line(systems=systems, framework=args.framework,
                                           calibrations=[str(c) for c in args.calibration], force=args.force_calibration,
-                                          out=str(args.out))
+                                          fit_from=args.fit_from, out=str(args.out))
     text, summary, files = silicon_report.write(score, str(args.out), command, wheel=st.wheel_version())
     if not args.json:
         print(text)
@@ -124,6 +135,9 @@ def _bind_calibrations(preds: list, table_sets: list, force: bool) -> list:
     out = []
     for p in preds:
         if p.calibration is None:
+            out.append(p)
+            continue
+        if isinstance(p.calibration, dict):  # already one Calibration per SKU (--fit-from)
             out.append(p)
             continue
         per_sku, said = {}, set()

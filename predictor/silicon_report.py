@@ -12,11 +12,14 @@ import pandas as pd
 from predictor.silicon_score import KINDS, SiliconScore, summaries
 
 
-def command_line(*, systems: list[str], framework: str, calibrations: list[str], force: bool, out: str) -> str:
+def command_line(*, systems: list[str], framework: str, calibrations: list[str], force: bool, out: str,
+                 fit_from: str | None = None) -> str:
     parts = ["gpubench", "silicon", "--systems", ",".join(systems), "--framework", framework]
     for c in calibrations:
         parts += ["--calibration", c]
-    return shlex.join(parts + (["--force-calibration"] if force and calibrations else []) + ["--out", out])
+    parts += ["--force-calibration"] if force and calibrations else []
+    parts += ["--fit-from", fit_from] if fit_from else []
+    return shlex.join(parts + ["--out", out])
 
 
 def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel: str) -> str:
@@ -39,6 +42,11 @@ def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel:
             "CUDA-graph node interval per kernel. Nothing is fitted on these tables. Shapes: every projection GEMM "
             "of the shipped model configs at every M the table measured; decode and prefill attention rows whose "
             "heads a shipped model has (batch <= 256, context <= 32K).\n\n"
+            "Predictors: `default` is what `gpubench predict --sku` uses without a calibration (published constants, "
+            "else spec); `<sku> probes` a probe-run calibration and `<sku> silicon fit` one from `gpubench fit "
+            "--from-silicon`, each retargeted to the other GPUs (nothing of the target measured); `own <framework> "
+            "fit` each GPU's own `fit --from-silicon` of that framework's tables (in-sample when it is the framework "
+            "scored here).\n\n"
             "## Per system and kind\n\n"
             + markdown_table(head, [[r.system, r.predictor, r.kind, "all", int(r.n), f1(r.mape_pct), f1(r.median_ape_pct),
                                      f1(r.p90_ape_pct), f"{r.signed_pct:+.1f}"] for r in pooled.itertuples()])

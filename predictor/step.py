@@ -158,7 +158,11 @@ class StepModel:
         # t_m = bytes * (x + x_half) / (B * eta_max * x) = (bytes + x_half * L2) / (B * eta_max)
         self._mem_bytes_per_s = hw.mem_bytes_per_s * self.eta_max
         self._mem_latency_bytes, self.t_gemm_fixed_s = self._memory_latency_and_gemm_fixed()
+        self.t_attn_fixed_s, eta_attn = self._attention_fixed_and_share()
+        attn = g.names.index("attention")
+        self._flops_per_s[attn] *= eta_attn
         self._op_fixed_s = np.where(g.kinds == "gemm", self.t_gemm_fixed_s * g.num_kernels, 0.0)
+        self._op_fixed_s[attn] = self.t_attn_fixed_s
         self.num_kernels, self.t_launch_s = self._launches()
         self.launch_s = self.num_kernels * self.t_launch_s
         self.s_floor_s = v("s_floor_ms") * 1e-3
@@ -167,7 +171,8 @@ class StepModel:
         self._block_mask[g.sample_index] = False
         self._gemm = GemmTiming(g, hw.num_sms, self.tile, self._flops_per_s, self.duty_curve, self.eta_duty)
         self._duty_ratio_scalar = self._gemm.duty_ratio_scalar  # bound once: predict_time calls it per GEMM op
-        self._attention = GpuAttention(g, hw.num_sms, self.model.num_kv_heads, self._flops_per_s, self._mem_bytes_per_s)
+        self._attention = GpuAttention(g, hw.num_sms, self.model.num_kv_heads, self._flops_per_s, self._mem_bytes_per_s,
+                                       fixed_s=self.t_attn_fixed_s)
         self._attn_index = self._attention.index
         self._gpu_attention = self._attention.price  # bound once: predict_time calls it per step
         self._setup_scalar_path()
@@ -175,6 +180,11 @@ class StepModel:
     def _memory_latency_and_gemm_fixed(self) -> tuple[float, float]:
         """(bytes of the memory law's fixed term, a GEMM kernel's fixed seconds): the variant's."""
         raise NotImplementedError
+
+    def _attention_fixed_and_share(self) -> tuple[float, float]:
+        """(an attention kernel's fixed seconds, attention's compute rate as a share of the matrix
+        units' rate): (0, 1) unless a GPU variant's calibration measured them."""
+        return 0.0, 1.0
 
     def _launches(self) -> tuple[int, float]:
         """(kernels or dispatches a step issues, seconds each): the variant's."""
@@ -358,18 +368,14 @@ class StepModel:
     # ---------------------------------------------------------------- one op at a time
     def op_call_times(self, feats) -> np.ndarray:
         """Seconds per call of every op (columns in ``graph.names`` order) for (P, 5) features, as the
-        vectorized path prices them (GEMMs with their fixed time; attention by feature totals): what
-        ``gpubench silicon`` scores op by op against measured kernels. No memory-fit check."""
+        vectorized path prices them; what ``gpubench silicon`` scores op by op. No memory-fit check."""
         t_c, t_m = self._op_times(np.atleast_2d(np.asarray(feats, dtype=np.float64)))
         return np.maximum(t_c, t_m) + self._op_fixed_s
 
     def attention_call_time(self, batch) -> float:
-        """Seconds of one layer's attention op for ``batch``, as ``predict`` prices it (on a GPU per
-        part and per sequence). No memory-fit check."""
+        """Seconds of one layer's attention op for ``batch``, as ``predict`` prices it. No memory-fit check."""
         parts = self._attention_parts(*batch_sums(batch))
-        if parts is not None:
-            return parts[2]
-        return float(self.op_call_times(batch_features(batch)[None, :])[0, self.graph.names.index("attention")])
+        return parts[2] if parts is not None else float(self.op_call_times(batch_features(batch))[0, self._attn_index])
 
     # ---------------------------------------------------------------- physical floor
     def physical_floor_s(self, batch) -> float:

@@ -43,6 +43,15 @@ class GpuRooflineStep(StepModel):
         fixed = self.calibration.params.get("t_gemm_fixed_s")
         return 0.0, float(fixed.value) if fixed is not None else 0.0
 
+    def _attention_fixed_and_share(self) -> tuple[float, float]:
+        # NOTE(predictor): measured attention kernels (FA2/FA3/FlashInfer, aiconfigurator's tables)
+        # have a floor of ~10 us per kernel at short context (split-KV scheduling, the combine step,
+        # prologue and epilogue) and run causal prefill well under the GEMMs' tensor rate; both come
+        # only from a calibration that measured attention kernels (`fit --from-silicon`).
+        p = self.calibration.params
+        fixed, share = p.get("t_attn_fixed_s"), p.get("eta_attn")
+        return (float(fixed.value) if fixed is not None else 0.0), (float(share.value) if share is not None else 1.0)
+
     def _launches(self) -> tuple[int, float]:
         v = self.calibration.value
         return self.graph.total_kernels(), v("t_graph_node_s") if self.cuda_graphs else v("t_launch_s")
