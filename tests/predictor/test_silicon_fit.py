@@ -78,3 +78,15 @@ def test_fit_from_silicon_bad_input_is_one_line(tmp_path, args, message):
     proc = run_cli("fit", *args, "-o", str(tmp_path / "c.json"), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_committed_silicon_fit_regenerates(tmp_path):
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "silicon" / "fits" / "h100_sxm-vllm.json"
+    again = fit_from_silicon(st.table_set("h100_sxm", "vllm"))
+    old = Calibration.load(committed)
+    assert set(again.params) == set(old.params)
+    for name, p in old.params.items():
+        assert again.params[name].value == pytest.approx(p.value, rel=1e-9), name
+    assert again.curve("eta_duty_by_m", "bf16").value == pytest.approx(old.curve("eta_duty_by_m", "bf16").value)
