@@ -60,11 +60,19 @@ def register(sub) -> None:
     p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
     p.add_argument("--force-calibration", action="store_true",
                    help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
+    p.add_argument("--engine", choices=("vllm", "torch"), default="vllm",
+                   help="what runs the step: vllm = vLLM V1 as it runs by default (GPU: CUDA graphs and asynchronous "
+                        "scheduling; CPU: its fused projections, its kernels and engine cost when the calibration "
+                        "probed them); torch = this project's eager, synchronous loop (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU: the threads the engine runs with; refused when the calibration's probes ran at another "
+                        "count (default: the calibration's)")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="GPU: each kernel pays the CUDA-graph node interval instead of the eager launch interval")
+                   help="GPU, --engine torch: each kernel pays the CUDA-graph node interval instead of the eager "
+                        "launch interval (vllm: always)")
     p.add_argument("--async-scheduling", action="store_true",
-                   help="GPU: the host's per-step work overlaps the device (vLLM V1's asynchronous scheduling), "
-                        "so a step takes max(device, host) instead of their sum")
+                   help="GPU, --engine torch: the host's per-step work overlaps the device, so a step takes max(device, "
+                        "host) instead of their sum (vllm: always)")
     p.add_argument("--form", choices=("additive", "max"), default="additive", help="step form (default: %(default)s)")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPUs, fp32 on the CPU")
     p.add_argument("--breakdown", action="store_true", help="print the per-op table")
@@ -112,7 +120,7 @@ def parse_batch_json(text: str) -> list[tuple[int, int]]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from predictor.step import StepModel
+    from predictor.engines import probe_threads, step_model_for_engine
 
     calibration, sku = args.calibration, args.sku
     if calibration is not None:
@@ -122,8 +130,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         sku = sku or calibration.sku
     if args.check_drift and calibration is None:
         raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
-    model = StepModel.for_names(sku=sku or "h100-sxm", model=args.model, calibration=calibration, form=args.form,
-                                cuda_graphs=args.cuda_graphs, dtype=args.dtype)
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
+    model, engine = step_model_for_engine(sku or "h100-sxm", args.model, calibration=calibration, engine=args.engine,
+                                          form=args.form, cuda_graphs=args.cuda_graphs,
+                                          async_scheduling=args.async_scheduling, dtype=args.dtype, threads=args.threads)
     batch = parse_batch_json(args.batch_json) if args.batch_json else \
         build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
@@ -135,7 +146,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"{'warning: ' if drift.drifted else ''}{drift.line()}", file=sys.stderr)
         if drift.drifted:
             print(f"warning: {drift.warning()}", file=sys.stderr)
-    overlap = args.async_scheduling and model.hardware.backend != "cpu"
+    overlap = engine.async_scheduling
+    threads = probe_threads(model.calibration, model.dtype, engine.engine) if model.hardware.backend == "cpu" else None
+    if engine.engine == "vllm" and model.cpu_table is not None and model.cpu_table.linear_engine != "vllm":
+        print("note: the calibration has no vLLM kernels (a --quick run leaves vllm_ops out): vLLM's layout is priced "
+              "with torch's kernels and no vLLM engine cost", file=sys.stderr)
     total_s = model.predict_time(batch, async_scheduling=True) if overlap else pred.total_s
     if args.json:
         out = pred.to_dict()
@@ -144,7 +159,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             out["host_drift"] = drift.to_dict()
         out["request"] = {"sku": model.hardware.sku_id, "model": model.model.name, "dtype": model.dtype,
                           "phase": None if args.batch_json else args.phase, "batch": [list(s) for s in batch],
-                          "cuda_graphs": model.cuda_graphs, "async_scheduling": overlap}
+                          "engine": engine.engine, "threads": threads, "cuda_graphs": model.cuda_graphs,
+                          "async_scheduling": overlap}
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
@@ -155,7 +171,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             f"{args.phase} batch {args.batch} context {args.context}"
             f"{'' if args.phase == 'decode' else f' new {pred.num_new_tokens}'}")
     form = f"{pred.form}, async" if overlap else pred.form
-    print(f"{hw.sku_id} {model.model.name} {model.dtype} {what}: {total_s * 1e3:.3f} ms [{form}]"
+    runs_on = f"{engine.engine} engine" + (f", {threads} thread{'s' if threads != 1 else ''}" if threads else "")
+    print(f"{hw.sku_id} {model.model.name} {model.dtype} {what} ({runs_on}): {total_s * 1e3:.3f} ms [{form}]"
           f" = {pred.num_new_tokens / total_s:,.0f} tokens/s")
     print(f"  blocks {pred.blocks_s * 1e3:.3f} ms ({blocks_text(pred)}) | {launch_name} {pred.launch_s * 1e3:.3f} ms "
           f"over {pred.num_kernels} {unit} (adds {pred.launch_added_s * 1e3:.3f}) | host {pred.host_s * 1e3:.3f} ms"

@@ -23,6 +23,8 @@ def fit_tables(frame, dtype: str, source: str, vllm_frame=None) -> dict:
     if not len(lin):
         raise ConfigError(f"{source}: no valid torch_ops linear rows for {dtype}")
     d["linear"] = _linear_nodes(lin)
+    # the thread count the probes ran torch (and vLLM) with: the tables describe an engine at that count
+    d["num_threads"] = int(lin["num_threads"].median()) if "num_threads" in lin else 1
     # The vLLM rows: a DataFrame, or () when the run has none (only len() is asked of that).
     vllm_lin: Any = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
     engine: Any = _rows(vllm_frame, "engine_step", dtype) if vllm_frame is not None and len(vllm_frame) else ()
@@ -34,6 +36,8 @@ def fit_tables(frame, dtype: str, source: str, vllm_frame=None) -> dict:
     layers: Any = _rows(vllm_frame, "engine_layers", dtype) if vllm_frame is not None and len(vllm_frame) else ()
     if len(layers):
         d["layers_vllm"] = _layer_nodes(layers)
+    if len(vllm_lin) and "num_threads" in vllm_lin:
+        d["num_threads_vllm"] = int(vllm_lin["num_threads"].median())
     if len(vllm_lin):
         d["linear_vllm"] = {**_linear_nodes(vllm_lin), "engine": "vllm",
                             "vllm_version": str(vllm_lin["vllm_version"].iloc[0]) if "vllm_version" in vllm_lin else None}

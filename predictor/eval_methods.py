@@ -289,7 +289,7 @@ def cpu_ops_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None
     """Probe-only predictions (CPU op tables) of every row, or None if the calibration has no
     tables for every dtype of the rows (or is not a CPU calibration)."""
     from predictor.calibrate import Calibration
-    from predictor.step import StepModel
+    from predictor.engines import step_model_for_engine
 
     if calibration is None:
         return None
@@ -297,10 +297,14 @@ def cpu_ops_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None
     if cal.backend != "cpu" or not set(df.dtype) <= set(cal.cpu_ops):
         return None
     engines = df["engine"].fillna("torch") if "engine" in df.columns else pd.Series("torch", index=df.index)
+    threads = df["num_threads"] if "num_threads" in df.columns else pd.Series(np.nan, index=df.index)
     out = pd.Series(np.nan, index=df.index, dtype=np.float64)
-    for (model, dtype, engine), g in df.assign(_engine=engines).groupby(["model", "dtype", "_engine"], sort=True):
-        sm = StepModel(*_hw_and_model(sku, model), calibration=cal, form="additive", dtype=dtype,
-                       gemm_layout="fused" if engine == "vllm" else "separate")
+    keys = ["model", "dtype", "_engine", "_threads"]
+    for (model, dtype, engine, n), g in df.assign(_engine=engines, _threads=threads.fillna(0)).groupby(keys, sort=True):
+        # the path `gpubench predict --engine` takes; rows from an engine at another thread count than
+        # the probes are refused, as predict refuses them
+        sm, _ = step_model_for_engine(*_hw_and_model(sku, model), calibration=cal, engine=engine, dtype=dtype,
+                                      threads=int(n) or None)
         out.loc[g.index] = sm.predict_many([[tuple(s) for s in json.loads(b)] for b in g.batch_json])
     return out
 
