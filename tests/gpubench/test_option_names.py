@@ -42,8 +42,10 @@ def test_old_replay_spellings_give_the_same_replay_with_a_note(tmp_path, capsys)
     canonical = replay(tmp_path, "new", "--jobs", "3", *FAST, "--no-progress", capsys=capsys)
     old = replay(tmp_path, "old", "--synthetic", "3", *FAST, "--quiet", capsys=capsys)
     same_outcome(canonical, old)
-    assert canonical[2] == ""
-    notes = old[2].strip().splitlines()
+    # a replay this small never fills the KV pool and says so; that note is the same for both spellings
+    pool = "note: the GPU KV pool never filled"
+    assert [line for line in canonical[2].splitlines() if not line.startswith(pool)] == []
+    notes = [line for line in old[2].strip().splitlines() if not line.startswith(pool)]
     assert notes == ["gpubench replay: note: --synthetic is deprecated, use --jobs (same meaning)",
                      "gpubench replay: note: --quiet is deprecated, use --no-progress (same meaning)"]
 
