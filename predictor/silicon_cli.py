@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--fit-from", default=None, choices=("vllm", "sglang", "trtllm"),
                    help="also score, on each GPU, a calibration fitted from that GPU's own tables of this framework "
                         "(`gpubench fit --from-silicon`): held out when it is not --framework, in-sample when it is")
+    p.add_argument("--learned-from", default=None, metavar="SYSTEM",
+                   help="also score a learned baseline: random forests trained on SYSTEM's tables of --framework and "
+                        "spec-scaled to each GPU (the transfer a learned model makes; needs scikit-learn)")
     p.add_argument("--out", type=Path, default=None, help="output directory (required unless --list)")
     p.add_argument("--list", action="store_true", help="list the systems, their SKUs and table versions, and exit")
     p.add_argument("--json", action="store_true",
@@ -107,11 +110,16 @@ def _silicon(args) -> int:
     from predictor import silicon_report
     from predictor.silicon_score import score_tables
 
+    learned = _learned(args.learned_from, args.framework)
     score = score_tables(table_sets, _bind_calibrations(preds, table_sets, args.force_calibration),
                          progress=lambda line: print(line, file=sys.stderr))
+    if learned is not None:
+        from predictor.silicon_learned import add_learned
+
+        add_learned(score, learned)
     command = silicon_report.command_line(systems=systems, framework=args.framework,
                                           calibrations=[str(c) for c in args.calibration], force=args.force_calibration,
-                                          fit_from=args.fit_from, out=str(args.out))
+                                          fit_from=args.fit_from, learned_from=args.learned_from, out=str(args.out))
     text, summary, files = silicon_report.write(score, str(args.out), command, wheel=st.wheel_version())
     if not args.json:
         print(text)
@@ -124,6 +132,25 @@ def _silicon(args) -> int:
                       for r in pooled.drop(columns=["regime"]).to_dict("records")]}
     print(json.dumps(doc, indent=2, allow_nan=False))
     return 0
+
+
+def _learned(system: str | None, framework: str):
+    """The learned baseline of ``system`` (validated before any scoring), or None."""
+    if system is None:
+        return None
+    import importlib.util
+
+    from predictor import silicon_tables as st
+
+    if system not in st.systems():
+        raise ConfigError(f"--learned-from: no measured tables for '{system}' (have: {', '.join(st.systems())})")
+    if system not in st.SYSTEM_SKUS:
+        raise ConfigError(f"--learned-from: '{system}' has no gpubench SKU whose spec could scale its forest")
+    if importlib.util.find_spec("sklearn") is None:
+        raise ConfigError("--learned-from needs scikit-learn: pip install 'gpubench[baselines]'")
+    from predictor.silicon_learned import LearnedBaseline
+
+    return LearnedBaseline(st.table_set(system, framework))
 
 
 def _bind_calibrations(preds: list, table_sets: list, force: bool) -> list:

@@ -13,12 +13,13 @@ from predictor.silicon_score import KINDS, SiliconScore, summaries
 
 
 def command_line(*, systems: list[str], framework: str, calibrations: list[str], force: bool, out: str,
-                 fit_from: str | None = None) -> str:
+                 fit_from: str | None = None, learned_from: str | None = None) -> str:
     parts = ["gpubench", "silicon", "--systems", ",".join(systems), "--framework", framework]
     for c in calibrations:
         parts += ["--calibration", c]
     parts += ["--force-calibration"] if force and calibrations else []
     parts += ["--fit-from", fit_from] if fit_from else []
+    parts += ["--learned-from", learned_from] if learned_from else []
     return shlex.join(parts + ["--out", out])
 
 
@@ -46,7 +47,8 @@ def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel:
             "else spec); `<sku> probes` a probe-run calibration and `<sku> silicon fit` one from `gpubench fit "
             "--from-silicon`, each retargeted to the other GPUs (nothing of the target measured); `own <framework> "
             "fit` each GPU's own `fit --from-silicon` of that framework's tables (in-sample when it is the framework "
-            "scored here).\n\n"
+            "scored here); `learned (<system> forest)` random forests trained on that system's tables and scaled to "
+            "each GPU by the ratio of their spec rooflines (in-sample on that system).\n\n"
             "## Per system and kind\n\n"
             + markdown_table(head, [[r.system, r.predictor, r.kind, "all", int(r.n), f1(r.mape_pct), f1(r.median_ape_pct),
                                      f1(r.p90_ape_pct), f"{r.signed_pct:+.1f}"] for r in pooled.itertuples()])

@@ -21,6 +21,8 @@ USED_THROUGH = {
     "pyarrow": ("parquet", "pandas' parquet engine for step rows and SWE-smith files"),
     "gguf": ("gguf_file=", "transformers reads the SmolLM2 GGUF file with it"),
     "accelerate": ("gguf_file=", "transformers needs it to load the GGUF model"),
+    "aiconfigurator-core": ('PACKAGE = "aiconfigurator_core"', "gpubench silicon reads the parquet tables it ships, "
+                            "located with importlib (the package itself is never imported)"),
 }
 DEV_TOOLS = {"pytest", "pytest-benchmark", "selenium"}
 

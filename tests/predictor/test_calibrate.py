@@ -299,7 +299,7 @@ def test_cli_fit_then_predict(tmp_path, capsys):
     assert saved["params"]["eta_max"]["value"] == pytest.approx(H100["eta_max"], rel=0.03)
     assert saved["meta"]["command"][:2] == ["gpubench", "fit"]
     r = _gpubench("predict", "--sku", "h100", "--model", "llama-3.1-8b", "--batch", "32", "--context", "2048",
-                  "--calibration", str(out), "--json")
+                  "--calibration", str(out), "--engine", "torch", "--json")
     assert r.returncode == 0, r.stderr
     pred = json.loads(r.stdout)
     m = StepModel.for_names(sku="h100", model="llama-3.1-8b", calibration=out)
@@ -315,7 +315,9 @@ def test_cli_fit_then_predict(tmp_path, capsys):
     assert main(["predict", "--sku", "a100", "--batch-json", "[[512, 1024], [1, 2048]]", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["request"]["batch"] == [[512, 1024], [1, 2048]]
-    assert got["total_s"] == pytest.approx(StepModel.for_names(sku="a100").predict([(512, 1024), (1, 2048)]).total_s)
+    # the default engine is vLLM's: CUDA graphs and asynchronous scheduling
+    vllm = StepModel.for_names(sku="a100", cuda_graphs=True)
+    assert got["total_s"] == pytest.approx(vllm.predict_time([(512, 1024), (1, 2048)], async_scheduling=True))
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -77,13 +77,15 @@ def _regenerate_here(ec: EvalConfig, here: Path) -> EvalConfig:
         for line in _commands(command_file):
             if any(r in line for r in ec.rows):
                 _run(_one_take(line), here)
-    probe_lines = _commands(ROOT / "results" / "eval" / "cpu" / "probes" / "COMMAND")
+    # the probe run behind the calibration: its COMMAND is in probes/ beside the calibration file
+    probe_dir = (ROOT / ec.calibration).parent / "probes"
+    probe_lines = _commands(probe_dir / "COMMAND")
     run_line = next(ln for ln in probe_lines if " gpubench run " in f" {ln} ")
     fit_line = next(ln for ln in probe_lines if ln.startswith("gpubench fit ") and ec.calibration in ln)
     # one probe run serves every evaluation directory (the torch and the vLLM rows share it): ``here``
     # is the session's, and a second evaluation finds the run, and its row files, already measured
     # (profile resumes and skips the points a file holds)
-    probe_runs = here / "results" / "eval" / "cpu" / "probes" / "cpu"
+    probe_runs = here / probe_dir.relative_to(ROOT) / "cpu"
     if not (probe_runs.is_dir() and any(probe_runs.iterdir())):
         _run(run_line, here)
     new_runs = sorted(probe_runs.glob("*"))

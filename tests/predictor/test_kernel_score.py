@@ -151,7 +151,8 @@ def test_force_calibration_uses_another_skus_efficiencies_on_the_targets_device(
     from predictor.calibration_model import retarget
 
     cal_path = str(H200 / "calibration.json")
-    base = ["predict", "--sku", "h100", "--calibration", cal_path, "--model", "llama-3.1-8b", "--batch", "4", "--context", "1024", "--json"]
+    base = ["predict", "--sku", "h100", "--calibration", cal_path, "--model", "llama-3.1-8b", "--batch", "4",
+            "--context", "1024", "--engine", "torch", "--json"]
     assert main(base) == 2
     assert "--force-calibration" in capsys.readouterr().err
     assert main([*base, "--force-calibration"]) == 0

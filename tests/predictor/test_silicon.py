@@ -161,3 +161,30 @@ def test_the_committed_silicon_scores_regenerate(tmp_path, framework):
     for name in ("summary.csv", "steps.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / name), pd.read_csv(committed / name),
                                       check_exact=False, rtol=1e-3)
+
+
+def test_learned_baseline_is_in_sample_on_its_source_and_spec_scaled_elsewhere():
+    from predictor.silicon_learned import LearnedBaseline, add_learned
+    from predictor.silicon_score import Predictor, score_tables
+
+    learned = LearnedBaseline(st.table_set("h100_sxm"))
+    ts = st.table_set("h100_sxm")
+    gemm = st.read_gemm(ts)
+    row = gemm[(gemm.m == 64) & (gemm.n == 4096) & (gemm.k == 4096)].iloc[0]
+    on_source = learned.gemm("h100-sxm", [64], [4096], [4096])[0]
+    assert on_source == pytest.approx(row["latency_s"], rel=0.15)  # a forest reproduces its training rows
+    # carried to the H200, a memory-bound GEMV scales by the spec bandwidths (3.35 -> 4.8 TB/s)
+    gemv_h100, gemv_h200 = learned.gemm("h100-sxm", [1], [8192], [8192])[0], learned.gemm("h200", [1], [8192], [8192])[0]
+    assert gemv_h200 / gemv_h100 == pytest.approx(3350 / 4800, rel=1e-6)
+    score = score_tables([st.table_set("h200_sxm")], [Predictor("default")])
+    n = len(score.rows)
+    add_learned(score, learned)
+    mine = score.rows[score.rows["predictor"] == "learned (h100_sxm forest)"]
+    assert len(mine) == n and mine["predicted_s"].notna().all()
+    assert set(score.steps["predictor"]) == {"default", "learned (h100_sxm forest)"}
+
+
+def test_learned_from_a_system_without_a_sku_is_one_line(tmp_path):
+    proc = run_cli("silicon", "--systems", "h200_sxm", "--learned-from", "gb200", "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 2 and "no gpubench SKU" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
