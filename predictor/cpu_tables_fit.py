@@ -27,13 +27,13 @@ def fit_tables(frame, dtype: str, source: str, vllm_frame=None) -> dict:
     d["num_threads"] = int(lin["num_threads"].median()) if "num_threads" in lin else 1
     # The vLLM rows: a DataFrame, or () when the run has none (only len() is asked of that).
     vllm_lin: Any = _rows(vllm_frame, "linear", dtype) if vllm_frame is not None and len(vllm_frame) else ()
-    engine: Any = _rows(vllm_frame, "engine_step", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+    engine: Any = _engine_rows(vllm_frame, "engine_step", dtype)
     if len(engine):
         engine = engine.sort_values("batch")
         d["engine_vllm"] = {"model": str(engine["model"].iloc[0]), "num_seqs": [int(v) for v in engine["batch"]],
                             "s": [float(v) for v in engine["t_median_s"]],
                             "context_mean": [float(v) for v in engine["context_mean"]], "num_rows": int(len(engine))}
-    layers: Any = _rows(vllm_frame, "engine_layers", dtype) if vllm_frame is not None and len(vllm_frame) else ()
+    layers: Any = _engine_rows(vllm_frame, "engine_layers", dtype)
     if len(layers):
         d["layers_vllm"] = _layer_nodes(layers)
     if len(vllm_lin) and "num_threads" in vllm_lin:
@@ -106,6 +106,28 @@ def _rows(frame, family: str, dtype: str):
     if "valid" in df.columns:
         df = df[df["valid"].astype(bool)]
     return df
+
+
+def _engine_rows(frame, family: str, dtype: str):
+    """The whole-engine-step rows of ``family`` (() without any), each timed as the engine's step takes.
+
+    NOTE(cpu_tables): an engine step's time is the CPU time of all the process's threads, which is
+    its wall time at one thread and robust to a busy neighbour. At N threads it counts every thread's
+    time (about N x the wall time: OpenMP workers spin between parallel regions), so there the step is
+    the median of its wall times instead (first repetition discarded, as the stats do)."""
+    if frame is None or not len(frame):
+        return ()
+    rows = _rows(frame, family, dtype)
+    if not len(rows) or "num_threads" not in rows.columns or "wall_times_s" not in rows.columns:
+        return rows
+    multi = rows["num_threads"].fillna(1).astype(int) > 1
+    if multi.any():
+        rows = rows.copy()
+        wall = [float(np.median(np.asarray(w, dtype=float)[1:])) if w is not None and len(w) > 1 else np.nan
+                for w in rows.loc[multi, "wall_times_s"]]
+        rows.loc[multi, "t_median_s"] = wall
+        rows = rows[np.isfinite(rows["t_median_s"].astype(float))]
+    return rows
 
 
 def _spread(df) -> float:

@@ -77,8 +77,8 @@ def _pool_for(state: _State, req: dict) -> None:
 
 
 def repeat_timed(call, req: dict, before=None) -> tuple[list[float], int]:
-    """Thread-CPU seconds of ``call()`` by the request's repetition rule (``thread_clock.repeat``: the
-    loop every torch_ops row is timed with), and the zero readings retaken."""
+    """Seconds of ``call()`` by the request's repetition rule (``thread_clock.repeat``: the loop every
+    torch_ops row is timed with; the wall clock at more than one thread), and the zero readings retaken."""
     return thread_clock.repeat(call, min_reps=req["min_reps"], max_reps=req["max_reps"],
                                min_timed_s=req["min_timed_s"], before=before)
 
@@ -107,6 +107,7 @@ def measure(state: _State, req: dict) -> dict:
     from vllm import _custom_ops as ops
 
     torch.set_num_threads(int(req["threads"]))
+    timer = thread_clock.use_threads(int(req["threads"]))  # the wall clock at more than one thread
     _pool_for(state, req)
     m, n, k = req["m"], req["n"], req["k"]
     x = (torch.rand(m, k, generator=torch.Generator().manual_seed(int(req["seed"]) + m)) * 2 - 1).to(_dtype(req["dtype"]))
@@ -131,7 +132,7 @@ def measure(state: _State, req: dict) -> dict:
     bound = k * EPS[req["dtype"]] * (x[rows].double().abs() @ w[cols].double().abs().T) + 1e-30
     ok = bool((err <= bound).all())
     out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": ok, "max_abs_err": float(err.max()),
-           "num_weights": len(state.handlers)}
+           "num_weights": len(state.handlers), "timer": timer}
     if not ok:
         out["invalid_reason"] = f"max |y - y_ref| = {float(err.max()):.3e} exceeds the K*eps*|x||W| bound"
     return out
@@ -216,6 +217,7 @@ def measure_attention(state: _AttentionState, req: dict) -> dict:
     import torch
 
     torch.set_num_threads(int(req["threads"]))
+    timer = thread_clock.use_threads(int(req["threads"]))  # the wall clock at more than one thread
     dtype = _dtype(req["dtype"])
     heads, kv_heads, dim, block_size = req["heads"], req["kv_heads"], req["head_dim"], req["block_size"]
     seq_lens, query_lens = [int(v) for v in req["seq_lens"]], [int(v) for v in req["query_lens"]]
@@ -257,7 +259,7 @@ def measure_attention(state: _AttentionState, req: dict) -> dict:
     bound = 1e-4 if req["dtype"] == "fp32" else 3e-2
     valid = bool(err <= bound) and bool(torch.isfinite(output).all())
     out = {"times_s": times, "zero_reads": zero_reads, "ref_times_s": ref_times, "valid": valid,
-           "max_abs_err": err, "isa": isa, "pool_blocks": pool_blocks}
+           "max_abs_err": err, "isa": isa, "pool_blocks": pool_blocks, "timer": timer}
     if not out["valid"]:
         out["invalid_reason"] = f"attention output off by {err:.3e} from the float64 reference (bound {bound:g})"
     return out

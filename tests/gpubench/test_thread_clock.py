@@ -68,3 +68,32 @@ def test_torch_ops_rows_carry_the_retake_count():
     assert row["valid"], row.get("invalid_reason")
     assert isinstance(row["zero_reads"], int) and row["zero_reads"] >= 0
     assert torch_ops_measure.thread_clock is thread_clock  # the probe times with the shared loop
+
+
+def test_more_than_one_thread_times_by_the_wall_clock(monkeypatch):
+    """At N > 1 threads an op's time is the wall time the calling thread waits, not its own CPU time."""
+    monkeypatch.setattr(thread_clock.time, "thread_time", _ScriptedClock([1e-6, 1e-6, 1e-6]))
+    monkeypatch.setattr(thread_clock.time, "perf_counter", _ScriptedClock([5e-6, 5e-6, 5e-6]))
+    try:
+        assert thread_clock.use_threads(2) == "wall"
+        times, _ = thread_clock.repeat(lambda: None, min_reps=3, max_reps=3, min_timed_s=0.0)
+        assert times == pytest.approx([5e-6] * 3)
+        assert thread_clock.use_threads(1) == "thread_cpu"
+        times, _ = thread_clock.repeat(lambda: None, min_reps=3, max_reps=3, min_timed_s=0.0)
+        assert times == pytest.approx([1e-6] * 3)
+    finally:
+        thread_clock.use_threads(1)
+
+
+def test_torch_ops_rows_say_which_clock_timed_them():
+    probe = TorchOpsProbe()
+    for threads, timer in ((1, "thread_cpu"), (2, "wall")):
+        cfg = ProbeConfig(quick=True, num_reps=3, device={},
+                          options={"torch_ops.size_scale": 0.03, "torch_ops.max_rows": 16, "torch_ops.num_threads": threads})
+        spec = next(s for s in probe.plan(cfg) if s.params.get("family") == "linear")
+        try:
+            (row,) = build_rows(probe, "cpu", spec, probe.measure(spec), {})
+        finally:
+            thread_clock.use_threads(1)
+            torch.set_num_threads(1)
+        assert row["valid"] and row["timer"] == timer and row["num_threads"] == threads

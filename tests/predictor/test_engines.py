@@ -86,3 +86,21 @@ def test_evaluate_prices_a_vllm_row_as_predict_does():
         sm, choice = step_model_for_engine("cpu", "smollm2-135m", calibration=cal, engine="vllm", dtype=r["dtype"])
         assert choice.gemm_layout == "fused"
         assert got == pytest.approx(sm.predict_time(batch), rel=1e-9)
+
+
+def test_an_engine_step_at_two_threads_is_its_wall_time_not_every_threads_cpu_time():
+    """The vLLM engine-step rows time all the process's threads: at one thread that is the step, at two
+    it is about twice it (OpenMP workers spin), so the fit takes their wall times there."""
+    from gpubench import results
+    from predictor.cpu_tables_fit import _engine_rows
+
+    run = results.load_many([ROOT / "results" / "eval" / "cpu" / "probes" / "cpu" / "20261204T154125Z-vm"])
+    vllm = run.frames["vllm_ops"]
+    one = _engine_rows(vllm, "engine_step", "fp32")
+    assert len(one) and (one["t_median_s"].to_numpy() == vllm.loc[one.index, "t_median_s"].to_numpy()).all()
+    two = vllm.assign(num_threads=2)
+    walls = two.loc[one.index, "wall_times_s"]
+    got = _engine_rows(two, "engine_step", "fp32")
+    import numpy as np
+
+    assert got["t_median_s"].to_numpy() == pytest.approx([float(np.median(np.asarray(w)[1:])) for w in walls])

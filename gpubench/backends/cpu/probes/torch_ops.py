@@ -9,7 +9,8 @@ that; these rows do, and ``gpubench fit`` turns them into the calibration's ``cp
 
 Families (``family`` field; every time is the calling thread's CPU time, ``time.thread_time``,
 so a busy neighbour's share of the core is not counted; ``num_threads`` torch threads, 1 unless
-``--set torch_ops.num_threads=N``):
+``--set torch_ops.num_threads=N``, and at more than one the wall time, ``timer = "wall"``: see
+``vllmref.thread_clock``):
 
 - ``linear``: ``F.linear(x[M,K], W[N,K])`` as a model's projection issues it, over a dense M grid
   (1..16 each, then ~1.25x steps to 1024) and (N, K) pairs of 64..16384. W is a view into a
@@ -123,13 +124,16 @@ class TorchOpsProbe(Probe):
     def measure(self, spec: MeasurementSpec) -> dict:
         import torch
 
+        from vllmref import thread_clock
+
         p = spec.params
         torch.set_num_threads(int(p["num_threads"]))
+        timer = thread_clock.use_threads(int(p["num_threads"]))  # the wall clock at more than one thread
         with torch.inference_mode():
             fields = {"linear": measure_linear, "attn_decode": measure_decode,
                       "attn_prefill": measure_prefill, "segment": measure_segment}[p["family"]](spec)
         base = {k: v for k, v in p.items() if k != "pool_elements"}
-        return {**base, "torch_version": str(torch.__version__), **fields}
+        return {**base, "torch_version": str(torch.__version__), "timer": timer, **fields}
 
 
 def _distinct(specs: list[MeasurementSpec]) -> list[MeasurementSpec]:

@@ -14,7 +14,8 @@ prepacked weight from a pool larger than 2x the last-level cache) and the same r
 beside every row (``ref_times_s``), so ``gpubench fit`` normalizes them the same way and writes
 them into the calibration's ``cpu_ops`` tables as ``linear_vllm`` (used for vLLM's fused layout).
 Times are the worker thread's CPU time (``vllm_ops.num_threads`` threads, default 1: the
-reference engine's step rows are taken on one OpenMP thread).
+reference engine's step rows are taken on one OpenMP thread); at more than one thread, the wall
+time (``timer = "wall"``, ``vllmref.thread_clock`` says why).
 
 ``family = "attn_decode"`` / ``"attn_prefill"``, ``engine = "vllm"``: vLLM's CPU paged-attention
 kernel (``ops.cpu_attention_with_kv_cache``, block size 128, split-KV, the ISA vLLM picks here),
