@@ -26,8 +26,8 @@ def register(sub) -> None:
                         "aiconfigurator-core tables, extra 'reference'; systems: `gpubench silicon --list`): GEMM "
                         "fixed time, streaming bandwidth and eta_duty(M) from its GEMMs, the attention floor and "
                         "rate from its attention kernels")
-    p.add_argument("--framework", default="vllm", choices=("vllm", "sglang", "trtllm"),
-                   help="with --from-silicon: whose tables")
+    p.add_argument("--framework", default=None, choices=("vllm", "sglang", "trtllm"),
+                   help="with --from-silicon: whose tables (default: vllm)")
     # -o/--out as every other command's output option; --output stays a hidden alias.
     p.add_argument("-o", "--out", default="calibration.json", dest="output", metavar="PATH", help="where to write (default: %(default)s)")
     p.add_argument("--output", action=DeprecatedAlias, canonical="--out", dest="output")
@@ -132,6 +132,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
+    if args.threads is not None:
+        from predictor.hardware import HardwareSpec
+
+        if HardwareSpec.from_sku(sku or "h100-sxm").backend != "cpu":
+            raise ConfigError("--threads is the CPU engine's thread count; a GPU SKU has none")
     model, engine = step_model_for_engine(sku or "h100-sxm", args.model, calibration=calibration, engine=args.engine,
                                           form=args.form, cuda_graphs=args.cuda_graphs,
                                           async_scheduling=args.async_scheduling, dtype=args.dtype, threads=args.threads)
@@ -252,9 +257,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     argv = ["gpubench", "fit", *sys.argv[2:]] if sys.argv[1:2] == ["fit"] else None
     if args.from_silicon is not None:
         cal = _fit_from_silicon(args, argv)
-        sources = f"{args.from_silicon} ({args.framework} tables)"
+        sources = f"{args.from_silicon} ({args.framework or 'vllm'} tables)"
     elif not args.run_dir:
         raise ConfigError("fit needs a RUN_DIR, or --from-silicon SYSTEM")
+    elif args.framework is not None:
+        raise ConfigError("--framework names the tables of --from-silicon; a RUN_DIR has its own")
     else:
         from predictor.calibrate import fit_run
 
@@ -293,7 +300,7 @@ def _fit_from_silicon(args: argparse.Namespace, argv):
     systems = st.systems()
     if args.from_silicon not in systems:
         raise ConfigError(f"--from-silicon: no measured tables for '{args.from_silicon}' (have: {', '.join(systems)})")
-    return fit_from_silicon(st.table_set(args.from_silicon, args.framework), argv=argv)
+    return fit_from_silicon(st.table_set(args.from_silicon, args.framework or "vllm"), argv=argv)
 
 
 def fit_warning_lines(meta: dict, *, verbose: bool = False) -> list[str]:

@@ -19,7 +19,7 @@ def register(sub) -> None:
                     "interpolation's own leave-one-out error), decode attention by batch x context and prefill "
                     "attention by tokens, for the default pricing (published, else spec) and for each "
                     "--calibration (retargeted to each GPU with --force-calibration: nothing of the target is "
-                    "measured then). Nothing is fitted on the tables. Writes silicon.csv, summary.csv, "
+                    "measured then); only --fit-from and --learned-from fit anything on tables. Writes silicon.csv, summary.csv, "
                     "interpolation.csv, steps.csv (decode steps composed from the measured kernels, against the "
                     "model), silicon.md, one <system>.png per GPU and COMMAND into --out.",
         formatter_class=DefaultsHelpFormatter)
@@ -61,14 +61,22 @@ def _systems(arg: str) -> list[str]:
     return names
 
 
-def _list(framework: str) -> int:
+def _list(framework: str, *, as_json: bool = False) -> int:
     from predictor import silicon_tables as st
 
-    print(f"aiconfigurator-core {st.wheel_version()} at {st.data_root()}")
+    rows: list[dict] = []
     for s in st.systems():
         ts = st.table_set(s, framework)
-        have = [k for k in ("gemm", "decode", "prefill") if getattr(ts, k) is not None]
-        print(f"  {s:<22} sku={st.SYSTEM_SKUS.get(s, '-'):<9} {framework} {ts.version:<12} {' '.join(have) or '-'}")
+        rows.append({"system": s, "sku": st.SYSTEM_SKUS.get(s), "framework": framework, "version": ts.version,
+                     "tables": [k for k in ("gemm", "decode", "prefill") if getattr(ts, k) is not None]})
+    if as_json:
+        import json
+
+        print(json.dumps({"wheel": st.wheel_version(), "data_root": str(st.data_root()), "systems": rows}, indent=2))
+        return 0
+    print(f"aiconfigurator-core {st.wheel_version()} at {st.data_root()}")
+    for r in rows:
+        print(f"  {r['system']:<22} sku={r['sku'] or '-':<9} {framework} {r['version']:<12} {' '.join(r['tables']) or '-'}")
     return 0
 
 
@@ -98,9 +106,11 @@ def _silicon(args) -> int:
     from predictor import silicon_tables as st
 
     if args.list:
-        return _list(args.framework)
+        return _list(args.framework, as_json=args.json)
     if args.out is None:
         raise ConfigError("--out is required (an output directory; --list only lists)")
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out}: exists and is not a directory")
     systems = _systems(args.systems)
     preds = _predictors(args, systems)
     table_sets = [st.table_set(s, args.framework) for s in systems]
@@ -129,9 +139,20 @@ def _silicon(args) -> int:
     pooled = summary[summary["regime"] == "all"]
     doc = {"out_dir": str(args.out), "files": [str(f) for f in files], "num_rows": int(len(score.rows)),
            "scores": [{k: (float(v) if k.endswith("pct") else (int(v) if k == "n" else v)) for k, v in r.items()}
-                      for r in pooled.drop(columns=["regime"]).to_dict("records")]}
+                      for r in pooled.drop(columns=["regime"]).to_dict("records")],
+           "composed_steps": _steps_json(score.steps)}
     print(json.dumps(doc, indent=2, allow_nan=False))
     return 0
+
+
+def _steps_json(steps) -> list[dict]:
+    """Per (system, predictor): composed decode steps scored, MAPE, p90 and mean signed error."""
+    if not len(steps):
+        return []
+    g = steps.groupby(["system", "predictor"], sort=False)
+    return [{"system": system, "predictor": pred, "n": int(len(s)), "mape_pct": float(s["ape_pct"].mean()),
+             "p90_ape_pct": float(s["ape_pct"].quantile(0.9)), "signed_pct": float(s["signed_pct"].mean())}
+            for (system, pred), s in g]
 
 
 def _learned(system: str | None, framework: str):

@@ -40,7 +40,8 @@ def markdown(score: SiliconScore, summary: pd.DataFrame, command: str, *, wheel:
     return (f"<!-- {command} -->\n# The step model's kernel prices against measured GPU kernels\n\n"
             f"Measured: the kernel latencies NVIDIA's aiconfigurator collectors timed on each GPU, read from the "
             f"installed `aiconfigurator-core` wheel ({wheel}). Predicted: the step model's op time per call plus one "
-            "CUDA-graph node interval per kernel. Nothing is fitted on these tables. Shapes: every projection GEMM "
+            "CUDA-graph node interval per kernel. Only `own <framework> fit` and `learned` predictors are fitted on "
+            "tables (in-sample where those are the tables scored, as their names say). Shapes: every projection GEMM "
             "of the shipped model configs at every M the table measured; decode and prefill attention rows whose "
             "heads a shipped model has (batch <= 256, context <= 32K).\n\n"
             "Predictors: `default` is what `gpubench predict --sku` uses without a calibration (published constants, "
@@ -76,7 +77,7 @@ def _steps_markdown(steps: pd.DataFrame) -> str:
             "node interval each). Elementwise kernels, the KV write and the LM head are left out of both sides "
             "(the tables do not measure the first two; the vocabulary lies beyond their N grid). Batch 1-256, "
             "context 512-32K; models whose heads or shapes a table lacks are skipped.\n\n"
-            + markdown_table(["system", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %", "within 10 %"], rows))
+            + markdown_table(["system", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %", "% of steps within 10 %"], rows))
 
 
 def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
@@ -117,18 +118,40 @@ def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
     return write_bytes_atomic(path, buf.getvalue())
 
 
+# the files a silicon directory holds (besides <system>.png and COMMAND): a rerun replaces them all
+OUTPUT_FILES = ("silicon.csv", "summary.csv", "interpolation.csv", "steps.csv", "silicon.md")
+STAGE = ".silicon-partial"
+
+
 def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[str, pd.DataFrame, list[Path]]:
-    """silicon.csv (every row), summary.csv, interpolation.csv, steps.csv, silicon.md, <system>.png, COMMAND."""
+    """silicon.csv (every row), summary.csv, interpolation.csv, steps.csv, silicon.md, <system>.png, COMMAND.
+
+    Written into a hidden staging folder first and moved into place at the end, COMMAND last, so an
+    interrupted write leaves the previous result (or nothing) rather than half of a new one; a
+    rerun's plots replace the earlier run's, and plots of GPUs this run did not score are removed."""
+    import shutil
+
     from common.outdir import locked, write_command, write_text_atomic
 
     summary = summaries(score.rows)
     text = markdown(score, summary, command, wheel=wheel)
     with locked(out) as d:
-        files = [write_text_atomic(d / "silicon.csv", score.rows.to_csv(index=False, float_format="%.6g")),
-                 write_text_atomic(d / "summary.csv", summary.to_csv(index=False, float_format="%.4g")),
-                 write_text_atomic(d / "interpolation.csv", score.interpolation.to_csv(index=False, float_format="%.4g")),
-                 write_text_atomic(d / "steps.csv", score.steps.to_csv(index=False, float_format="%.6g")),
-                 write_text_atomic(d / "silicon.md", text)]
-        files += [plot_system(score.rows, system, d / f"{system}.png") for system in score.rows["system"].unique()]
+        stage = d / STAGE
+        shutil.rmtree(stage, ignore_errors=True)  # what an interrupted run left
+        staged = [write_text_atomic(stage / "silicon.csv", score.rows.to_csv(index=False, float_format="%.6g")),
+                  write_text_atomic(stage / "summary.csv", summary.to_csv(index=False, float_format="%.4g")),
+                  write_text_atomic(stage / "interpolation.csv",
+                                    score.interpolation.to_csv(index=False, float_format="%.4g")),
+                  write_text_atomic(stage / "steps.csv", score.steps.to_csv(index=False, float_format="%.6g")),
+                  write_text_atomic(stage / "silicon.md", text)]
+        staged += [plot_system(score.rows, system, stage / f"{system}.png") for system in score.rows["system"].unique()]
+        for old in d.glob("*.png"):  # plots of an earlier run into this folder
+            if not (stage / old.name).exists():
+                old.unlink()
+        files = []
+        for f in staged:
+            files.append(d / f.name)
+            f.replace(d / f.name)
         files.append(write_command(d, command))
+        shutil.rmtree(stage, ignore_errors=True)
     return text, summary, files

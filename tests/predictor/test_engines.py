@@ -104,3 +104,11 @@ def test_an_engine_step_at_two_threads_is_its_wall_time_not_every_threads_cpu_ti
     import numpy as np
 
     assert got["t_median_s"].to_numpy() == pytest.approx([float(np.median(np.asarray(w)[1:])) for w in walls])
+
+
+def test_flags_that_would_do_nothing_are_refused():
+    proc = run_cli("predict", "--sku", "h200", "--threads", "2", timeout=120)
+    assert proc.returncode == 2 and "a GPU SKU has none" in proc.stderr
+    proc = run_cli("fit", str(ROOT / "results" / "h200" / "20261204T122331Z-vm"), "--framework", "sglang", "-o",
+                   "/tmp/never-written.json", timeout=120)
+    assert proc.returncode == 2 and "--framework names the tables of --from-silicon" in proc.stderr

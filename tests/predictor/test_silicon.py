@@ -188,3 +188,38 @@ def test_learned_from_a_system_without_a_sku_is_one_line(tmp_path):
     proc = run_cli("silicon", "--systems", "h200_sxm", "--learned-from", "gb200", "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 2 and "no gpubench SKU" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_rerun_replaces_the_earlier_runs_files_and_an_interrupted_write_leaves_no_half(tmp_path, monkeypatch):
+    from predictor import silicon_report
+    from predictor.silicon_score import Predictor, score_tables
+
+    out = tmp_path / "s"
+    both = score_tables([st.table_set("h200_sxm"), st.table_set("l40s")], [Predictor("default")])
+    silicon_report.write(both, str(out), "gpubench silicon --out s", wheel="test")
+    assert {p.name for p in out.glob("*.png")} == {"h200_sxm.png", "l40s.png"}
+    one = score_tables([st.table_set("l40s")], [Predictor("default")])
+    silicon_report.write(one, str(out), "gpubench silicon --systems l40s --out s", wheel="test")
+    assert {p.name for p in out.glob("*.png")} == {"l40s.png"}  # no plot of a GPU this run did not score
+    before = (out / "silicon.md").read_text()
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(silicon_report, "plot_system", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        silicon_report.write(both, str(out), "gpubench silicon --out s", wheel="test")
+    assert (out / "silicon.md").read_text() == before  # the earlier result stands whole
+    monkeypatch.undo()
+    silicon_report.write(one, str(out), "gpubench silicon --systems l40s --out s", wheel="test")
+    assert not (out / silicon_report.STAGE).exists()
+
+
+def test_silicon_list_json_and_steps_in_json(tmp_path):
+    proc = run_cli("silicon", "--list", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {"system": "h200_sxm", "sku": "h200"}.items() <= next(r for r in doc["systems"] if r["system"] == "h200_sxm").items()
+    (tmp_path / "afile").write_text("x")
+    bad = run_cli("silicon", "--systems", "h200_sxm", "--out", str(tmp_path / "afile"), timeout=120)
+    assert bad.returncode == 2 and "not a directory" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
