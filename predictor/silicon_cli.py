@@ -19,7 +19,8 @@ def register(sub) -> None:
                     "interpolation's own leave-one-out error), decode attention by batch x context and prefill "
                     "attention by tokens, for the default pricing (published, else spec) and for each "
                     "--calibration (retargeted to each GPU with --force-calibration: nothing of the target is "
-                    "measured then); only --fit-from and --learned-from fit anything on tables. Writes silicon.csv, summary.csv, "
+                    "measured then); only a --calibration from `fit --from-silicon`, --fit-from and --learned-from were fitted on "
+                    "tables. Writes silicon.csv, summary.csv, "
                     "interpolation.csv, steps.csv (decode steps composed from the measured kernels, against the "
                     "model), silicon.md, one <system>.png per GPU and COMMAND into --out.",
         formatter_class=DefaultsHelpFormatter)
