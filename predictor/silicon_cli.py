@@ -20,7 +20,7 @@ def register(sub) -> None:
                     "attention by tokens, for the default pricing (published, else spec) and for each "
                     "--calibration (retargeted to each GPU with --force-calibration: nothing of the target is "
                     "measured then); only a --calibration from `fit --from-silicon`, --fit-from and --learned-from were fitted on "
-                    "tables. Writes silicon.csv, summary.csv, "
+                    "tables. Writes silicon.csv.gz, summary.csv, "
                     "interpolation.csv, steps.csv (decode steps composed from the measured kernels, against the "
                     "model), silicon.md, one <system>.png per GPU and COMMAND into --out.",
         formatter_class=DefaultsHelpFormatter)

@@ -118,27 +118,28 @@ def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
     return write_bytes_atomic(path, buf.getvalue())
 
 
-# the files a silicon directory holds (besides <system>.png and COMMAND): a rerun replaces them all
-OUTPUT_FILES = ("silicon.csv", "summary.csv", "interpolation.csv", "steps.csv", "silicon.md")
 STAGE = ".silicon-partial"
 
 
 def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[str, pd.DataFrame, list[Path]]:
-    """silicon.csv (every row), summary.csv, interpolation.csv, steps.csv, silicon.md, <system>.png, COMMAND.
+    """silicon.csv.gz (every row: ~12 MB of CSV for five GPUs, gzipped; pandas reads it as is), summary.csv,
+    interpolation.csv, steps.csv, silicon.md, <system>.png and COMMAND.
 
     Written into a hidden staging folder first and moved into place at the end, COMMAND last, so an
     interrupted write leaves the previous result (or nothing) rather than half of a new one; a
     rerun's plots replace the earlier run's, and plots of GPUs this run did not score are removed."""
+    import gzip
     import shutil
 
-    from common.outdir import locked, write_command, write_text_atomic
+    from common.outdir import locked, write_bytes_atomic, write_command, write_text_atomic
 
     summary = summaries(score.rows)
     text = markdown(score, summary, command, wheel=wheel)
     with locked(out) as d:
         stage = d / STAGE
         shutil.rmtree(stage, ignore_errors=True)  # what an interrupted run left
-        staged = [write_text_atomic(stage / "silicon.csv", score.rows.to_csv(index=False, float_format="%.6g")),
+        rows_csv = score.rows.to_csv(index=False, float_format="%.6g").encode()
+        staged = [write_bytes_atomic(stage / "silicon.csv.gz", gzip.compress(rows_csv, mtime=0)),  # same bytes on a rerun
                   write_text_atomic(stage / "summary.csv", summary.to_csv(index=False, float_format="%.4g")),
                   write_text_atomic(stage / "interpolation.csv",
                                     score.interpolation.to_csv(index=False, float_format="%.4g")),

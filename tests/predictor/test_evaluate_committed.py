@@ -22,7 +22,10 @@ import pytest
 from predictor.evaluate import EvalConfig, evaluate_rows, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-EVAL_DIRS = sorted(p.parent for p in (ROOT / "results" / "eval").glob("*/COMMAND"))
+# evaluation directories: those whose COMMAND runs `gpubench evaluate` (a calibration's directory,
+# results/eval/cpu-2t, has a COMMAND too: the fit that made it)
+EVAL_DIRS = sorted(p.parent for p in (ROOT / "results" / "eval").glob("*/COMMAND")
+                   if any(ln.startswith("gpubench evaluate ") for ln in p.read_text().splitlines()))
 
 
 def _commands(path: Path) -> list[str]:

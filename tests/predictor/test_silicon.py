@@ -88,9 +88,9 @@ def test_silicon_cli_scores_h200_and_writes_its_files(tmp_path):
     kinds = {s["kind"]: s for s in doc["scores"] if s["predictor"] == "default"}
     assert set(kinds) == {"gemm", "decode_attention", "prefill_attention"}
     assert all(s["n"] > 100 and np.isfinite(s["mape_pct"]) for s in kinds.values())
-    for name in ("silicon.csv", "summary.csv", "interpolation.csv", "steps.csv", "silicon.md", "h200_sxm.png", "COMMAND"):
+    for name in ("silicon.csv.gz", "summary.csv", "interpolation.csv", "steps.csv", "silicon.md", "h200_sxm.png", "COMMAND"):
         assert (out / name).is_file(), name
-    rows = pd.read_csv(out / "silicon.csv")
+    rows = pd.read_csv(out / "silicon.csv.gz")
     # a GEMM row's price is the model's own: recompute one from StepModel
     from predictor.step import StepModel
 
