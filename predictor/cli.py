@@ -130,13 +130,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
         sku = sku or calibration.sku
     if args.check_drift and calibration is None:
         raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
-    if args.threads is not None:
-        from predictor.hardware import HardwareSpec
-
-        if HardwareSpec.from_sku(sku or "h100-sxm").backend != "cpu":
-            raise ConfigError("--threads is the CPU engine's thread count; a GPU SKU has none")
     model, engine = step_model_for_engine(sku or "h100-sxm", args.model, calibration=calibration, engine=args.engine,
                                           form=args.form, cuda_graphs=args.cuda_graphs,
                                           async_scheduling=args.async_scheduling, dtype=args.dtype, threads=args.threads)

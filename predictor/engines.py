@@ -73,6 +73,9 @@ def step_model_for_engine(hardware, model, *, calibration, engine: str, dtype: s
     from predictor.step import StepModel
 
     hw = HardwareSpec.from_sku(hardware) if isinstance(hardware, str) else hardware
+    if threads is not None and (threads < 1 or hw.backend != "cpu"):
+        raise ConfigError(f"--threads must be >= 1 (got {threads})" if threads < 1 else
+                          "--threads is the CPU engine's thread count; a GPU SKU has none")
     choice = engine_choice(engine, gpu=hw.backend != "cpu", cuda_graphs=cuda_graphs, async_scheduling=async_scheduling)
     sm = StepModel(hw, model, calibration=calibration, form=form, cuda_graphs=choice.cuda_graphs, dtype=dtype,
                    gemm_layout=choice.gemm_layout)

@@ -82,19 +82,26 @@ def _list(framework: str, *, as_json: bool = False) -> int:
 
 
 def _predictors(args, systems: list[str]) -> list:
-    """The default pricing, then each --calibration (loaded once, checked, retargeted per SKU)."""
-    from predictor.calibration_model import Calibration
+    """The default pricing, each --calibration (loaded once, checked and retargeted to each GPU's SKU,
+    each warning said once) and, with --fit-from, each GPU's own fit."""
+    from predictor import silicon_tables as st
+    from predictor.calibration_model import Calibration, retarget
+    from predictor.host_match import check_calibration_host
     from predictor.silicon_score import Predictor
 
+    skus = [st.SYSTEM_SKUS[s] for s in systems]
     preds = [Predictor("default")]
     for path in args.calibration:
         cal = Calibration.load(path)
         if cal.backend == "cpu":
             raise ConfigError(f"--calibration {path}: a CPU calibration cannot price GPU kernels")
+        warnings = [w for sku in skus for w in check_calibration_host(cal, sku, force=args.force_calibration)]
+        for line in dict.fromkeys(warnings):
+            print(f"warning: {line}", file=sys.stderr)
         source = "silicon fit" if str(cal.meta.get("from", "")).startswith("silicon") else "probes"
-        preds.append(Predictor(f"{cal.sku} {source}", calibration=path))
+        preds.append(Predictor(f"{cal.sku} {source}",
+                               calibration={sku: cal if cal.sku == sku else retarget(cal, sku) for sku in skus}))
     if args.fit_from:
-        from predictor import silicon_tables as st
         from predictor.silicon_fit import fit_from_silicon
 
         own = {st.SYSTEM_SKUS[s]: fit_from_silicon(st.table_set(s, args.fit_from)) for s in systems}
@@ -113,17 +120,16 @@ def _silicon(args) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a directory")
     systems = _systems(args.systems)
-    preds = _predictors(args, systems)
     table_sets = [st.table_set(s, args.framework) for s in systems]
     for ts in table_sets:
         if ts.gemm is None and ts.decode is None:
             raise ConfigError(f"{ts.system} has no {args.framework} GEMM or attention tables (see --list)")
+    preds = _predictors(args, systems)
     from predictor import silicon_report
     from predictor.silicon_score import score_tables
 
     learned = _learned(args.learned_from, args.framework)
-    score = score_tables(table_sets, _bind_calibrations(preds, table_sets, args.force_calibration),
-                         progress=lambda line: print(line, file=sys.stderr))
+    score = score_tables(table_sets, preds, progress=lambda line: print(line, file=sys.stderr))
     if learned is not None:
         from predictor.silicon_learned import add_learned
 
@@ -173,29 +179,3 @@ def _learned(system: str | None, framework: str):
     from predictor.silicon_learned import LearnedBaseline
 
     return LearnedBaseline(st.table_set(system, framework))
-
-
-def _bind_calibrations(preds: list, table_sets: list, force: bool) -> list:
-    """Each calibration predictor, resolved per SKU: score_tables builds a StepModel per (system,
-    predictor), so a calibration path becomes one Calibration per target SKU (retargeted when forced)."""
-    from predictor.host_match import calibration_for
-    from predictor.silicon_score import Predictor
-
-    out = []
-    for p in preds:
-        if p.calibration is None:
-            out.append(p)
-            continue
-        if isinstance(p.calibration, dict):  # already one Calibration per SKU (--fit-from)
-            out.append(p)
-            continue
-        per_sku, said = {}, set()
-        for ts in table_sets:
-            cal, warnings = calibration_for(p.calibration, ts.sku, force=force)
-            per_sku[ts.sku] = cal
-            for line in warnings:
-                if line not in said:
-                    said.add(line)
-                    print(f"warning: {line}", file=sys.stderr)
-        out.append(Predictor(p.name, calibration=per_sku))
-    return out

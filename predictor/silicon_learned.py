@@ -107,12 +107,12 @@ class LearnedBaseline:
     def price_steps(self, steps: pd.DataFrame, target_sku: str) -> np.ndarray:
         """Composed decode steps (predictor.silicon_steps rows): the layers' four GEMMs and decode attention."""
         from common.model_config import load_model_config
-        from predictor.silicon_steps import _layer_gemm_shapes
+        from predictor.silicon_steps import projection_shapes
 
         out = np.zeros(len(steps))
         for i, r in enumerate(steps.itertuples()):
             cfg = load_model_config(r.model)
-            gemm = sum(float(self.gemm(target_sku, [r.batch], [n], [k])[0]) for n, k in _layer_gemm_shapes(cfg).values())
+            gemm = sum(float(self.gemm(target_sku, [r.batch], [n], [k])[0]) for n, k in projection_shapes(cfg).values())
             attn = float(self.attention(target_sku, "decode_attention", [r.batch], [1], [r.context - 1], [cfg.num_heads],
                                         [cfg.num_kv_heads], [cfg.head_dim])[0])
             out[i] = cfg.num_layers * (gemm + attn)

@@ -26,10 +26,10 @@ import pandas as pd
 
 from common.model_config import ModelConfig, available_models, load_model_config
 from predictor.silicon_match import GemmGrid, bracket_ratio, interpolation_summary
+from predictor.silicon_steps import composed_steps, projection_shapes
 from predictor.silicon_tables import TableSet, read_attention, read_gemm
 
 KINDS = ("gemm", "decode_attention", "prefill_attention")
-GEMM_OPS = ("qkv_proj", "o_proj", "gate_up", "down", "lm_head")
 MAX_BATCH = 256
 MAX_CONTEXT = 32768
 
@@ -77,11 +77,7 @@ def gemm_shapes(models: list[ModelConfig]) -> pd.DataFrame:
     """Unique (op, n, k) projection shapes of ``models`` and which models use each."""
     seen: dict[tuple, list[str]] = {}
     for cfg in models:
-        h, q, kv, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-        ops = {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "lm_head": (cfg.vocab_size, h)}
-        if not cfg.is_moe:
-            ops.update(gate_up=(2 * inter, h), down=(h, inter))
-        for op, (n, k) in ops.items():
+        for op, (n, k) in projection_shapes(cfg, lm_head=True).items():
             seen.setdefault((op, n, k), []).append(cfg.name)
     return pd.DataFrame([(op, n, k, ",".join(sorted(set(ms)))) for (op, n, k), ms in sorted(seen.items())],
                         columns=["op", "n", "k", "models"])
@@ -92,22 +88,16 @@ def shipped_models() -> list[ModelConfig]:
     return [load_model_config(n) for n in available_models() if n not in ("tiny-llama", "llama-60m")]
 
 
-def _model_for(models: list[ModelConfig], op: str, n: int, k: int) -> ModelConfig:
-    shapes = gemm_shapes(models)
-    name = shapes[(shapes.op == op) & (shapes.n == n) & (shapes.k == k)].iloc[0]["models"].split(",")[0]
-    return next(m for m in models if m.name == name)
-
-
 def score_gemm(grid: GemmGrid, step_model_for, models: list[ModelConfig]) -> pd.DataFrame:
     """Rows (op, n, k, m, match, models, measured_s, predicted_op_s, predicted_s) for every model GEMM
     shape the grid covers. ``step_model_for(cfg)`` builds the StepModel that prices ``cfg``."""
+    by_name = {cfg.name: cfg for cfg in models}
     out = []
     for s in gemm_shapes(models).itertuples():
         matched = [(m, *hit) for m in grid.m_values if (hit := grid.lookup(m, s.n, s.k)) is not None]
         if not matched:
             continue
-        cfg = _model_for(models, s.op, s.n, s.k)
-        sm = step_model_for(cfg)
+        sm = step_model_for(by_name[s.models.split(",")[0]])  # any model with the shape prices it the same
         j = sm.graph.names.index(s.op)
         m = np.array([r[0] for r in matched], dtype=np.float64)
         feats = np.column_stack([np.ones_like(m), m, m, m, 2 * m])  # a decode batch of m sequences: T = S = m
@@ -150,7 +140,6 @@ def score_attention(rows: pd.DataFrame, kind: str, step_model_for, models: list[
 def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, models: list[ModelConfig] | None = None,
                  progress=None) -> SiliconScore:
     """Score every predictor on every table set (each with a gpubench SKU)."""
-    from predictor.silicon_steps import composed_steps
     from predictor.step import StepModel
 
     models = models or shipped_models()
@@ -163,10 +152,7 @@ def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, mod
         if progress:
             progress(f"{ts.label}: {len(grid.rows)} GEMM, {len(decode)} decode, {len(prefill)} prefill rows")
         shapes = gemm_shapes(models)
-        used = {"n": max([bracket_ratio(grid.n_grid, n) for n in shapes.n if np.isfinite(bracket_ratio(grid.n_grid, n))]
-                         or [1.0]),
-                "k": max([bracket_ratio(grid.k_grid, k) for k in shapes.k if np.isfinite(bracket_ratio(grid.k_grid, k))]
-                         or [1.0])}
+        used = {d: _widest_bracket(grid_d, shapes[d]) for d, grid_d in (("n", grid.n_grid), ("k", grid.k_grid))}
         checks.append(interpolation_summary(grid.interpolation_check(), {d: r for d, r in used.items() if r > 1})
                       .assign(system=ts.system, framework=ts.framework, version=ts.version))
         for p in predictors:
@@ -191,6 +177,12 @@ def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, mod
         rows["ape_pct"] = rows["signed_pct"].abs()
     return SiliconScore(rows=rows, interpolation=pd.concat(checks, ignore_index=True) if checks else pd.DataFrame(),
                         steps=pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(), tables=tables)
+
+
+def _widest_bracket(grid: list[int], sizes) -> float:
+    """The widest grid bracket (upper / lower point) any of ``sizes`` inside the grid is interpolated in."""
+    ratios = [r for r in (bracket_ratio(grid, int(x)) for x in sizes) if np.isfinite(r)]
+    return max(ratios, default=1.0)
 
 
 def summarize(rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from common.model_config import load_model_config
+from predictor.ops import batch_features
 from predictor.silicon_match import GemmGrid
 
 STEP_MODELS = ("llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "mistral-7b", "qwen3-8b")
@@ -24,14 +25,21 @@ STEP_CONTEXTS = (512, 1024, 4096, 8192, 16384, 32768)  # cached tokens; the tabl
 LAYER_GEMMS = ("qkv_proj", "o_proj", "gate_up", "down")
 
 
-def _layer_gemm_shapes(cfg) -> dict[str, tuple[int, int]]:
+def projection_shapes(cfg, *, lm_head: bool = False) -> dict[str, tuple[int, int]]:
+    """op -> (N, K) of a layer's projection GEMMs (and the LM head's); a mixture-of-experts layer's
+    expert GEMMs are grouped kernels, not plain GEMMs, and are left out."""
     h, q, kv, inter = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-    return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up": (2 * inter, h), "down": (h, inter)}
+    ops = {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q)}
+    if not cfg.is_moe:
+        ops.update(gate_up=(2 * inter, h), down=(h, inter))
+    if lm_head:
+        ops["lm_head"] = (cfg.vocab_size, h)
+    return ops
 
 
 def composed_steps(grid: GemmGrid, decode: pd.DataFrame, step_model_for, *, models=STEP_MODELS) -> pd.DataFrame:
     """Rows (model, batch, context, measured_s, predicted_s, gemm_measured_s, attention_measured_s,
-    skipped) per decode step the tables can compose."""
+    signed_pct, ape_pct) per decode step the tables can compose."""
     lat = {(int(r.batch_size), int(r.step), int(r.num_heads), int(r.num_key_value_heads), int(r.head_dim)): float(r.latency_s)
            for r in decode.itertuples()}
     out = []
@@ -41,15 +49,17 @@ def composed_steps(grid: GemmGrid, decode: pd.DataFrame, step_model_for, *, mode
             continue
         sm = None
         for b in STEP_BATCHES:
-            gemms = {op: grid.lookup(b, n, k) for op, (n, k) in _layer_gemm_shapes(cfg).items()}
+            hits = [grid.lookup(b, n, k) for n, k in projection_shapes(cfg).values()]
+            if any(hit is None for hit in hits):
+                continue
+            gemm_s = sum(hit[0] for hit in hits if hit is not None)
             for ctx in STEP_CONTEXTS:
                 attn = lat.get((b, ctx - 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
-                if attn is None or any(v is None for v in gemms.values()):
+                if attn is None:
                     continue
                 sm = sm or step_model_for(cfg)
-                gemm_s = sum(v[0] for v in gemms.values() if v is not None)
                 batch = [(1, ctx - 1)] * b
-                per_call = sm.op_call_times(_features(batch))[0]
+                per_call = sm.op_call_times(batch_features(batch)[None, :])[0]
                 gemm_pred = sum(per_call[sm.graph.names.index(op)] for op in LAYER_GEMMS)
                 predicted = cfg.num_layers * (gemm_pred + sm.attention_call_time(batch) + 5 * sm.t_launch_s)
                 out.append((name, b, ctx, cfg.num_layers * (gemm_s + attn), predicted, cfg.num_layers * gemm_s,
@@ -59,9 +69,3 @@ def composed_steps(grid: GemmGrid, decode: pd.DataFrame, step_model_for, *, mode
     df["signed_pct"] = (df["predicted_s"] - df["measured_s"]) / df["measured_s"] * 100
     df["ape_pct"] = df["signed_pct"].abs()
     return df
-
-
-def _features(batch):
-    from predictor.ops import batch_features
-
-    return batch_features(batch)[None, :]
