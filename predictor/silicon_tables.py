@@ -33,9 +33,10 @@ WHEEL = "aiconfigurator-core"
 PACKAGE = "aiconfigurator_core"
 INSTALL_HINT = "pip install 'gpubench[reference]' (the aiconfigurator-core wheel, ~80 MB, from PyPI)"
 
-# aiconfigurator system folder -> gpubench SKU id. Systems without a gpubench SKU (B300, GB200, GB300,
-# L4, RTX PRO 6000, B60) are listed by `gpubench silicon --list` but cannot be priced yet.
-SYSTEM_SKUS = {"a100_sxm": "a100-80", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "l40s": "l40s"}
+# aiconfigurator system folder -> gpubench SKU id. A system without one (B60, an Intel GPU) is listed by
+# `gpubench silicon --list` but cannot be priced; L4 ships no tables in 0.12.0.
+SYSTEM_SKUS = {"a100_sxm": "a100-80", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "l40s": "l40s",
+               "b300_sxm": "b300", "gb200": "gb200", "gb300": "gb300", "rtx_pro_6000_server": "rtx-pro-6000"}
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 MS = 1e-3
 

@@ -15,14 +15,16 @@ def test_spec_identity_a100_bf16():
     assert skus.get("a100-40").peak_flops("bf16") == skus.get("a100-80").peak_flops("bf16")
 
 
-@pytest.mark.parametrize("sku_id,tflops", [("l40s", 362.0), ("rtx-5090", 209.5), ("b200", 2250.0), ("h100-pcie", 756.0)])
+@pytest.mark.parametrize("sku_id,tflops", [("l40s", 362.0), ("rtx-5090", 209.5), ("b200", 2250.0), ("h100-pcie", 756.0),
+                                            ("b300", 2250.0), ("gb200", 2500.0), ("gb300", 2500.0), ("rtx-pro-6000", 467.8)])
 def test_spec_identity_matches_datasheets(sku_id, tflops):
     assert skus.get(sku_id).peak_flops("bf16") / 1e12 == pytest.approx(tflops, rel=0.002)
 
 
 def test_required_entries_and_sources():
     ids = skus.all_ids()
-    for required in ("a100-40", "a100-80", "h100-sxm", "h100-pcie", "h200", "l40s", "rtx-5090", "b200", "cpu"):
+    for required in ("a100-40", "a100-80", "h100-sxm", "h100-pcie", "h200", "l40s", "rtx-5090", "b200", "b300", "gb200", "gb300",
+                     "rtx-pro-6000", "cpu"):
         assert required in ids
     for sku in skus.gpu_skus().values():
         for fig in ("sm_count", "fma_per_tc_per_clk", "spec_clock_mhz", "memory_bw_gbs", "l2_mb", "memory_gb"):
