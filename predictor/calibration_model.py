@@ -28,7 +28,8 @@ from predictor.hardware import HardwareSpec
 SCHEMA = "gpubench.calibration/1"
 KNOWN = {
     "params": ("eta_max", "x_half", "eta_active", "eta_duty", "f_clk", "t_launch_s", "t_graph_node_s", "t_dispatch_s",
-               "t_gemm_fixed_s", "t_attn_fixed_s", "eta_attn"),
+               "t_gemm_fixed_s", "t_attn_fixed_s", "t_attn_seq_s", "t_attn_token_s", "eta_attn",
+               "wave_quantization"),
     "hardware": ("num_sms", "l2_bytes", "mem_bytes_per_s"),
     "host_residual": ("s_floor_ms", "s_slope_ms"),
     "curves": ("eta_duty_by_m",),
@@ -131,10 +132,14 @@ class Calibration:
 
     ``params``: eta_max, x_half, eta_active, eta_duty, f_clk, t_launch_s, t_graph_node_s,
     t_dispatch_s, and on a GPU t_gemm_fixed_s (a GEMM kernel's fixed time; only when a run measured
-    it: absent, no fixed time is charged), t_attn_fixed_s (an attention kernel's fixed time) and
-    eta_attn (attention's compute rate as a share of the GEMMs'), both only from measured attention
-    kernels (``gpubench fit --from-silicon``): absent, 0 and 1. ``hardware``: overrides of the spec read from the run (num_sms, l2_bytes,
-    mem_bytes_per_s). ``host_residual``: s_floor_ms, s_slope_ms. ``curves``: name -> dtype ->
+    it: absent, no fixed time is charged); t_attn_fixed_s, t_attn_seq_s, t_attn_token_s and eta_attn
+    (an attention kernel's fixed time, its time per sequence of the batch and per new token of a
+    prefill chunk, and attention's compute rate as a share of the GEMMs'), only from measured
+    attention kernels (``gpubench fit --from-silicon``): absent, 0, 0, 0 and 1; wave_quantization
+    (how much of the wave-quantization loss the GEMM library leaves, ``efficiency.eta_cluster``),
+    only from measured GEMM tables: absent, 1. ``hardware``: overrides of the spec read from the
+    run (num_sms, l2_bytes, mem_bytes_per_s). ``host_residual``: s_floor_ms, s_slope_ms.
+    ``curves``: name -> dtype ->
     Curve (``eta_duty_by_m``: eta_duty as a function of GEMM M; absent in older files, where
     the scalar eta_duty applies to every M).
     """
@@ -152,6 +157,10 @@ class Calibration:
     def curve(self, name: str, dtype: str) -> Curve | None:
         """The ``name`` curve fitted for ``dtype``, or None."""
         return (self.curves.get(name) or {}).get(dtype)
+
+    def value_or(self, name: str, default: float) -> float:
+        """``value(name)``, or ``default`` for a parameter only some calibrations carry."""
+        return self.params[name].value if name in self.params else default
 
     def value(self, name: str) -> float:
         for block in (self.params, self.host_residual, self.hardware):

@@ -58,7 +58,7 @@ def f_clk(clock_droop: float | None) -> float:
     return 1.0 - float(clock_droop)
 
 
-def eta_cluster(m, n, k, num_sms: int, tile: tuple[int, int]):
+def eta_cluster(m, n, k, num_sms: int, tile: tuple[int, int], wave: float = 1.0):
     """Wave quantization: the share of SM-slots in the GEMM's last wave that hold real work.
 
     The output M x N is cut into tiles of ``tile``; tiles run in waves of ``num_sms``. With
@@ -67,6 +67,11 @@ def eta_cluster(m, n, k, num_sms: int, tile: tuple[int, int]):
     When there are fewer tiles than SMs, libraries split K across idle SMs (split-K), so the
     tile count is multiplied by min(SMs // tiles, K // MIN_SPLIT_K) before the waves are counted.
     Padding inside a tile (M = 1 in a 128-row tile) is not counted: small-M GEMMs are memory bound.
+
+    ``wave`` is how much of that loss a GEMM library leaves: 1 for kernels that run whole tiles in
+    waves, 0 for persistent (stream-K) kernels that share the last wave's work out among all SMs;
+    between, the loss 1 - eta is scaled by it. A calibration fitted on measured GEMM tables sets it
+    (``wave_quantization``); otherwise it is 1.
     """
     m = np.asarray(m, dtype=np.float64)
     t_m, t_n = tile
@@ -74,7 +79,7 @@ def eta_cluster(m, n, k, num_sms: int, tile: tuple[int, int]):
     split = np.clip(np.minimum(num_sms // tiles, k // MIN_SPLIT_K), 1, None)
     tiles = tiles * split
     waves = np.ceil(tiles / num_sms)
-    return tiles / (waves * num_sms)
+    return 1.0 - wave * (1.0 - tiles / (waves * num_sms))
 
 
 def eta_active(measured_peak_flops_per_s: float, spec_peak_flops_per_s: float, clock_factor: float) -> float:

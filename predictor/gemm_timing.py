@@ -30,10 +30,12 @@ class GemmTiming:
         flops_per_s: every op's rate with the scalar eta_duty (and without eta_cluster).
         curve: the calibration's ``eta_duty_by_m`` curve for the dtype, or None.
         eta_duty: the calibration's scalar eta_duty.
+        wave: the calibration's wave_quantization (``efficiency.eta_cluster``; 1 unless fitted).
     """
 
-    def __init__(self, graph: OpGraph, num_sms: int, tile: tuple, flops_per_s: np.ndarray, curve, eta_duty: float):
-        self.tile = tile
+    def __init__(self, graph: OpGraph, num_sms: int, tile: tuple, flops_per_s: np.ndarray, curve, eta_duty: float,
+                 wave: float = 1.0):
+        self.tile, self.wave = tile, wave
         self._setup_duty_curve(curve, eta_duty)
         self._setup_envelope(graph, num_sms, flops_per_s)
 
@@ -87,7 +89,7 @@ class GemmTiming:
         env = np.full((g.gemm_index.size, GEMM_ENVELOPE_SEGMENTS + 2), np.inf)
         for j, i in enumerate(g.gemm_index):
             flops_per_m = g.flops[i, g.gemm_m_feature[j]]
-            cluster = eff.eta_cluster(starts, g.gemm_n[j], g.gemm_k[j], num_sms, self.tile)
+            cluster = eff.eta_cluster(starts, g.gemm_n[j], g.gemm_k[j], num_sms, self.tile, self.wave)
             cluster = cluster * self.duty_ratio(starts)
             raw = starts * flops_per_m / (flops_per_s[i] * cluster)
             # env[j, a] = least raw time over segments after segment a (a = ceil(M / t_m))

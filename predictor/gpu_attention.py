@@ -8,6 +8,8 @@ holds one, built at set-up, and calls its bound ``price`` once per ``predict_tim
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from predictor.ops import OpGraph
@@ -25,6 +27,17 @@ ATTN_MAX_SPLITS = 128
 SM_BANDWIDTH_SHARE = 2.0
 
 
+@dataclass(frozen=True)
+class AttentionOverheads:
+    """What an attention kernel costs beyond its FLOPs and bytes (0 unless a calibration measured it):
+    ``fixed_s`` once per call (one kernel serves a mixed batch's decodes and prefill chunks),
+    ``seq_s`` per sequence of the batch, ``token_s`` per new token of a prefill chunk."""
+
+    fixed_s: float = 0.0
+    seq_s: float = 0.0
+    token_s: float = 0.0
+
+
 class GpuAttention:
     """The attention op of ``graph`` on ``num_sms`` SMs.
 
@@ -34,12 +47,11 @@ class GpuAttention:
         num_kv_heads: the model's KV heads (one CTA per sequence, KV head and split).
         flops_per_s: every op's rate (StepModel's, with eta_c but no eta_cluster).
         mem_bytes_per_s: the streaming bandwidth B * eta_max.
-        fixed_s: the attention kernel's fixed time, charged once per call (one kernel serves a mixed
-            batch's decodes and prefill chunks), 0 unless calibrated.
+        overheads: the kernel's fixed, per-sequence and per-prefill-token times.
     """
 
     def __init__(self, graph: OpGraph, num_sms: int, num_kv_heads: int, flops_per_s: np.ndarray,
-                 mem_bytes_per_s: float, *, fixed_s: float = 0.0):
+                 mem_bytes_per_s: float, *, overheads: AttentionOverheads = AttentionOverheads()):
         g = graph
         i = g.names.index("attention")
         self.index = i
@@ -51,7 +63,7 @@ class GpuAttention:
         # KV bytes one cached token costs one layer's attention (K and V of every KV head)
         self._kv_bytes_per_token = float(g.kv_read_bytes[i, 4])
         self._kv_heads = max(1, int(num_kv_heads))
-        self._fixed_s = float(fixed_s)
+        self.overheads = overheads
 
     def splits(self, num_seqs, max_tokens):
         """Split-KV count of a decode batch (numpy arrays or floats; see ATTN_SPLIT_FILL)."""
@@ -69,6 +81,10 @@ class GpuAttention:
         per_cta = np.asarray(max_tokens, dtype=np.float64) * self._kv_bytes_per_token / (self._kv_heads * splits)
         return per_cta * self._num_sms / SM_BANDWIDTH_SHARE
 
+    def overhead_s(self, num_seqs, num_prefill_tokens):
+        """The per-sequence and per-prefill-token part of the overheads (floats or numpy arrays)."""
+        return self.overheads.seq_s * num_seqs + self.overheads.token_s * num_prefill_tokens
+
     def price(self, decode: tuple, prefill: tuple, max_decode_tokens: float) -> tuple:
         """(t_c, t_m, t) of one layer's attention, per call.
 
@@ -76,7 +92,7 @@ class GpuAttention:
         sequences (one new token) and of its prefill chunks. Each part gets its own
         max(t_c, t_m): a prefill chunk's compute does not hide the decodes' KV reads. The decode
         part's memory time is at least its longest sequence's (``longest_sequence_bytes``). ``t``
-        holds the kernel's fixed time once.
+        holds the kernel's fixed time once, and its time per sequence and per prefill token.
         """
         fc, bc, rate, bw = self._attn_flops, self._attn_bytes, self._attn_rate, self._mem_bytes_per_s
         t_c = t_m = t = 0.0
@@ -90,5 +106,5 @@ class GpuAttention:
             part_c, part_m = flops / rate, nbytes / bw
             t_c += part_c
             t_m += part_m
-            t += max(part_c, part_m)
-        return t_c, t_m, t + self._fixed_s
+            t += max(part_c, part_m) + self.overhead_s(part[1], 0.0 if is_decode else part[0])
+        return t_c, t_m, t + self.overheads.fixed_s

@@ -52,7 +52,7 @@ from common.model_config import ModelConfig, load_model_config
 from predictor import efficiency as eff
 from predictor.calibrate import Calibration, resolve
 from predictor.gemm_timing import GEMM_ENVELOPE_SEGMENTS, GemmTiming
-from predictor.gpu_attention import GpuAttention
+from predictor.gpu_attention import AttentionOverheads, GpuAttention
 from predictor.hardware import DTYPE_BYTES, HardwareSpec
 from predictor.ops import OpGraph, batch_features, batch_sums, decode_features
 from predictor.step_prediction import StepPrediction, roofline_prediction
@@ -147,7 +147,7 @@ class StepModel:
         self.eta_duty = v("eta_duty")
         self.eta_max = v("eta_max")
         self.x_half = v("x_half")
-        self.tile = eff.tile_shape(hw.arch)
+        self.tile, self.wave = eff.tile_shape(hw.arch), cal.value_or("wave_quantization", 1.0)
         self.duty_curve = cal.curve("eta_duty_by_m", self.dtype)
         tensor_peak = hw.peak(self.dtype)
         vector_peak = hw.peak_flops_per_s.get("vector", tensor_peak)
@@ -158,21 +158,21 @@ class StepModel:
         # t_m = bytes * (x + x_half) / (B * eta_max * x) = (bytes + x_half * L2) / (B * eta_max)
         self._mem_bytes_per_s = hw.mem_bytes_per_s * self.eta_max
         self._mem_latency_bytes, self.t_gemm_fixed_s = self._memory_latency_and_gemm_fixed()
-        self.t_attn_fixed_s, eta_attn = self._attention_fixed_and_share()
+        self.attn_overheads, eta_attn = self._attention_overheads_and_share()
         attn = g.names.index("attention")
         self._flops_per_s[attn] *= eta_attn
         self._op_fixed_s = np.where(g.kinds == "gemm", self.t_gemm_fixed_s * g.num_kernels, 0.0)
-        self._op_fixed_s[attn] = self.t_attn_fixed_s
+        self._op_fixed_s[attn] = self.attn_overheads.fixed_s
         self.num_kernels, self.t_launch_s = self._launches()
         self.launch_s = self.num_kernels * self.t_launch_s
         self.s_floor_s = v("s_floor_ms") * 1e-3
         self.s_slope_s = v("s_slope_ms") * 1e-3
         self._block_mask = np.ones(g.num_ops, dtype=bool)
         self._block_mask[g.sample_index] = False
-        self._gemm = GemmTiming(g, hw.num_sms, self.tile, self._flops_per_s, self.duty_curve, self.eta_duty)
+        self._gemm = GemmTiming(g, hw.num_sms, self.tile, self._flops_per_s, self.duty_curve, self.eta_duty, self.wave)
         self._duty_ratio_scalar = self._gemm.duty_ratio_scalar  # bound once: predict_time calls it per GEMM op
         self._attention = GpuAttention(g, hw.num_sms, self.model.num_kv_heads, self._flops_per_s, self._mem_bytes_per_s,
-                                       fixed_s=self.t_attn_fixed_s)
+                                       overheads=self.attn_overheads)
         self._attn_index = self._attention.index
         self._gpu_attention = self._attention.price  # bound once: predict_time calls it per step
         self._setup_scalar_path()
@@ -181,17 +181,17 @@ class StepModel:
         """(bytes of the memory law's fixed term, a GEMM kernel's fixed seconds): the variant's."""
         raise NotImplementedError
 
-    def _attention_fixed_and_share(self) -> tuple[float, float]:
-        """(an attention kernel's fixed seconds, attention's compute rate as a share of the matrix
-        units' rate): (0, 1) unless a GPU variant's calibration measured them."""
-        return 0.0, 1.0
+    def _attention_overheads_and_share(self) -> tuple[AttentionOverheads, float]:
+        """(an attention kernel's overheads, attention's compute rate as a share of the matrix units'
+        rate): none and 1 unless a GPU variant's calibration measured them."""
+        return AttentionOverheads(), 1.0
 
     def _launches(self) -> tuple[int, float]:
         """(kernels or dispatches a step issues, seconds each): the variant's."""
         raise NotImplementedError
 
-    def _decode_attention_bound(self, feats: np.ndarray, t_m: np.ndarray) -> None:
-        """Raise attention's memory time in ``t_m`` in place where one sequence binds (GPU only)."""
+    def _decode_attention_bound(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray) -> None:
+        """Raise attention's times in place where one sequence binds or sequences cost (GPU only)."""
 
     def _attention_parts(self, f, decode, longest_decode) -> tuple[float, float, float] | None:
         """(t_c, t_m, t) of the attention op priced per sequence part, or None (priced by features)."""
@@ -221,14 +221,14 @@ class StepModel:
         cluster = np.ones_like(flops)
         if g.gemm_index.size:
             m = feats[:, g.gemm_m_feature]
-            cluster[:, g.gemm_index] = (eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile)
+            cluster[:, g.gemm_index] = (eff.eta_cluster(m, g.gemm_n, g.gemm_k, self.hardware.num_sms, self.tile, self.wave)
                                         * self._gemm.duty_ratio(m))
         t_c = flops / (self._flops_per_s * cluster)
         if g.gemm_index.size:
             env = self._gemm.env[np.arange(g.gemm_index.size), self._gemm.segment(m)]
             t_c[:, g.gemm_index] = np.minimum(t_c[:, g.gemm_index], env)
         t_m = np.where(nbytes > 0, (nbytes + self._mem_latency_bytes) / self._mem_bytes_per_s, 0.0)
-        self._decode_attention_bound(feats, t_m)
+        self._decode_attention_bound(feats, t_c, t_m)
         return t_c, t_m
 
     def _combine(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray, op_t: np.ndarray | None = None):
@@ -298,7 +298,7 @@ class StepModel:
                 m, n, k = f[gemm[0]], gemm[1], gemm[2]
                 tiles = math.ceil(max(m, 1.0) / t_m_tile) * math.ceil(n / t_n_tile)
                 tiles *= max(1, min(sms // tiles, k // eff.MIN_SPLIT_K))
-                rate = rate * tiles / (math.ceil(tiles / sms) * sms) * self._duty_ratio_scalar(m)
+                rate = rate * (1.0 - self.wave * (1.0 - tiles / (math.ceil(tiles / sms) * sms))) * self._duty_ratio_scalar(m)
                 t_c = min(flops / rate, self._scalar_env[i][min(math.ceil(max(m, 1.0) / t_m_tile), last_seg)])
             elif attention is not None and i == self._attn_index:
                 t_c, t_m, t = attention

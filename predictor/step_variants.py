@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.errors import ConfigError
+from predictor.gpu_attention import AttentionOverheads
 from predictor.ops import batch_features
 from predictor.step import StepModel
 from predictor.step_prediction import StepPrediction, table_prediction
@@ -43,26 +44,32 @@ class GpuRooflineStep(StepModel):
         fixed = self.calibration.params.get("t_gemm_fixed_s")
         return 0.0, float(fixed.value) if fixed is not None else 0.0
 
-    def _attention_fixed_and_share(self) -> tuple[float, float]:
+    def _attention_overheads_and_share(self) -> tuple[AttentionOverheads, float]:
         # NOTE(predictor): measured attention kernels (FA2/FA3/FlashInfer, aiconfigurator's tables)
         # have a floor of ~10 us per kernel at short context (split-KV scheduling, the combine step,
-        # prologue and epilogue) and run causal prefill well under the GEMMs' tensor rate; both come
-        # only from a calibration that measured attention kernels (`fit --from-silicon`).
-        p = self.calibration.params
-        fixed, share = p.get("t_attn_fixed_s"), p.get("eta_attn")
-        return (float(fixed.value) if fixed is not None else 0.0), (float(share.value) if share is not None else 1.0)
+        # prologue and epilogue) that grows with the sequences of the batch (each one's metadata,
+        # CTAs and split combine); prefill pays per query tile (loading Q, the softmax epilogue,
+        # writing O) on top of its causal FLOPs, which run under the GEMMs' tensor rate. All of it
+        # comes only from a calibration that measured attention kernels (`fit --from-silicon`).
+        v = self.calibration.value_or
+        return AttentionOverheads(v("t_attn_fixed_s", 0.0), v("t_attn_seq_s", 0.0), v("t_attn_token_s", 0.0)), v("eta_attn", 1.0)
 
     def _launches(self) -> tuple[int, float]:
         v = self.calibration.value
         return self.graph.total_kernels(), v("t_graph_node_s") if self.cuda_graphs else v("t_launch_s")
 
-    def _decode_attention_bound(self, feats: np.ndarray, t_m: np.ndarray) -> None:
+    def _decode_attention_bound(self, feats: np.ndarray, t_c: np.ndarray, t_m: np.ndarray) -> None:
         # features carry no per-sequence detail: a decode-only row (T == S) is taken as S equal
         # sequences, which is what predict() computes for such a batch
         i = self._attn_index
         decode = feats[:, 1] == feats[:, 2]
         bound = self._attention.longest_sequence_bytes(feats[:, 2], feats[:, 4] / np.maximum(feats[:, 2], 1.0))
         t_m[:, i] = np.where(decode, np.maximum(t_m[:, i], bound / self._mem_bytes_per_s), t_m[:, i])
+        # the per-sequence and per-prefill-token times add to the kernel's max(t_c, t_m), as
+        # GpuAttention.price adds them (a row that is not decode-only counts all its new tokens)
+        extra = self._attention.overhead_s(feats[:, 2], np.where(decode, 0.0, feats[:, 1]))
+        t_c[:, i] += extra
+        t_m[:, i] += extra
 
     def _attention_parts(self, f, decode, longest_decode) -> tuple[float, float, float]:
         prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
