@@ -126,17 +126,21 @@ def _memory_points(run, bw: float, l2_bytes: float):
 def _fit_clock(run, hw: HardwareSpec, base: Param) -> Param:
     """f_clk, the achieved clock under compute load over the clock the spec peak assumes.
 
-    GPU: 1 - droop, droop = 1 - mean SM clock / max reference clock during the largest GEMMs
-    (telemetry). CPU: the clock the `peak` probe measured with a dependent-add chain over the
+    GPU: the mean SM clock during the largest GEMMs (telemetry) over the spec clock, the clock the
+    spec peak P is quoted at. eta_active is taken against the same clock
+    (calibrate_compute.fit_active), so f_clk x eta_active x P is the rate at the GEMMs' clock and
+    neither factor absorbs the other's reference (an H200 holds 1980 MHz at rest, above its 1830 MHz
+    spec clock, and ~1530 MHz under a large GEMM). Without a spec clock: mean over max reference
+    clock (1 - droop). CPU: the clock the `peak` probe measured with a dependent-add chain over the
     spec clock (f_clk > 1: the cores turbo above it), since CPU telemetry is often the constant
     nominal clock a hypervisor reports; gemm telemetry only when the probe has no clock row.
     """
     if hw.backend == "cpu":
         return _cpu_measured_clock(run, hw) or _telemetry_clock(run) or base
-    return _telemetry_clock(run) or base
+    return _telemetry_clock(run, hw) or base
 
 
-def _telemetry_clock(run) -> Param | None:
+def _telemetry_clock(run, hw: HardwareSpec | None = None) -> Param | None:
     g = valid_rows(run.frames.get("gemm"))
     if g is None or len(g) == 0 or not {"clock_mhz_mean", "clock_max_ref_mhz"} <= set(g.columns):
         return None
@@ -145,9 +149,12 @@ def _telemetry_clock(run) -> Param | None:
     if len(g) == 0:
         return None
     big = g[g["m"] == g["m"].max()]
-    f = (big["clock_mhz_mean"] / big["clock_max_ref_mhz"]).to_numpy(float)
+    spec = hw.spec_clock_mhz if hw is not None and hw.backend == "cuda" and hw.spec_clock_mhz else None
+    ref, what = (spec, f"spec clock {spec:.0f} MHz") if spec else (big["clock_max_ref_mhz"], "max SM clock")
+    f = (big["clock_mhz_mean"] / ref).to_numpy(float)
     return Param(float(np.mean(f)), finite_or_none(np.std(f, ddof=1)) if f.size > 1 else None, "measured",
-                 f"{run.run_dir}: gemm telemetry, mean/max SM clock over {f.size} rows at M={int(big['m'].iloc[0])}")
+                 f"{run.run_dir}: gemm telemetry, mean SM clock {float(big['clock_mhz_mean'].mean()):.0f} MHz / {what} over "
+                 f"{f.size} rows at M={int(big['m'].iloc[0])}")
 
 
 def _cpu_measured_clock(run, hw: HardwareSpec) -> Param | None:

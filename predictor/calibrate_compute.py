@@ -39,6 +39,9 @@ def fit_active(run, hw: HardwareSpec, dtype: str, f: float, base: Param) -> Para
     # a clock the probe measured itself beats telemetry (a VM's /proc/cpuinfo reports a constant)
     if meas is not None and spec_clk is not None and is_finite(meas) and is_finite(spec_clk) and spec_clk > 0:
         f_row, how = float(meas) / float(spec_clk), "that row's measured clock / spec clock"
+    elif hw.backend == "cuda" and hw.spec_clock_mhz and mean is not None and is_finite(mean) and mean > 0:
+        # the same reference as f_clk (predictor.calibrate._fit_clock): the clock the spec peak is quoted at
+        f_row, how = float(mean) / hw.spec_clock_mhz, f"that row's mean clock / the spec clock {hw.spec_clock_mhz:.0f} MHz"
     elif ref is not None and mean is not None and is_finite(ref) and is_finite(mean) and ref > 0 and mean > 0:
         f_row, how = float(mean) / float(ref), "that row's own mean/max clock"
     measured = float(row["tflops_median"]) * 1e12

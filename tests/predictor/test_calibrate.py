@@ -60,14 +60,15 @@ def write_gpu_run(root, rng, *, with_clock=True, probes=("stream", "l2", "launch
                 w.append("launch", {**_row("launch", f"launch_{kind}_{count}", p * count, rng), "kind": kind,
                                     "count": count, "per_launch_s_median": p, "per_launch_s_min": 0.95 * p})
     spec = HardwareSpec.from_sku("h100").peak("bf16")
-    clock = {"clock_mhz_mean": k["f_clk"] * 1980, "clock_max_ref_mhz": 1980.0} if with_clock else \
+    spec_mhz = HardwareSpec.from_sku("h100").spec_clock_mhz  # clock factors are against the clock P is quoted at
+    clock = {"clock_mhz_mean": k["f_clk"] * spec_mhz, "clock_max_ref_mhz": 1980.0} if with_clock else \
         {"clock_mhz_mean": None, "clock_max_ref_mhz": None}
     if "peak" in probes:
-        # the peak loop runs short, at 0.9 of max clock
+        # the peak loop runs short, at 0.9 of the spec clock
         tf = spec * 0.9 * k["active"] / 1e12
         w.append("peak", {**_row("peak", "peak_tc_bf16", 1.0 / tf, rng), "dtype": "bf16", "unit": "tensor_core",
                           "tflops_median": tf, "tflops_best": tf * 1.01, "spec_tflops": spec / 1e12,
-                          "clock_mhz_mean": 0.9 * 1980, "clock_max_ref_mhz": 1980.0})
+                          "clock_mhz_mean": 0.9 * spec_mhz, "clock_max_ref_mhz": 1980.0})
         w.append("peak", {**_row("peak", "peak_tc_fp16", 1.0, rng), "dtype": "fp16", "unit": "tensor_core",
                           "tflops_median": 1.0, "tflops_best": 1.0, "spec_tflops": spec / 1e12})
     if "gemm" in probes:
