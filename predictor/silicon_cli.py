@@ -11,7 +11,7 @@ from common.errors import ConfigError
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "silicon", help="score the GPU step model's kernel prices against kernels measured on 5 real GPUs",
+        "silicon", help="score the GPU step model's kernel prices against kernels measured on 9 real GPUs",
         description="Read the kernel latencies NVIDIA's aiconfigurator collectors measured on real GPUs (the "
                     "aiconfigurator-core wheel: pip install 'gpubench[reference]'; nothing is copied into this "
                     "repository) and score what the step model charges for each kernel: every projection GEMM of "
@@ -22,7 +22,7 @@ def register(sub) -> None:
                     "measured then); only a --calibration from `fit --from-silicon`, --fit-from and --learned-from were fitted on "
                     "tables. Writes silicon.csv.gz, summary.csv, "
                     "interpolation.csv, steps.csv (decode steps composed from the measured kernels, against the "
-                    "model), silicon.md, one <system>.png per GPU and COMMAND into --out.",
+                    "model and against aiconfigurator's own step estimate), silicon.md, one <system>.png per GPU and COMMAND into --out.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--systems", default="all",
                    help="comma-separated aiconfigurator systems (see --list), or 'all' with a gpubench SKU")
@@ -134,6 +134,9 @@ def _silicon(args) -> int:
         from predictor.silicon_learned import add_learned
 
         add_learned(score, learned)
+    from predictor.silicon_aic import add_aiconfigurator
+
+    add_aiconfigurator(score)
     command = silicon_report.command_line(systems=systems, framework=args.framework,
                                           calibrations=[str(c) for c in args.calibration], force=args.force_calibration,
                                           fit_from=args.fit_from, learned_from=args.learned_from, out=str(args.out))

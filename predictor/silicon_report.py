@@ -76,7 +76,11 @@ def _steps_markdown(steps: pd.DataFrame) -> str:
             "tables, times the layers; predicted: the step model's price of the same kernels (op time + one graph-"
             "node interval each). Elementwise kernels, the KV write and the LM head are left out of both sides "
             "(the tables do not measure the first two; the vocabulary lies beyond their N grid). Batch 1-256, "
-            "context 512-32K; models whose heads or shapes a table lacks are skipped.\n\n"
+            "context 512-32K; models whose heads or shapes a table lacks are skipped. `aiconfigurator` is that "
+            "tool's own step estimate of the same kernels from the same tables (its SILICON mode: table lookup, "
+            "in-sample by construction); `aiconfigurator SOL` its estimate from datasheet figures alone (no table "
+            "read: the counterpart of `default`); neither models Mistral. Its whole step (norms, activation, "
+            "LM head added) is `aic_step_s` in steps.csv.\n\n"
             + markdown_table(["system", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %", "% of steps within 10 %"], rows))
 
 
@@ -122,7 +126,7 @@ STAGE = ".silicon-partial"
 
 
 def write(score: SiliconScore, out: str, command: str, *, wheel: str) -> tuple[str, pd.DataFrame, list[Path]]:
-    """silicon.csv.gz (every row: ~12 MB of CSV for five GPUs, gzipped; pandas reads it as is), summary.csv,
+    """silicon.csv.gz (every row: ~30 MB of CSV for nine GPUs, gzipped; pandas reads it as is), summary.csv,
     interpolation.csv, steps.csv, silicon.md, <system>.png and COMMAND.
 
     Written into a hidden staging folder first and moved into place at the end, COMMAND last, so an

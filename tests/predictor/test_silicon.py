@@ -104,7 +104,7 @@ def test_silicon_cli_scores_h200_and_writes_its_files(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--systems", "b300_sxm"], "no gpubench SKU"),
+    (["--systems", "b60"], "no gpubench SKU"),
     (["--systems", "nope"], "no measured tables for 'nope'"),
     ([], "--out is required"),
     (["--calibration", "results/eval/cpu/calibration-probes.json"], "a CPU calibration cannot price GPU kernels"),
@@ -185,7 +185,7 @@ def test_learned_baseline_is_in_sample_on_its_source_and_spec_scaled_elsewhere()
 
 
 def test_learned_from_a_system_without_a_sku_is_one_line(tmp_path):
-    proc = run_cli("silicon", "--systems", "h200_sxm", "--learned-from", "gb200", "--out", str(tmp_path / "o"), timeout=120)
+    proc = run_cli("silicon", "--systems", "h200_sxm", "--learned-from", "b60", "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 2 and "no gpubench SKU" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
@@ -223,3 +223,33 @@ def test_silicon_list_json_and_steps_in_json(tmp_path):
     (tmp_path / "afile").write_text("x")
     bad = run_cli("silicon", "--systems", "h200_sxm", "--out", str(tmp_path / "afile"), timeout=120)
     assert bad.returncode == 2 and "not a directory" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_aiconfigurators_own_step_estimates_sit_beside_the_composed_steps():
+    """Its SILICON mode looks up the very tables the measured step is summed from (within a few % where it
+    interpolates); its SOL mode reads no table and prices below the measured kernels (no efficiency loss);
+    Mistral, an architecture it does not model, gets no row; its whole step is never less than the same kernels."""
+    from predictor.silicon_aic import add_aiconfigurator
+    from predictor.silicon_score import Predictor, score_tables
+
+    score = score_tables([st.table_set("h200_sxm")], [Predictor("default")])
+    n = len(score.steps)
+    add_aiconfigurator(score)
+    steps = score.steps
+    aic, sol = steps[steps.predictor == "aiconfigurator"], steps[steps.predictor == "aiconfigurator SOL"]
+    mistral = (steps.predictor == "default") & (steps.model == "mistral-7b")
+    assert len(aic) == len(sol) == n - int(mistral.sum()) > 100
+    assert aic["ape_pct"].mean() < 3 and (sol["signed_pct"] < 0).all()
+    assert (aic["aic_step_s"] >= aic["predicted_s"]).all()
+    cell = aic[(aic.model == "llama-3.1-8b") & (aic.batch == 16) & (aic.context == 4096)].iloc[0]
+    assert cell["predicted_s"] == pytest.approx(cell["measured_s"], rel=0.03)
+
+
+def test_the_new_skus_price_the_blackwell_tables_they_map_to():
+    assert {st.SYSTEM_SKUS[s] for s in ("b300_sxm", "gb200", "gb300", "rtx_pro_6000_server")} == \
+        {"b300", "gb200", "gb300", "rtx-pro-6000"}
+    from gpubench import skus
+
+    assert skus.detect("NVIDIA GB200").id == "gb200" and skus.detect("NVIDIA B300 SXM6 AC").id == "b300"
+    assert skus.detect("NVIDIA RTX PRO 6000 Blackwell Server Edition").id == "rtx-pro-6000"
+    assert skus.get("gb300").peak_flops("bf16") == pytest.approx(2.5e15, rel=1e-3)
