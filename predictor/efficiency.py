@@ -78,8 +78,8 @@ def eta_cluster(m, n, k, num_sms: int, tile: tuple[int, int], wave: float = 1.0)
     tiles = np.ceil(np.maximum(m, 1.0) / t_m) * np.ceil(n / t_n)
     split = np.clip(np.minimum(num_sms // tiles, k // MIN_SPLIT_K), 1, None)
     tiles = tiles * split
-    waves = np.ceil(tiles / num_sms)
-    return 1.0 - wave * (1.0 - tiles / (waves * num_sms))
+    eta = tiles / (np.ceil(tiles / num_sms) * num_sms)
+    return eta if wave == 1.0 else 1.0 - wave * (1.0 - eta)  # the default skips two array passes (hot path)
 
 
 def eta_active(measured_peak_flops_per_s: float, spec_peak_flops_per_s: float, clock_factor: float) -> float:

@@ -67,9 +67,10 @@ class GpuRooflineStep(StepModel):
         t_m[:, i] = np.where(decode, np.maximum(t_m[:, i], bound / self._mem_bytes_per_s), t_m[:, i])
         # the per-sequence and per-prefill-token times add to the kernel's max(t_c, t_m), as
         # GpuAttention.price adds them (a row that is not decode-only counts all its new tokens)
-        extra = self._attention.overhead_s(feats[:, 2], np.where(decode, 0.0, feats[:, 1]))
-        t_c[:, i] += extra
-        t_m[:, i] += extra
+        if self.attn_overheads.seq_s or self.attn_overheads.token_s:
+            extra = self._attention.overhead_s(feats[:, 2], np.where(decode, 0.0, feats[:, 1]))
+            t_c[:, i] += extra
+            t_m[:, i] += extra
 
     def _attention_parts(self, f, decode, longest_decode) -> tuple[float, float, float]:
         prefill = (f[1] - decode[0], f[2] - decode[1], f[3] - decode[2], f[4] - decode[3])
