@@ -81,9 +81,11 @@ def test_engine_steps_batch64(benchmark, record_steps):
     })
 
 
-def test_replay_agent_workload(benchmark):
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las"])
+def test_replay_agent_workload(benchmark, policy):
+    """Steps per second of one replay under each queue order (the priority heap against FCFS's deque)."""
     jobs = with_poisson_arrivals(synthetic_jobs(20, seed=0), 0.5, seed=0)
-    cfg = ReplayConfig(policy="fcfs", record_steps=False)
+    cfg = ReplayConfig(policy=policy, record_steps=False)
     samples = []
 
     def run():
@@ -94,7 +96,7 @@ def test_replay_agent_workload(benchmark):
     res = benchmark.pedantic(run, rounds=2, iterations=1)
     benchmark.extra_info.update(_env())
     benchmark.extra_info.update({
-        "num_jobs": 20, "num_steps": res.summary["steps"],
+        "policy": policy, "num_jobs": 20, "num_steps": res.summary["steps"],
         "steps_per_s_wall": min(n / w for n, w, _ in samples), "steps_per_cpu_s": min(n / c for n, _, c in samples),
     })
 

@@ -15,6 +15,7 @@ from scheduling.policies.continuum_offload import ContinuumOffloadParams, Contin
 from scheduling.policies.cpu_offload import CPUOffloadParams, CPUOffloadPolicy
 from scheduling.policies.fcfs import FCFSPolicy
 from scheduling.policies.lmcache import LMCacheParams, LMCachePolicy
+from scheduling.policies.ordering import LASParams, LASPolicy, SJFParams, SJFPolicy
 
 
 class PolicyKind(str, enum.Enum):
@@ -23,6 +24,8 @@ class PolicyKind(str, enum.Enum):
     CPU_OFFLOAD = "cpu-offload"
     LMCACHE = "lmcache"
     CONTINUUM_OFFLOAD = "continuum-offload"
+    SJF = "sjf"
+    LAS = "las"
 
 
 _REGISTRY = {
@@ -31,6 +34,8 @@ _REGISTRY = {
     PolicyKind.CPU_OFFLOAD: (CPUOffloadPolicy, CPUOffloadParams),
     PolicyKind.LMCACHE: (LMCachePolicy, LMCacheParams),
     PolicyKind.CONTINUUM_OFFLOAD: (ContinuumOffloadPolicy, ContinuumOffloadParams),
+    PolicyKind.SJF: (SJFPolicy, SJFParams),
+    PolicyKind.LAS: (LASPolicy, LASParams),
 }
 
 POLICY_NAMES = tuple(k.value for k in PolicyKind)
@@ -65,4 +70,4 @@ def make_policy(name: str, params: dict | None = None) -> KVPolicy:
 
 __all__ = ["PolicyKind", "POLICY_NAMES", "KVPolicy", "RequestQueue", "FCFSQueue", "PriorityQueue", "ExternalLoad",
            "make_policy", "param_names", "policy_kind", "ContinuumParams", "CPUOffloadParams", "LMCacheParams",
-           "ContinuumOffloadParams"]
+           "ContinuumOffloadParams", "SJFParams", "LASParams"]
