@@ -126,6 +126,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=argtypes.seed, default=0,
                    help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--slo", default=None, metavar="KIND=S,...",
+                   help="SLO targets the summary is scored against, in seconds: ttft, tpot, tool_turn (a turn that "
+                        "triggers a tool, arrival to last token), job (arrival to the job's last token, tool time "
+                        "included); KIND=none drops one (default: ttft=2,tpot=0.1,tool_turn=10, no job deadline)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_deprecated_flag(p, "--quiet", "--no-progress", dest="no_progress")
     p.add_argument("--set", action="append", default=[], metavar="[POLICY.]KEY=VALUE", dest="assignments",
@@ -241,12 +245,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.engine == "vllm":
         return cmd_replay_live(args)
+    from scheduling.slo import parse_slo
+
     trace_path = check_trace_out(args)
+    slo = parse_slo(args.slo)
     config = config_from_args(args)
     jobs = load_jobs(args)
     console = Console(stderr=True)
     if args.no_progress:
-        result = run_replay(jobs, config)
+        result = run_replay(jobs, config, slo=slo)
     else:
         with Progress(TextColumn("[bold]replay[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("jobs  sim {task.fields[sim_s]:.0f} s"), TimeElapsedColumn(),
@@ -256,7 +263,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             def progress(done: int, total: int, sim_s: float) -> None:
                 bar.update(task, completed=done, sim_s=sim_s)
 
-            result = run_replay(jobs, config, progress=progress)
+            result = run_replay(jobs, config, progress=progress, slo=slo)
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
     write_trace_out(result, trace_path)
@@ -320,6 +327,7 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
 
     from scheduling.experiments.live import LiveReplayConfig, run_live_replay, validate
     from scheduling.experiments.replay import write_outputs
+    from scheduling.slo import parse_slo
     from vllmref import env
 
     trace_path = check_trace_out(args)
@@ -345,12 +353,25 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
         if not args.no_progress:
             console.print(f"  {line}")
 
-    result = run_live_replay(jobs, config, progress=progress)
+    result = run_live_replay(jobs, config, progress=progress, slo=parse_slo(args.slo))
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
     write_trace_out(result, trace_path)
     print_summary(result.summary, config, out, trace_path)
     return 0
+
+
+def _slo_rows(a: dict | None, f) -> list[tuple[str, str]]:
+    """The summary table's rows of the agent SLO (scheduling.slo.attainment), none without one."""
+    if not a or not a.get("turns"):
+        return []
+    from scheduling.slo import SLOSpec
+
+    kinds = " / ".join(f(a.get(k), "{:.1%}") for k in ("ttft", "tpot", "tool_turn", "job_deadline"))
+    return [(f"SLO ({SLOSpec(**a['slo']).describe()}): turns / jobs meeting it",
+             f"{f(a['turn'], '{:.1%}')} / {f(a['job'], '{:.1%}')}"),
+            ("  attainment ttft / tpot / tool turn / job deadline", kinds),
+            ("  goodput: jobs/s / output tok/s", f"{f(a['job_goodput_per_s'], '{:.4f}')} / {f(a['token_goodput_per_s'], '{:.0f}')}")]
 
 
 def print_summary(m: dict, config, out, trace_path=None) -> None:
@@ -372,8 +393,9 @@ def print_summary(m: dict, config, out, trace_path=None) -> None:
          " / ".join(f(m[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
         ("TPOT mean / p50 / p90 / p99 (s)",
          " / ".join(f(m.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s"))),
-        (f"goodput: turns within TTFT <= {m['slo']['ttft_s']:g} s and TPOT <= {m['slo']['tpot_s']:g} s",
+        (f"goodput: turns within TTFT <= {f(m['slo']['ttft_s'], '{:g}')} s and TPOT <= {f(m['slo']['tpot_s'], '{:g}')} s",
          f"{f(m['slo_turn_share'], '{:.1%}')} ({f(m['goodput_tok_per_s'], '{:.0f}')} tok/s)"),
+        *_slo_rows(m.get("slo_attainment"), f),
         ("queueing delay mean / p90 (s)", " / ".join(f(m[k]) for k in ("queue_mean_s", "queue_p90_s"))),
         ("throughput (output tok/s)", f(m["output_tok_per_s"], "{:.0f}")),
         ("jobs/s", f(m["jobs_per_s"], "{:.4f}")),

@@ -24,6 +24,7 @@ from common.errors import ConfigError
 from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
 from scheduling.experiments.metrics import summarize
 from scheduling.experiments.replay import ReplayResult
+from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 from scheduling.workload.traces import Job, job_to_dict
 from vllmref.settings import EngineSettings, max_model_len
 
@@ -68,8 +69,8 @@ def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
 
 
 def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
-                    progress: Callable[[str], None] | None = None) -> ReplayResult:
-    """Replay ``jobs`` through the real engine."""
+                    progress: Callable[[str], None] | None = None, slo: SLOSpec = DEFAULT_SLO) -> ReplayResult:
+    """Replay ``jobs`` through the real engine (``slo``: the targets its summary is scored against)."""
     from common.model_config import load_model_config
     from vllmref import env
 
@@ -85,11 +86,11 @@ def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
     records = env.run_worker("worker_replay", spec, threads=config.threads, kv_cache_gib=max(1.0, kv_gib * 1.25),
                              on_line=progress)
     wall_s = time.perf_counter() - t0
-    return result_from_records(records, jobs, config, wall_s=wall_s)
+    return result_from_records(records, jobs, config, wall_s=wall_s, slo=slo)
 
 
 def result_from_records(records: list[dict], jobs: Sequence[Job], config: LiveReplayConfig, *,
-                        wall_s: float) -> ReplayResult:
+                        wall_s: float, slo: SLOSpec = DEFAULT_SLO) -> ReplayResult:
     """The simulator's output tables from the worker's records."""
     engine = next((r for r in records if r["kind"] == "engine"), {})
     metrics = next((r for r in records if r["kind"] == "metrics"), {})
@@ -133,7 +134,7 @@ def result_from_records(records: list[dict], jobs: Sequence[Job], config: LiveRe
     turns_df = pd.DataFrame.from_records(turns, columns=list(TURN_COLUMNS))
     turns_df = turns_df.merge(pd.DataFrame(extra_turn), on=["job_id", "turn"], how="left")
     jobs_df = pd.DataFrame.from_records(job_rows, columns=list(JOB_COLUMNS))
-    summary = summarize(res, turns_df, jobs_df)
+    summary = summarize(res, turns_df, jobs_df, slo)
     summary["step_cost"] = "real vLLM engine steps"
     summary["policy_params"] = {}
     summary["engine"] = engine

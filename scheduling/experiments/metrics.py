@@ -13,9 +13,11 @@ Definitions (all over the whole replay):
   (output tokens − 1), over turns with at least two output tokens.
 - ``num_jobs`` and ``arrival_span_s`` (first to last job arrival) belong to every result: at a
   high arrival rate a finite set of jobs arrives at once and the result becomes a drain time.
-- Goodput under an SLO (``SLO``: TTFT ≤ 2 s and TPOT ≤ 0.1 s by default, a common interactive
-  target; stated in the summary): the share of turns that meet both, and their output tokens per
-  second over the same span as the throughput.
+- Goodput under an SLO (TTFT ≤ 2 s and TPOT ≤ 0.1 s by default, a common interactive target;
+  stated in the summary): the share of turns that meet both, and their output tokens per second
+  over the same span as the throughput. ``slo_attainment`` adds the agent kinds (a deadline on a
+  turn that triggers a tool, on the whole job), job goodput and per-kind attainment
+  (scheduling.slo.attainment); ``replay --slo`` sets the targets.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
+from scheduling.slo.attainment import attainment
+from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 
 
 def frames(res: EngineResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -33,8 +37,6 @@ def frames(res: EngineResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
     return steps, turns, jobs
 
 
-SLO_TTFT_S = 2.0
-SLO_TPOT_S = 0.1
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
@@ -45,8 +47,10 @@ def _mean(values: np.ndarray) -> float | None:
     return float(np.mean(values)) if len(values) else None
 
 
-def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dict:
+def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec = DEFAULT_SLO) -> dict:
     """The metrics block of ``summary.json``."""
+    ttft_target = slo.ttft_s if slo.ttft_s is not None else np.inf
+    tpot_target = slo.tpot_s if slo.tpot_s is not None else np.inf
     jct = jobs["jct_s"].to_numpy(float)
     ttft = turns["ttft_s"].to_numpy(float)
     steps_after_first = (turns["output_tokens"] - 1).to_numpy(float)
@@ -54,7 +58,7 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
         tpot_all = (turns["finish_s"] - turns["first_token_s"]).to_numpy(float) / steps_after_first
     tpot = tpot_all[steps_after_first > 0]
     # A one-token turn has no inter-token time: it meets the TPOT target by definition.
-    meets = (ttft <= SLO_TTFT_S) & np.where(steps_after_first > 0, tpot_all <= SLO_TPOT_S, True)
+    meets = (ttft <= ttft_target) & np.where(steps_after_first > 0, tpot_all <= tpot_target, True)
     queue = turns["queue_s"].to_numpy(float)
     prompt = int(turns["prompt_tokens"].sum())
     hit = int(turns["hit_tokens"].sum())
@@ -76,7 +80,7 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
         "ttft_p99_s": _pct(ttft, 99),
         "tpot_mean_s": _mean(tpot), "tpot_p50_s": _pct(tpot, 50), "tpot_p90_s": _pct(tpot, 90),
         "tpot_p99_s": _pct(tpot, 99),
-        "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "slo_turn_share": float(meets.mean()) if len(meets) else None,
         "goodput_tok_per_s": float(turns["output_tokens"].to_numpy()[meets].sum()) / span_s,
         "queue_mean_s": _mean(queue), "queue_p50_s": _pct(queue, 50), "queue_p90_s": _pct(queue, 90),
@@ -103,4 +107,5 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame) -> dic
         "kv_evicted_blocks": int(res.num_evicted_blocks),
         "kv_block_shortages": int(res.num_block_shortages),
         "policy_stats": res.policy_stats,
+        "slo_attainment": attainment(turns, jobs, slo),
     }

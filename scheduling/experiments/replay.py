@@ -34,6 +34,7 @@ from scheduling.engine.request import BLOCK_SIZE
 from scheduling.engine.step_cost import StepCost, make_step_cost
 from scheduling.experiments.metrics import frames, summarize
 from scheduling.policies import make_policy
+from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 from scheduling.workload.traces import Job
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def engine_config(cfg: ReplayConfig) -> EngineConfig:
 
 
 def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost | None = None,
-               progress: Callable[[int, int, float], None] | None = None) -> ReplayResult:
+               progress: Callable[[int, int, float], None] | None = None, slo: SLOSpec = DEFAULT_SLO) -> ReplayResult:
     """Replay ``jobs`` under ``config``.
 
     Args:
@@ -199,6 +200,7 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
         config: see :class:`ReplayConfig`.
         step_cost: an explicit step cost (tests); default built from ``config.step_cost``.
         progress: ``callback(num_jobs_done, num_jobs, sim_time_s)``.
+        slo: the targets the summary's SLO figures are scored against (scheduling.slo).
     """
     if not jobs:
         raise ConfigError("no jobs to replay")
@@ -209,7 +211,7 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
                                        async_scheduling=config.async_scheduling)
     res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
     steps, turns, jobs_df = frames(res)
-    summary = summarize(res, turns, jobs_df)
+    summary = summarize(res, turns, jobs_df, slo)
     summary["step_cost"] = cost.describe()
     summary["policy_params"] = policy.params()
     return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df)
