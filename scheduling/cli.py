@@ -12,6 +12,7 @@ from common import argtypes
 from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
 from common.errors import ConfigError
 from scheduling.policies import POLICY_NAMES
+from scheduling.slo.spec import add_slo_option
 
 # CLI option -> (policy, parameter name). Defaults live in the policies' parameter dataclasses.
 POLICY_OPTIONS = {
@@ -118,18 +119,14 @@ def register(sub) -> None:
                    help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
                         "(closed loop, prefix caching on; set it up with `gpubench vllm setup`)")
     p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
-    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
-                   help="KV-cache policy, or a queue-order one (sjf, las; their parameters with --set sjf.KEY=VALUE)")
+    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache or queue-order (sjf, las) policy")
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")
     p.add_argument("--seed", type=argtypes.seed, default=0,
                    help="seed of the synthetic jobs, of SWE-smith tool durations and of the arrivals")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--slo", default=None, metavar="KIND=S,...",
-                   help="SLO targets the summary is scored against, in seconds: ttft, tpot, tool_turn (a turn that "
-                        "triggers a tool, arrival to last token), job (arrival to the job's last token, tool time "
-                        "included); KIND=none drops one (default: ttft=2,tpot=0.1,tool_turn=10, no job deadline)")
+    add_slo_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_deprecated_flag(p, "--quiet", "--no-progress", dest="no_progress")
     p.add_argument("--set", action="append", default=[], metavar="[POLICY.]KEY=VALUE", dest="assignments",
@@ -361,22 +358,11 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     return 0
 
 
-def _slo_rows(a: dict | None, f) -> list[tuple[str, str]]:
-    """The summary table's rows of the agent SLO (scheduling.slo.attainment), none without one."""
-    if not a or not a.get("turns"):
-        return []
-    from scheduling.slo import SLOSpec
-
-    kinds = " / ".join(f(a.get(k), "{:.1%}") for k in ("ttft", "tpot", "tool_turn", "job_deadline"))
-    return [(f"SLO ({SLOSpec(**a['slo']).describe()}): turns / jobs meeting it",
-             f"{f(a['turn'], '{:.1%}')} / {f(a['job'], '{:.1%}')}"),
-            ("  attainment ttft / tpot / tool turn / job deadline", kinds),
-            ("  goodput: jobs/s / output tok/s", f"{f(a['job_goodput_per_s'], '{:.4f}')} / {f(a['token_goodput_per_s'], '{:.0f}')}")]
-
-
 def print_summary(m: dict, config, out, trace_path=None) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from scheduling.slo.attainment import summary_rows
 
     def f(v, fmt="{:.3f}"):
         return "-" if v is None else fmt.format(v)
@@ -395,7 +381,7 @@ def print_summary(m: dict, config, out, trace_path=None) -> None:
          " / ".join(f(m.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s"))),
         (f"goodput: turns within TTFT <= {f(m['slo']['ttft_s'], '{:g}')} s and TPOT <= {f(m['slo']['tpot_s'], '{:g}')} s",
          f"{f(m['slo_turn_share'], '{:.1%}')} ({f(m['goodput_tok_per_s'], '{:.0f}')} tok/s)"),
-        *_slo_rows(m.get("slo_attainment"), f),
+        *summary_rows(m.get("slo_attainment"), f),
         ("queueing delay mean / p90 (s)", " / ".join(f(m[k]) for k in ("queue_mean_s", "queue_p90_s"))),
         ("throughput (output tok/s)", f(m["output_tok_per_s"], "{:.0f}")),
         ("jobs/s", f(m["jobs_per_s"], "{:.4f}")),

@@ -39,6 +39,10 @@ def frames(res: EngineResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
 
 
 
+SLO_TTFT_S = DEFAULT_SLO.ttft_s  # the default targets (scheduling.slo.spec); replay --slo changes them
+SLO_TPOT_S = DEFAULT_SLO.tpot_s
+
+
 def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 

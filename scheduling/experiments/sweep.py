@@ -211,7 +211,9 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     metrics = {k: v for k, v in metrics.items() if k not in ("config", "policy_params")} if isinstance(metrics, dict) else {}
     flat: dict[str, Any] = {}
     _flatten("", metrics if isinstance(metrics, dict) else {}, flat)
-    return {k: v for k, v in flat.items() if isinstance(v, (int, float, bool)) or v is None}
+    # the SLO's targets are settings (slo_ttft_s, slo_tpot_s already say them); its attainments are outcomes
+    return {k: v for k, v in flat.items() if (isinstance(v, (int, float, bool)) or v is None)
+            and not k.startswith("slo_attainment_slo_")}
 
 
 def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:

@@ -61,3 +61,13 @@ def attainment(turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec) -> dict:
         "job_goodput_per_s": float(job_ok.sum()) / span_s,
         "token_goodput_per_s": float(turns["output_tokens"].to_numpy()[checks["ok"].to_numpy(bool)].sum()) / span_s,
     }
+
+def summary_rows(a: dict | None, f) -> list[tuple[str, str]]:
+    """The replay summary table's rows of an ``attainment`` block (``f(value, fmt)`` formats one), none without one."""
+    if not a or not a.get("turns"):
+        return []
+    kinds = " / ".join(f(a.get(k), "{:.1%}") for k in ("ttft", "tpot", "tool_turn", "job_deadline"))
+    return [(f"SLO ({SLOSpec(**a['slo']).describe()}): turns / jobs meeting it",
+             f"{f(a['turn'], '{:.1%}')} / {f(a['job'], '{:.1%}')}"),
+            ("  attainment ttft / tpot / tool turn / job deadline", kinds),
+            ("  goodput: jobs/s / output tok/s", f"{f(a['job_goodput_per_s'], '{:.4f}')} / {f(a['token_goodput_per_s'], '{:.0f}')}")]

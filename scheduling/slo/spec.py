@@ -70,3 +70,11 @@ def parse_slo(text: str | None) -> SLOSpec:
         except ValueError:
             raise ConfigError(f"--slo {key}={raw!r}: not a number of seconds (or 'none')") from None
     return SLOSpec(**values)
+
+
+def add_slo_option(p) -> None:
+    """``--slo`` on an argparse parser (``gpubench replay``, ``gpubench slo predict``)."""
+    p.add_argument("--slo", default=None, metavar="KIND=S,...",
+                   help="SLO targets in seconds: ttft, tpot, tool_turn (a turn that triggers a tool, arrival to last "
+                        "token), job (arrival to the job's last token, tool time included); KIND=none drops one "
+                        "(default: ttft=2,tpot=0.1,tool_turn=10, no job deadline)")

@@ -1,0 +1,103 @@
+"""The analytical SLO model: its parts on hand-checkable inputs, its direction on the real step cost,
+and its agreement with real replays where the answer is not in doubt."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from scheduling.engine.step_cost import ConstantStepCost, make_step_cost
+from scheduling.experiments.replay import ReplayConfig, engine_config, run_replay
+from scheduling.slo import SLOSpec
+from scheduling.slo.model import Limits, Workload, _che_time, max_rate, predict, solve_load
+from scheduling.workload.trace_synth import synthetic_jobs
+from scheduling.workload.traces import with_poisson_arrivals
+from tests.conftest import job
+from tests.gpubench.conftest import run_cli
+
+
+def test_che_time_solves_the_cache_balance():
+    ctx = np.array([0.0, 1000.0, 1000.0])
+    gap = np.array([math.inf, 2.0, 4.0])
+    # rate 1 turn/s: a T_C of 1 s holds 2/3 (later turns) x 1000 x 1 = 667 tokens
+    assert _che_time(2000.0 / 3, 1.0, ctx, gap) == pytest.approx(1.0, rel=1e-6)
+    assert _che_time(1e9, 1.0, ctx, gap) == math.inf  # everything fits: every context survives
+    assert _che_time(0.0, 1.0, ctx, gap) == 0.0
+
+
+def test_a_light_load_meets_everything_and_keeps_every_context():
+    jobs = [job(f"j{i}", [(200, 20, 1.0), (50, 20, 1.0), (50, 20, 0)], arrival=2.0 * i) for i in range(5)]
+    lim = Limits(token_budget=8192, max_num_seqs=256, pool_tokens=1_000_000)
+    pred = predict(jobs, lim, ConstantStepCost(0.01), SLOSpec())
+    assert pred.attainment["turn"] == 1.0 and pred.attainment["job"] == 1.0
+    st = solve_load(2.0, Workload.of(jobs), lim, ConstantStepCost(0.01))
+    assert st.wait_s == 0.0 and np.all(st.hit_prob == 1.0) and st.step_s == pytest.approx(0.01)
+    # a turn's TTFT is one step; its JCT is its turns' steps plus its tool time
+    assert pred.percentiles["ttft_p50_s"] == pytest.approx(0.01)
+    assert pred.percentiles["jct_mean_s"] == pytest.approx(3 * (0.01 + 19 * 0.01) + 2.0, rel=0.1)
+
+
+def test_a_smaller_pool_evicts_contexts_and_costs_attainment():
+    jobs = with_poisson_arrivals(synthetic_jobs(60, 0), 2.0, 0)
+    cfg = ReplayConfig(sku="l40s")
+    e = engine_config(cfg)
+    cost = make_step_cost("predictor", sku="l40s", model="llama-3.1-8b")
+    big = predict(jobs, Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * 16), cost, SLOSpec())
+    small = predict(jobs, Limits(e.max_num_batched_tokens, e.max_num_seqs, 2000 * 16), cost, SLOSpec())
+    assert small.attainment["turn"] < big.attainment["turn"]
+    assert min(h for *_, h in small.loads) < 1.0 == max(h for *_, h in big.loads[:1])
+
+
+@pytest.mark.parametrize("num_gpu_blocks, collapses", [(None, False), (1500, True)])
+def test_the_model_agrees_with_a_replay_on_which_side_of_the_cliff_it_is(num_gpu_blocks, collapses):
+    """60 agent jobs on an L40S: its own pool holds them, 1,500 blocks do not (evictions, recompute,
+    queueing). Replay and model must both put attainment on the same side of 50 %, within 20 pp."""
+    jobs = with_poisson_arrivals(synthetic_jobs(60, 0), 2.0, 0)
+    cfg = ReplayConfig(sku="l40s", num_gpu_blocks=num_gpu_blocks, record_steps=False)
+    e = engine_config(cfg)
+    measured = run_replay(jobs, cfg).summary["slo_attainment"]["turn"]
+    cost = make_step_cost("predictor", sku="l40s", model="llama-3.1-8b")
+    model = predict(jobs, Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * e.block_size), cost,
+                    SLOSpec()).attainment["turn"]
+    assert (measured < 0.5) == collapses == (model < 0.5)
+    assert abs(model - measured) < 0.2
+
+
+def test_max_rate_is_where_the_target_is_last_met():
+    jobs = synthetic_jobs(30, 0)
+    cost = ConstantStepCost(0.02)
+    lim = Limits(token_budget=2048, max_num_seqs=4, pool_tokens=400_000)  # 0.05 jobs/s meets it, 0.5 does not
+    slo = SLOSpec(ttft_s=1.0, tpot_s=0.1, tool_turn_s=None)
+    rate, pred = max_rate(lambda jps: with_poisson_arrivals(jobs, jps, 0), lim, cost, slo, target=0.9, lo=0.05, hi=50.0)
+    assert rate is not None and 0.05 < rate < 50.0 and pred.attainment["turn"] >= 0.9
+    above = predict(with_poisson_arrivals(jobs, rate * 1.5, 0), lim, cost, slo).attainment["turn"]
+    assert above < 0.9
+
+
+def test_slo_predict_cli_and_its_bad_input(tmp_path):
+    proc = run_cli("slo", "predict", "--sku", "h200", "--jobs", "20", "--jps", "1", "--slo", "ttft=1", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["attainment"]["turn"] == pytest.approx(1.0) and doc["slo"]["ttft_s"] == 1.0
+    for args, message in ((["--jps", "0"], "--jps (> 0) is required"), (["--max-rate", "--target", "1.5"], "--target must be"),
+                          (["--jps", "1", "--slo", "job=-2"], "finite number of seconds")):
+        bad = run_cli("slo", "predict", "--jobs", "5", *args, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_slo_check_puts_the_model_beside_a_sweeps_replays(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli("sweep", "--policies", "fcfs", "--skus", "h200", "--jps", "1", "4", "--jobs", "20", "--out", str(sweep),
+                   "--no-progress", "--no-plots", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "check"
+    proc = run_cli("slo", "check", "--sweep", str(sweep), "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("check.csv", "check.md", "attainment_vs_jps.png", "COMMAND"):
+        assert (out / name).is_file(), name
+    import pandas as pd
+
+    df = pd.read_csv(out / "check.csv")
+    assert list(df["jps"]) == [1.0, 4.0] and df["attainment_error_pp"].abs().max() < 10
+    bad = run_cli("slo", "check", "--sweep", str(tmp_path), "--out", str(tmp_path / "x"), timeout=120)
+    assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
