@@ -101,3 +101,27 @@ def test_slo_check_puts_the_model_beside_a_sweeps_replays(tmp_path):
     assert list(df["jps"]) == [1.0, 4.0] and df["attainment_error_pp"].abs().max() < 10
     bad = run_cli("slo", "check", "--sweep", str(tmp_path), "--out", str(tmp_path / "x"), timeout=120)
     assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
+
+
+@pytest.mark.parametrize("check", ["check-default", "check-seed1"])
+def test_committed_slo_checks_regenerate_cell_by_cell(check):
+    """Three cells of each committed check (one holding the SLO, one past the cliff, one at its edge)
+    come back from the model as committed (the whole check takes ~3 min: CI re-runs a sample)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from scheduling.experiments.sweep import SweepSpec, cell_jobs
+    from scheduling.slo.model import engine_limits_and_cost
+
+    root = Path(__file__).resolve().parents[2] / "results" / "slo" / check
+    committed = pd.read_csv(root / "check.csv")
+    sweep = (root / "COMMAND").read_text().split("--sweep ")[1].split()[0]
+    spec_doc = json.loads((root.parents[2] / sweep / "spec.json").read_text())
+    spec = SweepSpec(model=spec_doc["model"], num_jobs=spec_doc["num_jobs"], trace=spec_doc.get("trace"))
+    for sku, jps in (("b200", 0.5), ("h100-sxm", 5.0), ("a100-40", 1.0)):
+        row = committed[(committed.sku == sku) & (committed.jps == jps)].iloc[0]
+        lim, cost = engine_limits_and_cost(sku, spec.model)
+        pred = predict(cell_jobs(spec, jps, int(row.seed)), lim, cost, SLOSpec(ttft_s=2.0, tpot_s=0.1, tool_turn_s=None))
+        assert pred.attainment["turn"] == pytest.approx(row.attainment_model, rel=1e-6, abs=1e-9), (sku, jps)
+        assert pred.percentiles["jct_mean_s"] == pytest.approx(row.jct_mean_s_model, rel=1e-6), (sku, jps)
