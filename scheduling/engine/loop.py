@@ -301,6 +301,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
         the free blocks allow. Returns the budget left and why admission stopped."""
         queue, policy, tally, running = self.queue, self.policy, self._tally, self.running
         max_seqs = self.config.max_num_seqs
+        if queue:
+            policy.before_admission(now_s)
         while True:
             if budget == 0:
                 return budget, "token_budget"

@@ -14,6 +14,7 @@ from scheduling.policies.continuum import ContinuumParams, ContinuumPolicy
 from scheduling.policies.continuum_offload import ContinuumOffloadParams, ContinuumOffloadPolicy
 from scheduling.policies.cpu_offload import CPUOffloadParams, CPUOffloadPolicy
 from scheduling.policies.fcfs import FCFSPolicy
+from scheduling.policies.jitserve import JITServeParams, JITServePolicy
 from scheduling.policies.lmcache import LMCacheParams, LMCachePolicy
 from scheduling.policies.ordering import LASParams, LASPolicy, SJFParams, SJFPolicy
 
@@ -26,6 +27,7 @@ class PolicyKind(str, enum.Enum):
     CONTINUUM_OFFLOAD = "continuum-offload"
     SJF = "sjf"
     LAS = "las"
+    JITSERVE = "jitserve"
 
 
 _REGISTRY = {
@@ -36,6 +38,7 @@ _REGISTRY = {
     PolicyKind.CONTINUUM_OFFLOAD: (ContinuumOffloadPolicy, ContinuumOffloadParams),
     PolicyKind.SJF: (SJFPolicy, SJFParams),
     PolicyKind.LAS: (LASPolicy, LASParams),
+    PolicyKind.JITSERVE: (JITServePolicy, JITServeParams),
 }
 
 POLICY_NAMES = tuple(k.value for k in PolicyKind)
@@ -70,4 +73,4 @@ def make_policy(name: str, params: dict | None = None) -> KVPolicy:
 
 __all__ = ["PolicyKind", "POLICY_NAMES", "KVPolicy", "RequestQueue", "FCFSQueue", "PriorityQueue", "ExternalLoad",
            "make_policy", "param_names", "policy_kind", "ContinuumParams", "CPUOffloadParams", "LMCacheParams",
-           "ContinuumOffloadParams", "SJFParams", "LASParams"]
+           "ContinuumOffloadParams", "SJFParams", "LASParams", "JITServeParams"]

@@ -150,7 +150,7 @@ class PriorityQueue(RequestQueue):
 class KVPolicy(ABC):
     """Base policy = vLLM's default behaviour; subclasses override the hooks they change.
 
-    Hooks: ``on_arrival``, ``on_admitted``, ``on_turn_finish`` (free or keep blocks),
+    Hooks: ``on_arrival``, ``before_admission``, ``on_admitted``, ``on_turn_finish`` (free or keep blocks),
     ``external_hit`` (a connector lookup), ``on_prefill_complete`` (a synchronous store),
     ``make_queue`` (queue order), ``preemption_victim``, ``relieve_pressure`` (eviction choice
     beyond the LRU free queue, e.g. releasing a pin), ``on_pin_deadline`` (a pin's deadline, an
@@ -172,6 +172,9 @@ class KVPolicy(ABC):
 
     def on_arrival(self, req: "Request", now_s: float) -> None:
         """Before the request joins the waiting queue (a policy may set ``req.queue_key``)."""
+
+    def before_admission(self, now_s: float) -> None:
+        """The engine is about to admit from the waiting queue (a policy may re-rank it)."""
 
     def on_admitted(self, req: "Request", now_s: float) -> None:
         """After the request took its prefix-hit blocks and joined the running batch."""

@@ -1,4 +1,4 @@
-"""``sjf`` and ``las``: who runs first and who is preempted, on hand-built traces (real engine, one
+"""``sjf``, ``las`` and ``jitserve``: who runs first and who is preempted, on hand-built traces (real engine, one
 running request at a time, a constant step cost)."""
 from types import SimpleNamespace
 
@@ -61,13 +61,13 @@ def test_las_serves_the_job_with_the_least_attained_service_first():
 def test_the_victim_is_the_running_request_the_order_puts_last():
     running = [SimpleNamespace(queue_key=(1, 0.0), run_pos=0), SimpleNamespace(queue_key=(3, 0.5), run_pos=1),
                SimpleNamespace(queue_key=(3, 0.5), run_pos=2), SimpleNamespace(queue_key=(2, 9.0), run_pos=3)]
-    for name in ("sjf", "las"):
+    for name in ("sjf", "las", "jitserve"):
         assert make_policy(name).preemption_victim(running) is running[2]
 
 
 def test_order_policies_survive_a_pool_that_forces_preemption():
     jobs = [job(f"j{i}", [(300, 40, 0.1), (40, 20, 0)], arrival=0.02 * i) for i in range(6)]
-    for name in ("sjf", "las"):
+    for name in ("sjf", "las", "jitserve"):
         _, res = run_engine(jobs, 40, name, None, 0.01)  # 40 blocks: not every job fits at once
         turns = turn_dicts(res)
         assert len(turns) == 12 and sum(t["num_preemptions"] for t in turns) > 0, name
@@ -77,7 +77,45 @@ def test_order_policies_survive_a_pool_that_forces_preemption():
     ("sjf", {"prior_output_tokens": 0}, "prior_output_tokens must be a whole number >= 1"),
     ("sjf", {"oracle": "yes"}, "oracle must be true or false"),
     ("las", {"quantum_tokens": 2.5}, "quantum_tokens must be a whole number"),
+    ("jitserve", {"ttft_s": 0}, "ttft_s must be a finite number > 0"),
 ])
 def test_bad_parameters_are_one_clear_error(name, params, message):
     with pytest.raises(ConfigError, match=message):
         make_policy(name, params)
+
+
+# "x" holds the only running slot for ~3 s. "late" arrived at once and has waited past its 2 s TTFT
+# target by the time "x" finishes; "fresh" arrived at 2.5 s and can still meet it.
+JIT_SCENARIO = [
+    job("x", [(16, 300, 0)]),
+    job("late", [(16, 8, 0)], arrival=0.05),
+    job("fresh", [(16, 8, 0)], arrival=2.5),
+]
+
+
+def test_jitserve_serves_the_turn_that_can_still_meet_its_slo_before_the_one_that_cannot():
+    fcfs = first_scheduled(JIT_SCENARIO, "fcfs")
+    jit = first_scheduled(JIT_SCENARIO, "jitserve")
+    assert fcfs[("late", 0)] < fcfs[("fresh", 0)]
+    assert jit[("fresh", 0)] < jit[("late", 0)]
+    # with a TTFT target that "late" still meets, both are live: the shorter service goes first,
+    # which is again "late" (same size, arrived first)
+    loose = first_scheduled(JIT_SCENARIO, "jitserve", {"ttft_s": 60.0})
+    assert loose[("late", 0)] < loose[("fresh", 0)]
+
+
+def test_jitserve_puts_the_larger_gain_per_second_first():
+    from scheduling.engine.request import JobState, Request
+    from scheduling.policies import make_policy
+
+    pol = make_policy("jitserve")
+    short_job, long_job = job("s", [(16, 4, 0)]), job("l", [(16, 4, 0)])
+    short, long_ = (Request(JobState(j, i), 0, i, 0.0, 16) for i, j in enumerate((short_job, long_job)))
+    pol.expected_output = lambda r: 4.0 if r is short else 400.0  # what the job histories would say
+    # no engine attached: the step and the prefill cost 0.01 s each; both meet every target
+    assert pol.priority(short, 0.1) > pol.priority(long_, 0.1)
+    # a long turn that would finish past the tool-turn deadline earns nothing
+    tool_job = job("t", [(16, 400, 1.0), (16, 4, 0)])
+    tool_turn = Request(JobState(tool_job, 2), 0, 2, 0.0, 16)
+    pol.expected_output = lambda r: 2000.0  # 2000 x 0.01 s = 20 s > the 10 s deadline
+    assert pol.priority(tool_turn, 0.1) < 1e-12 < pol.priority(long_, 0.1)
