@@ -79,7 +79,7 @@ def aic_steps(steps: pd.DataFrame) -> pd.DataFrame:
     aiconfigurator's two modes, on each (system, framework, model, batch, context) ``steps`` holds."""
     if not len(steps):
         return steps.iloc[0:0]
-    keys = ["system", "sku", "framework", "version", "model", "batch", "context"]
+    keys = ["system", "sku", "framework", "version", "model", "step", "batch", "context", "chunk"]
     cells = steps.drop_duplicates(keys)[keys + ["measured_s", "gemm_measured_s", "attention_measured_s"]]
     out = []
     with tempfile.TemporaryDirectory() as tmp, _quiet():
@@ -115,5 +115,6 @@ def aic_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 def add_aiconfigurator(score) -> None:
     """Append aiconfigurator's rows to ``score.steps`` (a SiliconScore), once per composed step."""
-    if len(score.steps):
-        score.steps = pd.concat([score.steps, aic_steps(score.steps)], ignore_index=True)
+    if len(score.steps):  # decode steps only: its mixed step prices attention otherwise than the tables measure it
+        decode = score.steps[score.steps["step"] == "decode"]
+        score.steps = pd.concat([score.steps, aic_steps(decode)], ignore_index=True)

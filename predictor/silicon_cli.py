@@ -159,10 +159,10 @@ def _steps_json(steps) -> list[dict]:
     """Per (system, predictor): composed decode steps scored, MAPE, p90 and mean signed error."""
     if not len(steps):
         return []
-    g = steps.groupby(["system", "predictor"], sort=False)
-    return [{"system": system, "predictor": pred, "n": int(len(s)), "mape_pct": float(s["ape_pct"].mean()),
+    g = steps.groupby(["system", "step", "predictor"], sort=False)
+    return [{"system": system, "step": step, "predictor": pred, "n": int(len(s)), "mape_pct": float(s["ape_pct"].mean()),
              "p90_ape_pct": float(s["ape_pct"].quantile(0.9)), "signed_pct": float(s["signed_pct"].mean())}
-            for (system, pred), s in g]
+            for (system, step, pred), s in g]
 
 
 def _learned(system: str | None, framework: str):

@@ -105,16 +105,20 @@ class LearnedBaseline:
         return out
 
     def price_steps(self, steps: pd.DataFrame, target_sku: str) -> np.ndarray:
-        """Composed decode steps (predictor.silicon_steps rows): the layers' four GEMMs and decode attention."""
+        """Composed steps (predictor.silicon_steps rows): the layers' four GEMMs (M = batch + chunk) and
+        decode attention, and a mixed step's chunk as its own prefill kernel."""
         from common.model_config import load_model_config
         from predictor.silicon_steps import projection_shapes
 
         out = np.zeros(len(steps))
         for i, r in enumerate(steps.itertuples()):
             cfg = load_model_config(r.model)
-            gemm = sum(float(self.gemm(target_sku, [r.batch], [n], [k])[0]) for n, k in projection_shapes(cfg).values())
-            attn = float(self.attention(target_sku, "decode_attention", [r.batch], [1], [r.context - 1], [cfg.num_heads],
-                                        [cfg.num_kv_heads], [cfg.head_dim])[0])
+            heads = ([cfg.num_heads], [cfg.num_kv_heads], [cfg.head_dim])
+            m = r.batch + r.chunk
+            gemm = sum(float(self.gemm(target_sku, [m], [n], [k])[0]) for n, k in projection_shapes(cfg).values())
+            attn = float(self.attention(target_sku, "decode_attention", [r.batch], [1], [r.context - 1], *heads)[0])
+            if r.chunk:
+                attn += float(self.attention(target_sku, "prefill_attention", [1], [r.chunk], [0], *heads)[0])
             out[i] = cfg.num_layers * (gemm + attn)
         return out
 

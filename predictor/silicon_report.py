@@ -68,10 +68,10 @@ def _steps_markdown(steps: pd.DataFrame) -> str:
 
     if not len(steps):
         return "No decode step could be composed from these tables."
-    g = steps.groupby(["system", "predictor"], sort=False)
-    rows = [[system, pred, int(len(s)), ", ".join(sorted(s["model"].unique())), f"{s['ape_pct'].mean():.1f}",
+    g = steps.groupby(["system", "step", "predictor"], sort=False)
+    rows = [[system, step, pred, int(len(s)), ", ".join(sorted(s["model"].unique())), f"{s['ape_pct'].mean():.1f}",
              f"{s['ape_pct'].quantile(0.9):.1f}", f"{s['signed_pct'].mean():+.1f}", f"{(s['ape_pct'] <= 10).mean() * 100:.0f}"]
-            for (system, pred), s in g]
+            for (system, step, pred), s in g]
     return ("Each step: per layer the four projection GEMMs (M = batch) and the decode attention kernel from the "
             "tables, times the layers; predicted: the step model's price of the same kernels (op time + one graph-"
             "node interval each). Elementwise kernels, the KV write and the LM head are left out of both sides "
@@ -80,8 +80,10 @@ def _steps_markdown(steps: pd.DataFrame) -> str:
             "tool's own step estimate of the same kernels from the same tables (its SILICON mode: table lookup, "
             "in-sample by construction); `aiconfigurator SOL` its estimate from datasheet figures alone (no table "
             "read: the counterpart of `default`); neither models Mistral. Its whole step (norms, activation, "
-            "LM head added) is `aic_step_s` in steps.csv.\n\n"
-            + markdown_table(["system", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %", "% of steps within 10 %"], rows))
+            "LM head added) is `aic_step_s` in steps.csv. A `mixed` step adds one prefill chunk (`chunk` new tokens, "
+            "no prefix) to batch 1 or 256 decodes: GEMMs at M = batch + chunk and the chunk's own prefill kernel.\n\n"
+            + markdown_table(["system", "step", "predictor", "steps", "models", "MAPE %", "p90 %", "signed %",
+                              "% of steps within 10 %"], rows))
 
 
 def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:

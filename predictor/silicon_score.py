@@ -167,7 +167,7 @@ def score_tables(table_sets: list[TableSet], predictors: list[Predictor], *, mod
                      score_attention(decode, "decode_attention", step_model_for, models).assign(kind="decode_attention"),
                      score_attention(prefill, "prefill_attention", step_model_for, models).assign(kind="prefill_attention")]
             labels = dict(system=ts.system, sku=ts.sku, framework=ts.framework, version=ts.version, predictor=p.name)
-            steps.append(composed_steps(grid, decode, step_model_for).assign(**labels))
+            steps.append(composed_steps(grid, decode, step_model_for, prefill=prefill).assign(**labels))
             for part in parts:
                 if len(part):
                     frames.append(part.assign(**labels))
