@@ -38,6 +38,8 @@ def register(sub) -> None:
     ch.add_argument("--sweep", required=True, help="a sweep output directory")
     ch.add_argument("--policy", default="fcfs", help="the sweep's policy to check (the model prices fcfs)")
     ch.add_argument("--out", required=True, help="output directory")
+    ch.add_argument("--json", action="store_true",
+                    help="print one JSON object (out_dir, files, cells, the attainment errors) instead of check.md")
     ch.set_defaults(func=cmd_check)
 
 
@@ -118,8 +120,20 @@ def _predict_text(doc: dict, slo) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
     from scheduling.slo.check import run_check
 
-    run_check(args.sweep, args.policy, args.out, argv=sys.argv[1:],
-              progress=lambda line: print(line, file=sys.stderr))
+    df = run_check(args.sweep, args.policy, args.out, argv=sys.argv[1:],
+                   progress=lambda line: print(line, file=sys.stderr))
+    out = Path(args.out)
+    if not args.json:
+        print((out / "check.md").read_text())
+        return 0
+    err = df["attainment_error_pp"].abs()
+    print(json.dumps({"out_dir": str(out), "files": [str(out / n) for n in ("check.csv", "check.md", "attainment_vs_jps.png",
+                                                                          "COMMAND")],
+                      "cells": int(len(df)), "mae_pp": float(err.mean()), "max_error_pp": float(err.max()),
+                      "share_within_3pp": float((err <= 3).mean()), "rows": df.to_dict("records")}, indent=2))
     return 0

@@ -91,8 +91,10 @@ def test_slo_check_puts_the_model_beside_a_sweeps_replays(tmp_path):
                    "--no-progress", "--no-plots", timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "check"
-    proc = run_cli("slo", "check", "--sweep", str(sweep), "--out", str(out), timeout=600)
+    proc = run_cli("slo", "check", "--sweep", str(sweep), "--out", str(out), "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["cells"] == 2 and doc["out_dir"] == str(out) and len(doc["rows"]) == 2
     for name in ("check.csv", "check.md", "attainment_vs_jps.png", "COMMAND"):
         assert (out / name).is_file(), name
     import pandas as pd
