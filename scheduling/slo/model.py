@@ -63,8 +63,11 @@ class Workload:
     job_arrival_s: np.ndarray  # per job: arrival
     mean_gap_per_turn: float = field(init=False)
 
+    later: "_GapTable" = field(init=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean_gap_per_turn", float(self.job_tool_s.sum() / max(self.job_turns.sum(), 1)))
+        object.__setattr__(self, "later", _GapTable(self.context_prev, self.gap_prev))
 
     @classmethod
     def of(cls, jobs: Sequence[Job]) -> "Workload":
@@ -119,19 +122,37 @@ def engine_limits_and_cost(sku: str, model: str, calibration: str | None = None,
     return Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * e.block_size), cost
 
 
-def _che_time(free_tokens: float, rate: float, ctx: np.ndarray, gap: np.ndarray) -> float:
-    """T_C with rate x mean(ctx x min(gap, T_C)) = free tokens (inf when everything fits)."""
-    later = np.isfinite(gap)
-    c, g = ctx[later], gap[later]
-    if not len(c) or free_tokens <= 0:
+class _GapTable:
+    """The later turns' (context, gap before them), sorted by gap once, so that mean(context x
+    min(gap, T)) over all turns is two lookups at any T (the characteristic-time search asks it
+    thousands of times per prediction)."""
+
+    def __init__(self, ctx: np.ndarray, gap: np.ndarray) -> None:
+        later = np.isfinite(gap)
+        order = np.argsort(gap[later], kind="stable")
+        self.gap = gap[later][order]
+        c = ctx[later][order]
+        self.below = np.concatenate([[0.0], np.cumsum(c * self.gap)])    # sum of ctx x gap of the first i
+        self.above = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])  # sum of ctx from i on
+        self.num_turns = len(gap)
+
+    def held(self, t_c: float) -> float:
+        """mean over all turns of context x min(gap, t_c) (0 for first turns)."""
+        i = int(np.searchsorted(self.gap, t_c, side="left"))
+        return (self.below[i] + t_c * self.above[i]) / max(self.num_turns, 1)
+
+
+def _che_time(free_tokens: float, rate: float, table: _GapTable) -> float:
+    """T_C with rate x mean(context x min(gap, T_C)) = free tokens (inf when everything fits)."""
+    if not len(table.gap) or free_tokens <= 0:
         return 0.0
-    need = lambda tc: rate * float(np.mean(c * np.minimum(g, tc))) * later.mean()  # noqa: E731
-    if need(float(g.max())) <= free_tokens:
+    top = float(table.gap[-1])
+    if rate * table.held(top) <= free_tokens:
         return math.inf
-    lo, hi = 0.0, float(g.max())
+    lo, hi = 0.0, top
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if need(mid) <= free_tokens else (lo, mid)
+        lo, hi = (mid, hi) if rate * table.held(mid) <= free_tokens else (lo, mid)
     return lo
 
 
@@ -155,7 +176,7 @@ def solve_load(n: float, w: Workload, lim: Limits, cost: StepCost) -> LoadState:
         s_new = cost.step_s(num_prefill_tokens=p_tok, num_prefill_seqs=int(p_tok > 0),
                             prefill_context_tokens=int(ctx_run) if p_tok > 0 else 0,
                             num_decode_seqs=max(int(round(B_new)), 1), decode_context_tokens=int(B_new * ctx_run))
-        t_c = _che_time(lim.pool_tokens - B_new * ctx_run, X, w.context_prev, w.gap_prev)
+        t_c = _che_time(lim.pool_tokens - B_new * ctx_run, X, w.later)
         hit_new = np.where(np.isfinite(w.gap_prev), (w.gap_prev < t_c).astype(float), 1.0)
         done = abs(s_new - s) <= 1e-6 * s and abs(B_new - B) <= 1e-3 * max(B, 1.0)
         s, B = DAMPING * s + (1 - DAMPING) * s_new, DAMPING * B + (1 - DAMPING) * B_new
@@ -284,14 +305,17 @@ def _percentiles(cache, share) -> dict:
         twts.append(np.array([sh]))
     v, wt = np.concatenate(vals), np.concatenate(wts)
     tv, tw = np.concatenate(tpots), np.concatenate(twts)
-    return {"ttft_p50_s": _wq(v, wt, 0.5), "ttft_p90_s": _wq(v, wt, 0.9), "tpot_p50_s": _wq(tv, tw, 0.5),
-            "tpot_p90_s": _wq(tv, tw, 0.9)}
+    ttft, tpot = _wq(v, wt, (0.5, 0.9)), _wq(tv, tw, (0.5, 0.9))
+    return {"ttft_p50_s": ttft[0], "ttft_p90_s": ttft[1], "tpot_p50_s": tpot[0], "tpot_p90_s": tpot[1]}
 
 
-def _wq(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+def _wq(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """Weighted quantiles ``qs`` of ``values`` (one sort for all of them: the TTFT array holds every
+    turn at every load, millions of values)."""
     order = np.argsort(values)
     c = np.cumsum(weights[order])
-    return float(values[order][min(int(np.searchsorted(c, q * c[-1])), len(c) - 1)])
+    ranked = values[order]
+    return [float(ranked[min(int(np.searchsorted(c, q * c[-1])), len(c) - 1)]) for q in qs]
 
 
 def max_rate(jobs_at, lim: Limits, cost: StepCost, slo: SLOSpec, *, target: float = 0.9, of: str = "turn",

@@ -9,7 +9,7 @@ import pytest
 from scheduling.engine.step_cost import ConstantStepCost, make_step_cost
 from scheduling.experiments.replay import ReplayConfig, engine_config, run_replay
 from scheduling.slo import SLOSpec
-from scheduling.slo.model import Limits, Workload, _che_time, max_rate, predict, solve_load
+from scheduling.slo.model import Limits, Workload, _che_time, _GapTable, max_rate, predict, solve_load
 from scheduling.workload.trace_synth import synthetic_jobs
 from scheduling.workload.traces import with_poisson_arrivals
 from tests.conftest import job
@@ -20,9 +20,11 @@ def test_che_time_solves_the_cache_balance():
     ctx = np.array([0.0, 1000.0, 1000.0])
     gap = np.array([math.inf, 2.0, 4.0])
     # rate 1 turn/s: a T_C of 1 s holds 2/3 (later turns) x 1000 x 1 = 667 tokens
-    assert _che_time(2000.0 / 3, 1.0, ctx, gap) == pytest.approx(1.0, rel=1e-6)
-    assert _che_time(1e9, 1.0, ctx, gap) == math.inf  # everything fits: every context survives
-    assert _che_time(0.0, 1.0, ctx, gap) == 0.0
+    table = _GapTable(ctx, gap)
+    assert _che_time(2000.0 / 3, 1.0, table) == pytest.approx(1.0, rel=1e-6)
+    assert _che_time(1e9, 1.0, table) == math.inf  # everything fits: every context survives
+    assert _che_time(0.0, 1.0, table) == 0.0
+    assert table.held(3.0) == pytest.approx((1000 * 2 + 1000 * 3) / 3)
 
 
 def test_a_light_load_meets_everything_and_keeps_every_context():
