@@ -119,7 +119,7 @@ def register(sub) -> None:
                    help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
                         "(closed loop, prefix caching on; set it up with `gpubench vllm setup`)")
     p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
-    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache or queue-order (sjf, las) policy")
+    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache policy, or a queue order (sjf, las, jitserve)")
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult
-from scheduling.slo.attainment import attainment
+from scheduling.slo.attainment import attainment, turn_checks
 from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 
 
@@ -53,16 +53,16 @@ def _mean(values: np.ndarray) -> float | None:
 
 def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec = DEFAULT_SLO) -> dict:
     """The metrics block of ``summary.json``."""
-    ttft_target = slo.ttft_s if slo.ttft_s is not None else np.inf
-    tpot_target = slo.tpot_s if slo.tpot_s is not None else np.inf
     jct = jobs["jct_s"].to_numpy(float)
     ttft = turns["ttft_s"].to_numpy(float)
     steps_after_first = (turns["output_tokens"] - 1).to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot_all = (turns["finish_s"] - turns["first_token_s"]).to_numpy(float) / steps_after_first
     tpot = tpot_all[steps_after_first > 0]
-    # A one-token turn has no inter-token time: it meets the TPOT target by definition.
-    meets = (ttft <= ttft_target) & np.where(steps_after_first > 0, tpot_all <= tpot_target, True)
+    # the SLO's per-turn checks once, for the TTFT-and-TPOT goodput and the agent kinds alike (a
+    # one-token turn has no inter-token time: it meets the TPOT target by definition)
+    checks = turn_checks(turns, jobs, slo) if len(turns) and len(jobs) else None
+    meets = (checks["ttft_ok"] & checks["tpot_ok"]).to_numpy(bool) if checks is not None else np.zeros(0, dtype=bool)
     queue = turns["queue_s"].to_numpy(float)
     prompt = int(turns["prompt_tokens"].sum())
     hit = int(turns["hit_tokens"].sum())
@@ -111,5 +111,5 @@ def summarize(res: EngineResult, turns: pd.DataFrame, jobs: pd.DataFrame, slo: S
         "kv_evicted_blocks": int(res.num_evicted_blocks),
         "kv_block_shortages": int(res.num_block_shortages),
         "policy_stats": res.policy_stats,
-        "slo_attainment": attainment(turns, jobs, slo),
+        "slo_attainment": attainment(turns, jobs, slo, checks=checks),
     }

@@ -37,11 +37,12 @@ def turn_checks(turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec) -> pd.Dat
                          "tpot_ok": tpot_ok, "tool_turn_ok": tool_ok, "ok": ttft_ok & tpot_ok & tool_ok})
 
 
-def attainment(turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec) -> dict:
-    """The ``slo_attainment`` block of a replay summary (module docstring)."""
+def attainment(turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec, *, checks: pd.DataFrame | None = None) -> dict:
+    """The ``slo_attainment`` block of a replay summary (module docstring); ``checks``: this
+    :func:`turn_checks` when the caller has it already."""
     if not len(turns) or not len(jobs):
         return {"slo": slo.to_dict(), "turns": 0, "jobs": 0}
-    checks = turn_checks(turns, jobs, slo)
+    checks = turn_checks(turns, jobs, slo) if checks is None else checks
     job_turns_ok = checks.groupby("job_id")["ok"].all()
     job_ok = jobs["job_id"].map(job_turns_ok).fillna(False).to_numpy(bool)
     jct_ok = np.ones(len(jobs), dtype=bool) if slo.job_s is None else jobs["jct_s"].to_numpy(float) <= slo.job_s
