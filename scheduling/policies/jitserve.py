@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from scheduling.engine.request import Request
 from scheduling.policies.base import RequestQueue, check_params
-from scheduling.policies.ordering import _OrderPolicy
+from scheduling.policies.ordering import QueueOrderPolicy
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class RankedQueue(RequestQueue):
         return iter(list(self.items))
 
 
-class JITServePolicy(_OrderPolicy):
+class JITServePolicy(QueueOrderPolicy):
     name = "jitserve"
 
     def __init__(self, params: JITServeParams | None = None) -> None:

@@ -56,7 +56,7 @@ class LASParams:
         check_params("las", self, counts=("quantum_tokens",))
 
 
-class _OrderPolicy(KVPolicy):
+class QueueOrderPolicy(KVPolicy):
     """A priority set at arrival orders the waiting queue; the running request it puts last is the victim."""
 
     def make_queue(self) -> RequestQueue:
@@ -66,7 +66,7 @@ class _OrderPolicy(KVPolicy):
         return max(running, key=lambda r: (r.queue_key, r.run_pos))
 
 
-class SJFPolicy(_OrderPolicy):
+class SJFPolicy(QueueOrderPolicy):
     name = "sjf"
 
     def __init__(self, params: SJFParams | None = None) -> None:
@@ -103,7 +103,7 @@ class SJFPolicy(_OrderPolicy):
         return {"prior_output_tokens": self.p.prior_output_tokens, "oracle": self.p.oracle}
 
 
-class LASPolicy(_OrderPolicy):
+class LASPolicy(QueueOrderPolicy):
     name = "las"
 
     def __init__(self, params: LASParams | None = None) -> None:
