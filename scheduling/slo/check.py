@@ -94,14 +94,10 @@ def markdown(df: pd.DataFrame, sweep_dir, policy: str) -> str:
 
 
 def _plot(df: pd.DataFrame, path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from common.outdir import write_bytes_atomic
 
     skus = list(dict.fromkeys(df["sku"]))
     fig, ax = plt.subplots(figsize=(9.5, 4.8), dpi=100)
@@ -111,14 +107,26 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
         c = colors[i % len(colors)]
         ax.plot(g["jps"], g["attainment_model"] * 100, "-", color=c, label=f"{sku} model")
         ax.plot(g["jps"], g["attainment_replay"] * 100, "o", color=c, label=f"{sku} replay")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no point hidden
+    save_attainment_plot(fig, ax, path, "SLO attainment: replays (points) and the analytical model (lines)", title_size=10)
+
+
+def save_attainment_plot(fig, ax, path: Path, title: str, title_size: int = 9) -> None:
+    """The attainment-vs-rate axes (log rate, percent) titled and written atomically as PNG."""
+    import io
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from common.outdir import write_bytes_atomic
+
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("job arrivals per second")
     ax.set_ylabel("turns meeting the SLO (%)")
     ax.set_ylim(-3, 103)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no point hidden
-    ax.set_title("SLO attainment: replays (points) and the analytical model (lines)", fontsize=10)
+    ax.set_title(title, fontsize=title_size)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -126,4 +134,4 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
-__all__ = ["run_check", "read_sweep", "markdown"]
+__all__ = ["run_check", "read_sweep", "markdown", "save_attainment_plot"]

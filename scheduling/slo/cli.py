@@ -29,14 +29,27 @@ def register(sub) -> None:
     pr.add_argument("--of", choices=("turn", "job"), default="turn", help="--max-rate: whose attainment")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=cmd_predict)
-    ch = s.add_parser("check", help="the model against a sweep's replays, cell by cell",
+    ch = s.add_parser("check", help="the model against a sweep's replays, or against replay directories (live vLLM too)",
                       formatter_class=DefaultsHelpFormatter,
-                      description="For every cell of one policy in a `gpubench sweep` directory (sweep.csv and "
-                                  "spec.json), predict the replay with the model and put it beside what the replay "
+                      description="--sweep: for every cell of one policy in a `gpubench sweep` directory (sweep.csv "
+                                  "and spec.json), predict the replay with the model and put it beside what the replay "
                                   "measured: turn attainment of the sweep's SLO, TTFT p50/p90, TPOT p50, mean JCT. "
-                                  "Writes check.csv, check.md, attainment_vs_jps.png and COMMAND into --out.")
-    ch.add_argument("--sweep", required=True, help="a sweep output directory")
-    ch.add_argument("--policy", default="fcfs", help="the sweep's policy to check (the model prices fcfs)")
+                                  "--replays: the same for `gpubench replay` directories, the simulator's or live "
+                                  "vLLM's; directories whose commands differ only in --out are takes of one setting, "
+                                  "and the model stands beside their mean and range. Writes check.csv, check.md, "
+                                  "attainment_vs_jps.png (and curve.csv: the model over rates) and COMMAND into --out.")
+    what = ch.add_mutually_exclusive_group(required=True)
+    what.add_argument("--sweep", help="a sweep output directory")
+    what.add_argument("--replays", nargs="+", metavar="DIR", help="replay output directories (fcfs)")
+    ch.add_argument("--policy", default="fcfs", help="--sweep: the sweep's policy to check (the model prices fcfs)")
+    ch.add_argument("--sku", default=None, help="--replays: the SKU whose predictor prices the steps (a live "
+                                                "replay records none: cpu for this host's engine)")
+    ch.add_argument("--calibration", default=None, help="--replays: calibration.json for the predictor")
+    ch.add_argument("--step-cost", choices=("predictor", "take"), default="predictor",
+                    help="--replays: the step times the model runs on: the predictor's, or (a diagnostic, never a "
+                         "prediction) those each setting's first take recorded, which separates the model's error "
+                         "from the predictor's")
+    add_slo_option(ch, default_text="the SLO the first replay recorded; a sweep's own columns with --sweep")
     ch.add_argument("--out", required=True, help="output directory")
     ch.add_argument("--json", action="store_true",
                     help="print one JSON object (out_dir, files, cells, the attainment errors) instead of check.md")
@@ -120,20 +133,42 @@ def _predict_text(doc: dict, slo) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
+    out = Path(args.out)
+    if args.replays:
+        return _check_replays(args, out)
+    if args.sku or args.calibration or args.slo or args.step_cost != "predictor":
+        raise ConfigError("--sku, --calibration, --slo and --step-cost go with --replays (a sweep's cells carry their own)")
     from scheduling.slo.check import run_check
 
     df = run_check(args.sweep, args.policy, args.out, argv=sys.argv[1:],
                    progress=lambda line: print(line, file=sys.stderr))
-    out = Path(args.out)
+    err = df["attainment_error_pp"].abs()
+    return _print_check(args, out, df, err, ("check.csv", "check.md", "attainment_vs_jps.png", "COMMAND"),
+                        cells=int(len(df)), share_within_3pp=float((err <= 3).mean()))
+
+
+def _print_check(args: argparse.Namespace, out, df, err, files: tuple, **counts) -> int:
+    """check.md, or with --json one object: the files, the counts, the errors and every row."""
+    import json
+
     if not args.json:
         print((out / "check.md").read_text())
         return 0
-    err = df["attainment_error_pp"].abs()
-    print(json.dumps({"out_dir": str(out), "files": [str(out / n) for n in ("check.csv", "check.md", "attainment_vs_jps.png",
-                                                                          "COMMAND")],
-                      "cells": int(len(df)), "mae_pp": float(err.mean()), "max_error_pp": float(err.max()),
-                      "share_within_3pp": float((err <= 3).mean()), "rows": df.to_dict("records")}, indent=2))
+    print(json.dumps({"out_dir": str(out), "files": [str(out / n) for n in files], **counts,
+                      "mae_pp": float(err.mean()), "max_error_pp": float(err.max()), "rows": df.to_dict("records")},
+                     indent=2, default=float))
     return 0
+
+
+def _check_replays(args: argparse.Namespace, out) -> int:
+
+    from scheduling.slo.check_replays import run_check_replays
+
+    df, _ = run_check_replays(args.replays, args.out, sku=args.sku, calibration=args.calibration, slo_text=args.slo,
+                              step_cost=args.step_cost, argv=sys.argv[1:],
+                              progress=lambda line: print(line, file=sys.stderr))
+    err = df["turn_error_pp"].abs()
+    return _print_check(args, out, df, err, ("check.csv", "curve.csv", "check.md", "attainment_vs_jps.png", "COMMAND"),
+                        settings=int(len(df)), within_5pp=int((err <= 5).sum()))

@@ -72,9 +72,9 @@ def parse_slo(text: str | None) -> SLOSpec:
     return SLOSpec(**values)
 
 
-def add_slo_option(p) -> None:
-    """``--slo`` on an argparse parser (``gpubench replay``, ``gpubench slo predict``)."""
+def add_slo_option(p, default_text: str = "ttft=2,tpot=0.1,tool_turn=10, no job deadline") -> None:
+    """``--slo`` on an argparse parser (``gpubench replay``, ``gpubench slo predict``/``check``)."""
     p.add_argument("--slo", default=None, metavar="KIND=S,...",
                    help="SLO targets in seconds: ttft, tpot, tool_turn (a turn that triggers a tool, arrival to last "
-                        "token), job (arrival to the job's last token, tool time included); KIND=none drops one "
-                        "(default: ttft=2,tpot=0.1,tool_turn=10, no job deadline)")
+                        "token), job (arrival to the job's last token, tool time included); KIND=none drops one; "
+                        f"kinds not named keep ttft=2,tpot=0.1,tool_turn=10 (default: {default_text})")
