@@ -328,17 +328,17 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     from vllmref import env
 
     trace_path = check_trace_out(args)
-    if args.policy != "fcfs":
-        raise ConfigError(f"--engine vllm runs vLLM's own scheduler (fcfs); --policy {args.policy} is simulator-only")
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
+
     def given(value, default):
         return default if value is None else value
 
     config = LiveReplayConfig(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
                               num_gpu_blocks=given(args.num_gpu_blocks, 64),
                               max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
-                              max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed)
+                              max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed,
+                              policy=args.policy)
     jobs = load_jobs(args)
     validate(config, jobs)
     env.require_env()

@@ -5,8 +5,10 @@ weights, no tokenizer), ``block_size`` (CPU attention needs a multiple of 32; vL
 128), ``max_num_batched_tokens`` (token budget), ``max_num_seqs``, ``max_model_len``,
 ``num_gpu_blocks`` (the KV pool's usable blocks, as the simulator counts them; vLLM is given one
 more, its null block; None: sized from ``VLLM_CPU_KVCACHE_SPACE``),
-``enable_prefix_caching``, ``seed``. Always float32 (no AVX-512-BF16/AMX assumed: bf16 prefill was
-4-9x slower on such a host) and eager (torch.compile warm-up took 90 s on 2 cores and changes
+``enable_prefix_caching``, ``seed``, ``scheduling_policy`` (``fcfs``, vLLM's default, or
+``priority``: requests by their ``priority``, then arrival; the victim of a preemption the last of
+that order). Always float32 (no AVX-512-BF16/AMX assumed: bf16 prefill was 4-9x slower on such a
+host) and eager (torch.compile warm-up took 90 s on 2 cores and changes
 nothing a step row needs).
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ def build_engine(spec: dict):
         max_num_batched_tokens=int(spec.get("max_num_batched_tokens", 4096)),
         max_num_seqs=int(spec.get("max_num_seqs", 256)), max_model_len=int(spec.get("max_model_len", 4096)),
         scheduler_cls="vllmref.hooks.RecordingScheduler", disable_log_stats=False,
+        scheduling_policy=spec.get("scheduling_policy", "fcfs"),
     )
     if spec.get("num_gpu_blocks"):
         # vLLM's pool includes the null block, which is never free: N usable blocks need N + 1
@@ -62,6 +65,7 @@ def engine_facts(engine) -> dict:
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
             "max_num_seqs": cfg.scheduler_config.max_num_seqs, "num_threads": torch.get_num_threads(),
             "async_scheduling": bool(getattr(cfg.scheduler_config, "async_scheduling", False)),
+            "scheduling_policy": str(getattr(cfg.scheduler_config.policy, "value", cfg.scheduler_config.policy)),
             "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching)}
 
 

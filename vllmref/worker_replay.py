@@ -43,12 +43,58 @@ def vllm_counters(engine) -> dict:
     return out
 
 
+class PriorityOrder:
+    """The request ``priority`` vLLM's ``priority`` scheduling policy serves (lower first; ties by
+    the request's arrival there), set when a turn is sent, with the rules of the simulator's queue
+    orders (scheduling.policies.ordering) at their default parameters, from what the client knows
+    then:
+
+    - ``sjf``: the turn's expected output, the mean output of the job's finished turns, else the
+      mean over every finished turn, else 256 tokens;
+    - ``las``: the job's attained service, the tokens the engine scheduled for its finished turns,
+      in quanta of 400 tokens.
+
+    The key is scaled by the number of jobs and the job's index added (jobs come in arrival order),
+    so that equal keys go by the job's first arrival, as in the simulator.
+    """
+
+    PRIOR_OUTPUT_TOKENS = 256
+    LAS_QUANTUM_TOKENS = 400
+
+    def __init__(self, name: str, num_jobs: int) -> None:
+        if name not in ("sjf", "las"):
+            raise ValueError(f"no live priority order {name!r}")
+        self.name, self.num_jobs = name, num_jobs
+        self.job_out: dict[int, list[int]] = {}
+        self.job_scheduled: dict[int, int] = {}
+        self.all_out = self.all_count = 0
+
+    def priority(self, j: int) -> int:
+        if self.name == "sjf":
+            outs = self.job_out.get(j)
+            if outs:
+                estimate = sum(outs) / len(outs)
+            else:
+                estimate = self.all_out / self.all_count if self.all_count else self.PRIOR_OUTPUT_TOKENS
+            key = int(round(estimate * 1000))  # milli-tokens: a mean keeps its order
+        else:
+            key = self.job_scheduled.get(j, 0) // self.LAS_QUANTUM_TOKENS
+        return key * self.num_jobs + j
+
+    def turn_finished(self, j: int, output_tokens: int, scheduled_tokens: int) -> None:
+        self.job_out.setdefault(j, []).append(output_tokens)
+        self.all_out += output_tokens
+        self.all_count += 1
+        self.job_scheduled[j] = self.job_scheduled.get(j, 0) + scheduled_tokens
+
+
 class _Replay:
     """The replay's state between engine steps: the jobs' token histories, the turns in flight and
     the heap of turns waiting for their arrival time (a job's next turn arrives after its tool time)."""
 
-    def __init__(self, engine, jobs: list[dict], out, *, seed: int, vocab_size: int):
+    def __init__(self, engine, jobs: list[dict], out, *, seed: int, vocab_size: int, order: str = "fcfs"):
         self.engine, self.jobs, self.out = engine, jobs, out
+        self.order = PriorityOrder(order, len(jobs)) if order != "fcfs" else None
         self.seed, self.vocab_size = seed, vocab_size
         self.history: dict[int, list[int]] = {}
         self.state: dict[str, dict] = {}
@@ -74,12 +120,14 @@ class _Replay:
             self.history[j] = prompt
             req_id = f"{j}#{k}"
             n_out = int(turn["output_tokens"])
+            priority = self.order.priority(j) if self.order else 0
             self.engine.add_request(req_id, {"prompt_token_ids": prompt},
                                     SamplingParams(max_tokens=n_out, min_tokens=n_out, temperature=0.0,
-                                                   ignore_eos=True, detokenize=False))
+                                                   ignore_eos=True, detokenize=False), priority=priority)
             self.state[req_id] = {"job": j, "turn": k, "arrival_s": arrival_s, "sent_s": now,
                                   "prompt_tokens": len(prompt), "first_scheduled_s": None, "first_token_s": None,
-                                  "scheduled_tokens": 0, "num_preemptions": 0, "scheduler_hit_tokens": None}
+                                  "scheduled_tokens": 0, "num_preemptions": 0, "scheduler_hit_tokens": None,
+                                  "priority": priority}
 
     def record_steps(self, steps: list[dict], t0: float) -> None:
         """One ``step`` record per engine step the hooks saw; the turns' first scheduling and hits."""
@@ -126,7 +174,9 @@ class _Replay:
                                         key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
                                                                  "first_scheduled_s", "first_token_s",
                                                                  "scheduled_tokens", "num_preemptions",
-                                                                 "scheduler_hit_tokens")}})
+                                                                 "scheduler_hit_tokens", "priority")}})
+            if self.order:
+                self.order.turn_finished(j, len(generated), st["scheduled_tokens"])
             del self.state[o.request_id]
             if k + 1 < len(job["turns"]):
                 heapq.heappush(self.heap, (end_s + float(job["turns"][k].get("tool_s", 0.0)), j, k + 1))
@@ -154,7 +204,7 @@ def main(spec_path: str, out_path: str) -> int:
     counters_before = vllm_counters(engine)
 
     with open(out_path, "w") as out:
-        replay = _Replay(engine, spec["jobs"], out, seed=seed, vocab_size=vocab_size)
+        replay = _Replay(engine, spec["jobs"], out, seed=seed, vocab_size=vocab_size, order=spec.get("order", "fcfs"))
         write_record(out, {"kind": "engine", **engine_facts(engine)})
         t0 = time.perf_counter()
         while replay.heap or engine.has_unfinished_requests():

@@ -10,7 +10,8 @@ clock; ``first_token_s`` and ``finish_s`` are the end of the engine step that pr
 ``hit_tokens`` is vLLM's own ``num_cached_tokens`` of the request (the scheduler's view at first
 admission is kept as ``scheduler_hit_tokens``); ``kv_used_blocks`` = pool blocks minus vLLM's free
 blocks (cached blocks nobody holds count as free in both engines). There is no pin, host pool or
-break reason in vLLM's FCFS scheduler: those columns are 0 or empty.
+break reason in vLLM's scheduler: those columns are 0 or empty. ``--policy sjf``/``las`` run vLLM's
+``priority`` scheduling policy with each turn's priority set as it is sent (``LIVE_POLICIES``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 from scheduling.workload.traces import Job, job_to_dict
 from vllmref.settings import EngineSettings, max_model_len
 
+# The orders a real vLLM engine can serve: its default fcfs, and sjf / las as request priorities under
+# its ``priority`` scheduling policy (vllmref.worker_replay.PriorityOrder sets them as the turns are
+# sent). jitserve re-ranks the waiting queue as time passes, which a priority fixed at arrival
+# cannot say; Continuum's pins and the offload policies change vLLM's block manager.
+LIVE_POLICIES = ("fcfs", "sjf", "las")
+
 
 @dataclass(frozen=True)
 class LiveReplayConfig(EngineSettings):
@@ -42,7 +49,7 @@ class LiveReplayConfig(EngineSettings):
     model: str = "smollm2-135m"
     num_gpu_blocks: int = 64
     engine: str = "vllm"
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # one of LIVE_POLICIES
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +58,9 @@ class LiveReplayConfig(EngineSettings):
 def validate(config: LiveReplayConfig, jobs: Sequence[Job]) -> None:
     """Every setting and job checked before the engine starts (one line per problem)."""
     config.check()
+    if config.policy not in LIVE_POLICIES:
+        raise ConfigError(f"--engine vllm serves --policy {', '.join(LIVE_POLICIES)} (sjf and las as request "
+                          f"priorities); {config.policy} is simulator-only")
     if config.num_gpu_blocks < 1:
         raise ConfigError(f"--num-gpu-blocks must be >= 1, got {config.num_gpu_blocks}")
     if not jobs:
@@ -80,7 +90,9 @@ def run_live_replay(jobs: Sequence[Job], config: LiveReplayConfig, *,
     spec = {"vocab_size": cfg.vocab_size, "seed": config.seed, "jobs": [job_to_dict(j) for j in jobs],
             "engine": config.engine_spec(model_dir, real_weights=real_weights,
                                          longest_tokens=max(j.total_tokens() for j in jobs),
-                                         num_gpu_blocks=config.num_gpu_blocks)}
+                                         num_gpu_blocks=config.num_gpu_blocks)
+                       | {"scheduling_policy": "fcfs" if config.policy == "fcfs" else "priority"},
+            "order": config.policy}
     t0 = time.perf_counter()
     kv_gib = config.num_gpu_blocks * config.block_size * cfg.kv_bytes_per_token(4) / (1 << 30)
     records = env.run_worker("worker_replay", spec, threads=config.threads, kv_cache_gib=max(1.0, kv_gib * 1.25),
@@ -113,7 +125,7 @@ def result_from_records(records: list[dict], jobs: Sequence[Job], config: LiveRe
                       r["hit_tokens"], 0, computed, r["output_tokens"], r["num_preemptions"], recomputed,
                       r["scheduled_tokens"]))
         extra_turn.append({"job_id": r["job_id"], "turn": r["turn"], "scheduler_hit_tokens": r["scheduler_hit_tokens"],
-                           "sent_s": r["sent_s"]})
+                           "sent_s": r["sent_s"], "priority": r.get("priority", 0)})
     by_job: dict[str, list[dict]] = {}
     for r in turn_recs:
         by_job.setdefault(r["job_id"], []).append(r)

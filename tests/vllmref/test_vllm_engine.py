@@ -345,3 +345,35 @@ def test_port_in_use_is_one_line():
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"port {port}" in lines[0] and "in use" in lines[0]
+
+
+def test_live_priority_order_follows_the_simulators_rules():
+    from vllmref.worker_replay import PriorityOrder
+
+    sjf = PriorityOrder("sjf", num_jobs=3)
+    assert sjf.priority(2) == 256_000 * 3 + 2  # nothing finished: the prior, then the job's arrival
+    sjf.turn_finished(0, output_tokens=50, scheduled_tokens=900)
+    sjf.turn_finished(1, output_tokens=5, scheduled_tokens=100)
+    assert sjf.priority(1) < sjf.priority(2) < sjf.priority(0)  # b's own 5, the running mean 27.5, a's 50
+    las = PriorityOrder("las", num_jobs=3)
+    las.turn_finished(0, output_tokens=50, scheduled_tokens=850)  # two 400-token quanta attained
+    assert las.priority(2) < las.priority(0) and las.priority(2) == 2 and las.priority(0) == 2 * 3 + 0
+    with pytest.raises(ValueError):
+        PriorityOrder("jitserve", 3)
+
+
+def test_live_sjf_runs_vllms_priority_policy(tmp_path):
+    live = gpubench("replay", "--engine", "vllm", "--policy", "sjf", *LIVE_JOBS, "--out", str(tmp_path / "sjf"))
+    assert live.returncode == 0, live.stderr[-2000:]
+    summary = json.loads((tmp_path / "sjf" / "summary.json").read_text())
+    assert summary["metrics"]["engine"]["scheduling_policy"] == "priority" and summary["config"]["policy"] == "sjf"
+    turns = pd.read_csv(tmp_path / "sjf" / "turns.csv").sort_values(["job_id", "turn"])
+    first = turns[turns["turn"] == 0]
+    assert (first["priority"] % 2 == first["job_id"].rank(method="dense").astype(int) - 1).all()  # job index
+    # a later turn's priority is its own job's mean output so far (milli-tokens), times 2 jobs, plus the index
+    for _, job_turns in turns.groupby("job_id"):
+        for k in range(1, len(job_turns)):
+            expected = round(job_turns["output_tokens"].iloc[:k].mean() * 1000)
+            assert job_turns["priority"].iloc[k] // 2 == expected
+    bad = gpubench("replay", "--engine", "vllm", "--policy", "jitserve", *LIVE_JOBS, "--out", str(tmp_path / "j"))
+    assert bad.returncode == 2 and "simulator-only" in bad.stderr and not (tmp_path / "j").exists()
