@@ -81,11 +81,18 @@ def test_engine_steps_batch64(benchmark, record_steps):
     })
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las"])
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las", "jitserve", "continuum@order=jitserve"])
 def test_replay_agent_workload(benchmark, policy):
-    """Steps per second of one replay under each queue order (the priority heap against FCFS's deque)."""
+    """Steps per second of one replay under each queue order (the priority heap against FCFS's deque;
+    jitserve's re-ranking of the waiting queue; Continuum's pins with jitserve's order)."""
     jobs = with_poisson_arrivals(synthetic_jobs(20, seed=0), 0.5, seed=0)
-    cfg = ReplayConfig(policy=policy, record_steps=False)
+    name, _, order = policy.partition("@order=")
+    cfg = ReplayConfig(policy=name, policy_params={"order": order} if order else {}, record_steps=False)
+    _bench_replay(benchmark, jobs, cfg, rounds=2, policy=policy)
+
+
+def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
+    """One replay per round; steps per second of wall and of CPU time (the slowest round) in extra_info."""
     samples = []
 
     def run():
@@ -93,12 +100,22 @@ def test_replay_agent_workload(benchmark, policy):
         samples.append((res.summary["steps"], wall_s, cpu_s))
         return res
 
-    res = benchmark.pedantic(run, rounds=2, iterations=1)
+    res = benchmark.pedantic(run, rounds=rounds, iterations=1)
     benchmark.extra_info.update(_env())
     benchmark.extra_info.update({
-        "policy": policy, "num_jobs": 20, "num_steps": res.summary["steps"],
+        "policy": policy, "num_jobs": len(jobs), "num_steps": res.summary["steps"],
         "steps_per_s_wall": min(n / w for n, w, _ in samples), "steps_per_cpu_s": min(n / c for n, _, c in samples),
     })
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las", "jitserve"])
+def test_replay_saturated_queue(benchmark, policy):
+    """Steps per second where turns queue (an L40S whose pool is cut to 3,000 blocks: 3-6 turns wait on
+    average, up to 18): what a queue order costs per step when it has requests to order (jitserve
+    re-ranks all of them at every admission, at most every 50 ms of simulated time)."""
+    jobs = with_poisson_arrivals(synthetic_jobs(40, seed=0), 3.0, seed=0)
+    cfg = ReplayConfig(sku="l40s", policy=policy, num_gpu_blocks=3000, record_steps=False)
+    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=policy)
 
 
 def test_block_pool_alloc_free(benchmark):

@@ -18,6 +18,9 @@ from scheduling.engine.request import JobState, Request
 from scheduling.policies.base import KVPolicy, PriorityQueue, RequestQueue, check_params
 
 TTL_RULES = ("fixed", "tool-mean", "expected-benefit")
+# The order among waiting turns that found their job unpinned (and among pinned ones): Continuum's own
+# (the job's first arrival), or a queue order's (scheduling.policies.ordering, .jitserve) with its defaults.
+ORDERS = ("arrival", "sjf", "las", "jitserve")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class ContinuumParams:
         min_samples: samples of a tool before its empirical CDF replaces the prior.
         queue_window: turns in the sliding mean of queueing delay seen by evicted requests.
         sample_window: most recent durations per tool kept for the empirical CDF.
+        order: the order within pinned and within unpinned waiting turns: ``arrival`` (Continuum's:
+            the job's first arrival) or the queue order of ``sjf``, ``las`` or ``jitserve``.
     """
 
     ttl_rule: str = "expected-benefit"
@@ -43,10 +48,15 @@ class ContinuumParams:
     min_samples: int = 5
     queue_window: int = 64
     sample_window: int = 256
+    order: str = "arrival"
 
     def __post_init__(self) -> None:
         check_params("continuum", self, positive=("prior_mean_s",), non_negative=("ttl_s", "tool_mean_threshold_s", "eta"),
                      counts=("min_samples", "queue_window", "sample_window"))
+        if self.order not in ORDERS:
+            from common.errors import ConfigError
+
+            raise ConfigError(f"continuum order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
 
 
@@ -77,18 +87,47 @@ class ContinuumPolicy(KVPolicy):
         self._pinned_at_arrival: set[int] = set()  # request seqs that found their job pinned
         self.num_pins = self.num_pin_hits = self.num_pin_expired = self.num_pin_released_pressure = 0
         self.ttl_chosen_s: list[float] = []
+        self.order: KVPolicy | None = None  # a queue order's policy, asked only for its keys and estimates
+        if self.p.order != "arrival":
+            from scheduling.policies.jitserve import JITServePolicy
+            from scheduling.policies.ordering import LASPolicy, SJFPolicy
+
+            self.order = {"sjf": SJFPolicy, "las": LASPolicy, "jitserve": JITServePolicy}[self.p.order]()
 
     # --- queue order --------------------------------------------------------------------------
+    def attach(self, ctx) -> None:
+        super().attach(ctx)
+        if self.order is not None:
+            self.order.attach(ctx)
+
     def make_queue(self) -> RequestQueue:
-        return PriorityQueue()
+        self.queue = self.order.make_queue() if self.order is not None else PriorityQueue()
+        return self.queue
 
     def on_arrival(self, req: Request, now_s: float) -> None:
         js = req.job_state
         pinned = js.index in self._pins
         if pinned:
             self._pinned_at_arrival.add(req.seq)
-        # Pinned jobs first, then FCFS by the job's first arrival.
-        req.queue_key = (0 if pinned else 1, js.job.arrival_s, js.index, req.turn)
+        # Pinned jobs first, then by the job's first arrival (or the queue order's key).
+        if self.order is None:
+            req.queue_key = (0 if pinned else 1, js.job.arrival_s, js.index, req.turn)
+            return
+        self.order.on_arrival(req, now_s)
+        req.queue_key = (0 if pinned else 1, *req.queue_key)
+
+    def before_admission(self, now_s: float) -> None:
+        """A re-ranking order (jitserve) re-keys the waiting turns: put the pinned ones first again."""
+        if self.order is None:
+            return
+        rankings = getattr(self.order, "num_rankings", None)
+        self.order.before_admission(now_s)
+        if rankings is None or self.order.num_rankings == rankings:
+            return
+        items = self.queue.items
+        for r in items:
+            r.queue_key = (0 if r.seq in self._pinned_at_arrival else 1, *r.queue_key)
+        items.sort(key=lambda r: (r.queue_key, r.seq))
 
     def on_job_arrival_gap(self, req: Request, now_s: float) -> None:
         prev = req.job_state.job.turns[req.turn - 1]
@@ -112,6 +151,8 @@ class ContinuumPolicy(KVPolicy):
 
     # --- pinning ------------------------------------------------------------------------------
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
+        if self.order is not None:
+            self.order.on_turn_finish(req, now_s)  # its estimates learn from every turn; blocks stay ours
         if req.is_last_turn:
             return True
         js = req.job_state

@@ -102,6 +102,7 @@ class JITServePolicy(QueueOrderPolicy):
         self._out_sum = self._out_count = 0
         self._tpot_sum, self._tpot_count = 0.0, 0
         self.num_rankings = 0
+        self._facts: dict[int, tuple[int, float | None, bool]] = {}  # request seq -> _turn_facts
 
     def make_queue(self) -> RequestQueue:
         self.queue = RankedQueue()
@@ -119,26 +120,37 @@ class JITServePolicy(QueueOrderPolicy):
             return self._tpot_sum / self._tpot_count
         return self.ctx.estimate_prefill_s(1) if self.ctx else 0.01
 
-    def priority(self, req: Request, now_s: float) -> float:
-        """Gain at the predicted finish per second of service (module docstring)."""
+    def _turn_facts(self, req: Request, step: float) -> tuple[int, float, bool]:
+        """(new tokens, their prefill time, whether the turn triggers a tool): fixed for a request, so
+        kept from its first ranking on (a ranking asks them of every waiting request)."""
+        facts = self._facts.get(req.seq)
+        if facts is None:
+            job = req.job_state.job
+            new = job.turns[req.turn].input_tokens + (job.system_tokens if req.turn == 0 else 0)
+            prefill_s = self.ctx.estimate_prefill_s(max(int(new), 1)) if self.ctx else None
+            facts = self._facts[req.seq] = (new, prefill_s, req.turn < job.num_turns - 1)
+        new, prefill_s, has_tool = facts
+        return new, step if prefill_s is None else prefill_s, has_tool
+
+    def priority(self, req: Request, now_s: float, step: float | None = None) -> float:
+        """Gain at the predicted finish per second of service (module docstring); ``step``: the step
+        time, when the caller ranks many requests at one moment."""
         p = self.p
-        job = req.job_state.job
-        new = job.turns[req.turn].input_tokens + (job.system_tokens if req.turn == 0 else 0)
         out = self.expected_output(req)
-        step = self.step_s()
-        prefill_s = self.ctx.estimate_prefill_s(max(int(new), 1)) if self.ctx else step
+        step = self.step_s() if step is None else step
+        new, prefill_s, has_tool = self._turn_facts(req, step)
         ttft = (now_s - req.arrival_s) + prefill_s
         service = prefill_s + out * step
         discount = min(1.0, p.ttft_s / ttft) ** p.exponent if ttft > 0 else 1.0
-        if req.turn < job.num_turns - 1:  # a tool waits for its last token
+        if has_tool:  # a tool waits for its last token
             latency = ttft + out * step
             discount *= min(1.0, p.tool_turn_s / latency) ** p.exponent if latency > 0 else 1.0
         elif out > 1:
             discount *= min(1.0, p.tpot_s / step) ** p.exponent if step > 0 else 1.0
         return (new + p.decode_weight * out) * discount / max(service, 1e-9)
 
-    def _key(self, req: Request, now_s: float) -> tuple:
-        return (-self.priority(req, now_s), req.job_state.job.arrival_s, req.job_state.index, req.turn)
+    def _key(self, req: Request, now_s: float, step: float | None = None) -> tuple:
+        return (-self.priority(req, now_s, step), req.job_state.job.arrival_s, req.job_state.index, req.turn)
 
     # --- hooks ----------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now_s: float) -> None:
@@ -148,13 +160,15 @@ class JITServePolicy(QueueOrderPolicy):
         q = self.queue
         if q is None or len(q) < 2 or now_s - self._ranked_at < self.p.refresh_s:
             return
+        step = self.step_s()
         for r in q.items:
-            r.queue_key = self._key(r, now_s)
+            r.queue_key = self._key(r, now_s, step)
         q.items.sort(key=lambda r: (r.queue_key, r.seq))
         self._ranked_at = now_s
         self.num_rankings += 1
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
+        self._facts.pop(req.seq, None)
         j = req.job_state.index
         self._job_max[j] = max(self._job_max.get(j, 0), req.output_tokens)
         self._out_sum += req.output_tokens

@@ -78,6 +78,7 @@ def test_order_policies_survive_a_pool_that_forces_preemption():
     ("sjf", {"oracle": "yes"}, "oracle must be true or false"),
     ("las", {"quantum_tokens": 2.5}, "quantum_tokens must be a whole number"),
     ("jitserve", {"ttft_s": 0}, "ttft_s must be a finite number > 0"),
+    ("continuum", {"order": "lifo"}, "continuum order must be one of arrival, sjf, las, jitserve"),
 ])
 def test_bad_parameters_are_one_clear_error(name, params, message):
     with pytest.raises(ConfigError, match=message):
@@ -119,3 +120,36 @@ def test_jitserve_puts_the_larger_gain_per_second_first():
     tool_turn = Request(JobState(tool_job, 2), 0, 2, 0.0, 16)
     pol.expected_output = lambda r: 2000.0  # 2000 x 0.01 s = 20 s > the 10 s deadline
     assert pol.priority(tool_turn, 0.1) < 1e-12 < pol.priority(long_, 0.1)
+
+
+def test_continuum_pins_first_then_orders_by_the_queue_orders_key():
+    # SJF_SCENARIO and a new job "n" arriving while "x" runs: when "x" finishes, a's and b's second
+    # turns (their jobs pinned with a long TTL) and n's first turn wait. The running mean of the
+    # finished turns (50 and 5 tokens) is n's estimate: 27.5, between b's 5 and a's 50.
+    jobs = [*SJF_SCENARIO, job("n", [(16, 5, 0)], arrival=0.8)]
+    pinned = {"ttl_rule": "fixed", "ttl_s": 10.0}
+    sjf = first_scheduled(jobs, "sjf")
+    assert sjf[("b", 1)] < sjf[("n", 0)] < sjf[("a", 1)]
+    arrival = first_scheduled(jobs, "continuum", pinned)  # Continuum's own order: pinned, then job arrival
+    assert arrival[("a", 1)] < arrival[("b", 1)] < arrival[("n", 0)]
+    both = first_scheduled(jobs, "continuum", {**pinned, "order": "sjf"})  # pinned first, SJF within
+    assert both[("b", 1)] < both[("a", 1)] < both[("n", 0)]
+    unpinned = first_scheduled(jobs, "continuum", {"ttl_rule": "fixed", "ttl_s": 0.0, "order": "sjf"})
+    assert unpinned[("b", 1)] < unpinned[("n", 0)] < unpinned[("a", 1)]  # no pin: SJF alone
+    las = first_scheduled(jobs, "continuum", {**pinned, "order": "las"})
+    assert max(las[("a", 1)], las[("b", 1)]) < las[("n", 0)]  # n has attained nothing, but is not pinned
+    jit = first_scheduled(jobs, "continuum", {**pinned, "order": "jitserve"})  # re-ranked, pins kept first
+    assert max(jit[("a", 1)], jit[("b", 1)]) < jit[("n", 0)]
+
+
+def test_continuum_with_an_order_is_a_sweep_variant(tmp_path):
+    from tests.gpubench.conftest import run_cli
+
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", "--policies", "continuum", "continuum@order=jitserve", "--skus", "l40s", "--jps", "2",
+                   "--jobs", "30", "--workers", "1", "--no-progress", "--no-plots", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import pandas as pd
+
+    rows = pd.read_csv(out / "sweep.csv")
+    assert set(rows["policy"]) == {"continuum", "continuum@order=jitserve"} and (rows["error"].isna()).all()
