@@ -19,6 +19,11 @@ METRIC_CANDIDATES = {
     "ttft_p50": ("ttft_p50_s",), "ttft_p99": ("ttft_p99_s",),
     "tpot_p50": ("tpot_p50_s",), "tpot_p90": ("tpot_p90_s",), "tpot_p99": ("tpot_p99_s",),
     "slo_share": ("slo_turn_share",), "goodput": ("goodput_tok_per_s",),
+    # The agent SLO of every replay (scheduling.slo: TTFT, TPOT, a tool-turn deadline, a job deadline)
+    "slo_turn": ("slo_attainment_turn",), "slo_job": ("slo_attainment_job",), "slo_ttft": ("slo_attainment_ttft",),
+    "slo_tpot": ("slo_attainment_tpot",), "slo_tool_turn": ("slo_attainment_tool_turn",),
+    "slo_job_deadline": ("slo_attainment_job_deadline",), "job_goodput": ("slo_attainment_job_goodput_per_s",),
+    "token_goodput": ("slo_attainment_token_goodput_per_s",),
 }
 # The tables of tables.md: (metric, title, format). Serving metrics as users ask for them: JCT,
 # TTFT and TPOT percentiles, and goodput under the replay's SLO (TTFT <= 2 s, TPOT <= 0.1 s).
@@ -30,6 +35,13 @@ TABLES = (
     ("tpot_p50", "TPOT p50 (ms)", "ms"), ("tpot_p90", "TPOT p90 (ms)", "ms"), ("tpot_p99", "TPOT p99 (ms)", "ms"),
     ("slo_share", "turns meeting the SLO (TTFT <= 2 s, TPOT <= 0.1 s)", "{:.1%}"),
     ("goodput", "goodput (output tokens/s of turns meeting the SLO)", "{:.0f}"),
+    ("slo_turn", "agent SLO: turns meeting every target that applies (TTFT, TPOT, tool turn)", "{:.1%}"),
+    ("slo_job", "agent SLO: jobs whose every turn meets it (and the job deadline, if set)", "{:.1%}"),
+    ("slo_ttft", "agent SLO attainment: TTFT", "{:.1%}"), ("slo_tpot", "agent SLO attainment: TPOT", "{:.1%}"),
+    ("slo_tool_turn", "agent SLO attainment: tool-turn deadline (turns that trigger a tool)", "{:.1%}"),
+    ("slo_job_deadline", "agent SLO attainment: job deadline", "{:.1%}"),
+    ("job_goodput", "job goodput (jobs/s meeting the agent SLO)", "{:.3g}"),
+    ("token_goodput", "token goodput (output tokens/s of turns meeting the agent SLO)", "{:.0f}"),
     ("gpu_hit", "GPU prefix-hit rate", "{:.1%}"), ("pool_hit", "pool hit rate (share of GPU misses)", "{:.1%}"),
     ("preemptions", "preemptions", "{:.0f}"),
 )
@@ -136,6 +148,9 @@ def markdown_tables(frame: pd.DataFrame) -> str:
     a ratio to FCFS at the same cell (FCFS / policy: above 1 is faster)."""
     ok = frame[frame["error"] == ""] if "error" in frame.columns else frame
     parts = []
+    slo_note = _slo_targets(ok)
+    if slo_note:
+        parts.append(slo_note)
     jobs_col = "num_jobs" if "num_jobs" in ok.columns else None
     if jobs_col and not ok.empty:
         counts = sorted(ok[jobs_col].dropna().astype(int).unique())
@@ -158,6 +173,21 @@ def markdown_tables(frame: pd.DataFrame) -> str:
     return f"{n_cells} runs ({(frame['error'] != '').sum() if 'error' in frame.columns else 0} failed).\n\n" + "\n\n".join(parts) + "\n"
 
 
+def _slo_targets(ok: pd.DataFrame) -> str | None:
+    """One line naming the agent SLO the cells were scored against (the targets are recorded per
+    cell as ``slo_ttft_s``/``slo_tpot_s``, and the tool-turn and job deadlines in each replay's
+    summary.json), or None for a table from before it was recorded."""
+    if "slo_attainment_turn" not in ok.columns or ok.empty:
+        return None
+    ttft = sorted(set(ok["slo_ttft_s"].dropna())) if "slo_ttft_s" in ok.columns else []
+    tpot = sorted(set(ok["slo_tpot_s"].dropna())) if "slo_tpot_s" in ok.columns else []
+    said = ", ".join(p for p in (f"TTFT <= {'/'.join(f'{v:g}' for v in ttft)} s" if ttft else "",
+                                 f"TPOT <= {'/'.join(f'{v * 1e3:g}' for v in tpot)} ms" if tpot else "") if p)
+    return (f"The agent SLO of these replays: {said or 'see summary.json'}, a turn that triggers a tool done within "
+            "its tool-turn deadline (default 10 s); a job meets it when all its turns do (`gpubench replay --help`, "
+            "--slo).")
+
+
 def pool_note(frame: pd.DataFrame) -> str | None:
     """One line when some runs' GPU KV pool never filled (nothing evicted, no request short of
     blocks, no preemption): there the policies' KV handling made no difference. None otherwise, and
@@ -177,8 +207,8 @@ def pool_note(frame: pd.DataFrame) -> str | None:
 
 
 def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """jct_vs_jps.png, ttft_vs_jps.png, tpot_vs_jps.png, goodput_vs_jps.png, hit_rates.png,
-    preemptions.png (those whose metrics exist), and tables.md."""
+    """jct_vs_jps.png, ttft_vs_jps.png, tpot_vs_jps.png, goodput_vs_jps.png, slo_attainment_vs_jps.png,
+    hit_rates.png, preemptions.png (those whose metrics exist), and tables.md."""
     out = Path(out_dir)
     made = []
     col = metric_column
@@ -191,6 +221,8 @@ def write_plots(frame: pd.DataFrame, out_dir: str | Path) -> list[Path]:
          "TPOT (s)", "Time per output token vs load (solid: p50; dotted: p90)", True),
         ("goodput_vs_jps.png", [(col(frame, "goodput"), "-", "")], "output tokens/s meeting the SLO",
          "Goodput under the SLO (TTFT <= 2 s, TPOT <= 0.1 s) vs load", False),
+        ("slo_attainment_vs_jps.png", [(col(frame, "slo_turn"), "-", " turns"), (col(frame, "slo_job"), ":", " jobs")],
+         "share meeting the agent SLO", "Agent SLO attainment vs load (solid: turns; dotted: jobs)", False),
         ("hit_rates.png", [(col(frame, "gpu_hit"), "-", " GPU"), (col(frame, "pool_hit"), "--", " pool")],
          "hit rate (share of prompt tokens)", "Prefix hit rates: GPU cache (solid), offload pool (dashed)", False),
         ("preemptions.png", [(col(frame, "preemptions"), "-", "")], "preemptions", "Preemptions vs load", False),

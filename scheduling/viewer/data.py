@@ -139,6 +139,11 @@ def load_run(run_dir: str | Path, *, max_step_points: int = DEFAULT_MAX_STEP_POI
         "turn_output_tokens": _jsonable(turns["output_tokens"]),
         # Time per output token of each turn (None for a one-token turn: no inter-token time).
         "turn_tpot_s": _jsonable(_turn_tpot_s(turns)),
+        # What the SLO's tool-turn and job kinds need: arrival to last token, whether the turn
+        # triggers a tool (not its job's last), and its job.
+        "turn_latency_s": _jsonable(turns["finish_s"] - turns["arrival_s"]),
+        "turn_has_tool": [bool(v) for v in (turns["turn"] < turns["job_id"].map(jobs.set_index("job_id")["num_turns"]) - 1)],
+        "turn_job_id": _jsonable(turns["job_id"]),
         "num_turns": int(len(turns)),
         "jobs": {c: _jsonable(jobs_sorted[c]) for c in JOB_COLUMNS},
         "timeline_jobs": _jsonable(shown["job_id"]),

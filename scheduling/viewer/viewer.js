@@ -320,8 +320,45 @@
   // ---- summary recomputed from the tables, next to summary.json's own numbers ----
   function findMetric(summary, names) {
     const pools = [summary.metrics || {}, summary];
-    for (const p of pools) for (const n of names) if (typeof p[n] === 'number' || p[n] === null) return p[n];
+    for (const p of pools) for (const n of names) {
+      const v = n.split('.').reduce((o, k) => (o && typeof o === 'object' ? o[k] : undefined), p);  // a.b: nested
+      if (typeof v === 'number' || v === null) return v;
+    }
     return undefined;
+  }
+
+  // Attainment of the replay's agent SLO (summary.json's slo_attainment.slo) per kind, per turn and
+  // per job, and the goodputs, from the turn and job tables: a turn meets it when it meets TTFT,
+  // TPOT and, if it triggers a tool, the tool-turn deadline; a job when all its turns do and, with
+  // a job deadline, its JCT meets that.
+  function sloAttainment(data, span) {
+    const block = ((data.summary.metrics || {}).slo_attainment) || {};
+    const slo = block.slo;
+    if (!slo || !data.turn_latency_s) return {};
+    const within = (v, target) => target === null || target === undefined || v === null || v <= target;
+    const okTurn = {}, jobOk = {};
+    let meet = 0, tokens = 0, ttftOk = 0, tpotOk = 0, tool = 0, toolOk = 0;
+    data.turn_ttft_s.forEach((t, i) => {
+      const a = within(t, slo.ttft_s), b = within(data.turn_tpot_s[i], slo.tpot_s);
+      const hasTool = data.turn_has_tool[i], c = !hasTool || within(data.turn_latency_s[i], slo.tool_turn_s);
+      ttftOk += a; tpotOk += b; tool += hasTool; toolOk += hasTool && c;
+      const ok = a && b && c;
+      meet += ok; tokens += ok ? data.turn_output_tokens[i] : 0;
+      const job = data.turn_job_id[i];
+      okTurn[job] = (okTurn[job] === undefined ? true : okTurn[job]) && ok;
+    });
+    let jobsMeet = 0;
+    data.jobs.job_id.forEach((j, k) => {
+      jobOk[j] = (okTurn[j] !== false) && within(data.jobs.jct_s[k], slo.job_s);
+      jobsMeet += jobOk[j];
+    });
+    const n = data.turn_ttft_s.length, nj = data.jobs.job_id.length;
+    return {
+      slo_attainment_turn: n ? meet / n : null, slo_attainment_job: nj ? jobsMeet / nj : null,
+      slo_attainment_ttft: n ? ttftOk / n : null, slo_attainment_tpot: n ? tpotOk / n : null,
+      slo_attainment_tool_turn: tool ? toolOk / tool : null,
+      job_goodput_per_s: jobsMeet / span, token_goodput_per_s: tokens / span,
+    };
   }
 
   function computeSummary(data) {
@@ -360,6 +397,7 @@
       pool_hit_rate: prompt > hit ? pool / (prompt - hit) : null,  // share of GPU misses the pool served
       prefill_tokens: sum(S.num_prefill_tokens),
       decode_tokens: sum(S.num_decode_tokens),
+      ...sloAttainment(data, span),
     };
   }
   // names under which summary.json may carry each figure
@@ -374,6 +412,10 @@
     gpu_prefix_hit_rate: ['gpu_prefix_hit_rate', 'prefix_hit_rate', 'gpu_hit_rate'],
     pool_hit_rate: ['pool_hit_rate', 'offload_hit_rate', 'pool_prefix_hit_rate'],
     prefill_tokens: ['prefill_tokens', 'num_prefill_tokens', 'computed_tokens'], decode_tokens: ['decode_tokens', 'num_decode_tokens'],
+    slo_attainment_turn: ['slo_attainment.turn'], slo_attainment_job: ['slo_attainment.job'],
+    slo_attainment_ttft: ['slo_attainment.ttft'], slo_attainment_tpot: ['slo_attainment.tpot'],
+    slo_attainment_tool_turn: ['slo_attainment.tool_turn'], job_goodput_per_s: ['slo_attainment.job_goodput_per_s'],
+    token_goodput_per_s: ['slo_attainment.token_goodput_per_s'],
   };
 
   function renderSummary(data) {
@@ -390,7 +432,7 @@
         const ok = ref === undefined || ref === null || js[k] === null ||
                    Math.abs(ref - js[k]) <= 1e-6 + 1e-4 * Math.abs(ref);
         if (!ok) mismatches.push(k);
-        const isRate = k.endsWith('rate');
+        const isRate = k.endsWith('rate') || k.startsWith('slo_attainment');
         const show = v => (v === null ? '–' : isRate ? (100 * v).toFixed(1) + ' %' : fmt(v));
         tr.insertAdjacentHTML('beforeend',
           `<td class="k">${k}</td><td class="v${ok ? '' : ' bad'}" data-key="${k}" data-value="${js[k]}">${show(js[k])}</td>` +
@@ -546,7 +588,7 @@
         const js = computed[i][k], ref = findMetric(r.summary, METRIC_NAMES[k] || [k]);
         const ok = ref === undefined || ref === null || js === null || Math.abs(ref - js) <= 1e-6 + 1e-4 * Math.abs(ref);
         if (!ok) mismatches.push(`${r.label}:${k}`);
-        const show = js === null ? '–' : k.endsWith('rate') ? (100 * js).toFixed(1) + ' %' : fmt(js);
+        const show = js === null ? '–' : (k.endsWith('rate') || k.startsWith('slo_attainment')) ? (100 * js).toFixed(1) + ' %' : fmt(js);
         return `<td class="v${ok ? '' : ' bad'}" data-run="${esc(r.label)}" data-key="${k}" data-value="${js}">${show}</td>`;
       });
       table.insertAdjacentHTML('beforeend', `<tr><td class="k">${k}</td>${cells.join('')}</tr>`);

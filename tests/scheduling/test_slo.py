@@ -60,3 +60,23 @@ def test_replay_scores_its_slo_and_refuses_a_bad_one_before_work(tmp_path):
     assert a["turns"] == m["num_turns"] and 0 <= a["job"] <= a["turn"] <= 1 and m["slo"]["ttft_s"] == 0.5
     bad = run_cli("replay", "--jobs", "8", "--jps", "2", "--slo", "ttft=-1", "--out", str(tmp_path / "b"), timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+
+
+def test_sweep_tables_and_plots_carry_the_agent_slo(tmp_path):
+    """tables.md has a table per SLO kind and the goodputs; slo_attainment_vs_jps.png is drawn."""
+    import pandas as pd
+
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", "--policies", "fcfs", "sjf", "--skus", "l40s", "--jps", "0.5", "2", "--jobs", "20",
+                   "--workers", "1", "--no-progress", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (out / "tables.md").read_text()
+    for title in ("agent SLO: turns meeting every target", "agent SLO: jobs whose every turn meets it",
+                  "agent SLO attainment: TTFT", "agent SLO attainment: tool-turn deadline", "job goodput",
+                  "token goodput", "The agent SLO of these replays: TTFT <= 2 s, TPOT <= 100 ms"):
+        assert title in text, title
+    assert (out / "slo_attainment_vs_jps.png").stat().st_size > 10_000
+    rows = pd.read_csv(out / "sweep.csv")
+    cell = rows[(rows["policy"] == "sjf") & (rows["jps"] == 2)].iloc[0]
+    assert f"| l40s | sjf | {rows[(rows['policy'] == 'sjf') & (rows['jps'] == 0.5)].iloc[0]['slo_attainment_turn']:.1%}" \
+           f" | {cell['slo_attainment_turn']:.1%} |" in text
