@@ -7,10 +7,11 @@ Three pybind11 extensions:
                   compiler, linked against cudart_static so that importing it needs no driver.
                   Built when nvcc is found (CUDA_HOME, then PATH); GPUBENCH_CUDA=1 makes a missing
                   or failing toolkit a hard error, GPUBENCH_CUDA=0 skips it.
-GPUBENCH_CUDA_ARCHS: ";"-separated SM list (default "80;86;89;90a;100;120": every architecture of the
-SKU table, A100 to B200 and RTX 5090; 90a, not 90, so H100/H200 get the wgmma kernels, which exist
-only in arch-specific sm_90a code). PTX of the *oldest* listed architecture is embedded too, so any
-newer GPU can JIT it (PTX of the newest would run on nothing older). Building all six takes a few
+GPUBENCH_CUDA_ARCHS: ";"-separated SM list (default "80;86;89;90a;100;120", less what the local nvcc
+cannot build (`nvcc --list-gpu-arch`): every architecture of the SKU table, A100 to B200 and RTX
+5090; 90a, not 90, so H100/H200 get the wgmma kernels, which exist only in arch-specific sm_90a
+code). PTX of the *oldest* listed architecture is embedded too, so any newer GPU can JIT it (PTX of
+the newest would run on nothing older). Building all six takes a few
 minutes on two cores; set GPUBENCH_CUDA_ARCHS to the one GPU you have (scripts/device_check.sh does),
 or GPUBENCH_CUDA=0 on a machine without a GPU that does not need the extension.
 Without setuptools (a bare device image): scripts/build_cuda_ext.sh builds the same extension with
@@ -56,13 +57,38 @@ def locate_cuda():
     return None, f"found {nvcc} but no toolkit with include/cuda_runtime.h (set CUDA_HOME)"
 
 
-def cuda_archs():
-    return [a.strip() for a in os.environ.get("GPUBENCH_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+def nvcc_supported_archs(nvcc):
+    """The compute capabilities ``nvcc --list-gpu-arch`` says it can build ("90", "100", ...), or None
+    when it cannot say (an nvcc older than 11.0 has no such option)."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = {w.split("_", 1)[1] for w in out.stdout.split() if w.startswith("compute_")}
+    return found if out.returncode == 0 and found else None
+
+
+def cuda_archs(nvcc=None):
+    """GPUBENCH_CUDA_ARCHS as given; else the default list less what the local nvcc cannot build
+    (sm_100 and sm_120 need CUDA 12.8: an older toolkit builds the rest instead of failing)."""
+    given = os.environ.get("GPUBENCH_CUDA_ARCHS")
+    archs = [a.strip() for a in (given or DEFAULT_ARCHS).split(";") if a.strip()]
+    if given or nvcc is None:
+        return archs
+    supported = nvcc_supported_archs(nvcc)
+    if supported is None:
+        return archs
+    kept = [a for a in archs if a.rstrip("af") in supported]
+    dropped = [a for a in archs if a not in kept]
+    if dropped:
+        print(f"gpubench: {nvcc} cannot build sm_{{{','.join(dropped)}}}; building sm_{{{','.join(kept)}}} "
+              "(a newer CUDA toolkit builds them all)", file=sys.stderr, flush=True)
+    return kept
 
 
 def cuda_gencode_flags(nvcc):
     """SASS for every listed architecture, plus PTX of the oldest one (JIT for anything newer)."""
-    archs = cuda_archs()
+    archs = cuda_archs(nvcc)
     flags = []
     for arch in archs:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
@@ -148,12 +174,15 @@ def cuda_extension():
         libraries=libs,
         define_macros=macros,
         extra_compile_args=["-O3", "-std=c++17"],
+        # The static cudart's cuda* symbols stay inside the extension: exported, they would interpose
+        # on (or be interposed by) torch's own libcudart in the same process.
+        extra_link_args=["-Wl,--exclude-libs,ALL"],
         cxx_std=17,
     )
     ext._gpubench_cuda = (cuda_home, nvcc_or_reason)
     ext._gpubench_cu_sources = sorted(glob.glob("csrc/cuda/*.cu"))
     # Say so before the long part: SASS for every listed GPU takes minutes on a small machine.
-    print(f"gpubench: building gpubench._cuda with {nvcc_or_reason} for sm_{{{','.join(cuda_archs())}}} "
+    print(f"gpubench: building gpubench._cuda with {nvcc_or_reason} for sm_{{{','.join(cuda_archs(nvcc_or_reason))}}} "
           f"({len(ext._gpubench_cu_sources)} .cu files; a few minutes on 2 cores). GPUBENCH_CUDA_ARCHS=<your GPU> "
           "builds one architecture, GPUBENCH_CUDA=0 skips the extension.", file=sys.stderr, flush=True)
     return ext

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typing
 
-__all__: list[str] = ['CudaError', 'DeviceMemoryError', 'NoDeviceError', 'device_count', 'device_identity', 'device_properties', 'l2', 'launch', 'peak', 'peak_supported', 'peak_wgmma', 'selfcheck_fill', 'stream']
+__all__: list[str] = ['CudaError', 'DeviceMemoryError', 'NoDeviceError', 'device_count', 'device_identity', 'device_properties', 'format_selftest', 'l2', 'launch', 'peak', 'peak_supported', 'peak_wgmma', 'selfcheck_fill', 'stream']
 class NoDeviceError(RuntimeError):
     pass
 class CudaError(RuntimeError):
@@ -51,6 +51,10 @@ def peak_wgmma(device: typing.SupportsInt | typing.SupportsIndex, num_reps: typi
     Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 (fp32 accumulate), A in registers, B in
     shared memory, accumulators checked exactly. Needs compute capability 9.0 and a build with sm_90a code
     (GPUBENCH_CUDA_ARCHS="90a"); otherwise supported=0 and the reason in check.
+    """
+def format_selftest() -> str:
+    """
+    The formatter every message uses, on fixed values (compare with FORMAT_SELFTEST_EXPECTED).
     """
 def selfcheck_fill(device: typing.SupportsInt | typing.SupportsIndex = 0, n: typing.SupportsInt | typing.SupportsIndex = 1048576) -> bool:
     """

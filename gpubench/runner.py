@@ -116,7 +116,8 @@ def open_run(req: RunRequest) -> tuple[RunWriter, Backend, str]:
         return writer, backend, f"resuming {req.resume}; {line}"
     backend, line = get_backend(req.device)
     sku = skus.get(req.sku or backend.default_sku())
-    skus.check_matches(sku, backend.device_name(), backend.name, force=req.force)
+    skus.check_matches(sku, backend.device_name(), backend.name, force=req.force,
+                       gpu_unusable=getattr(backend, "gpu_unusable", None))
     names = _parse_probe_list(backend, req.probes, req.quick)
     left_out = {n: p.quick_leaves_out for n, p in backend.probes().items()
                 if req.quick and not req.probes and n not in names and p.quick_leaves_out}

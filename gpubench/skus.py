@@ -178,20 +178,33 @@ def get(sku_id: str) -> SKU:
     raise UnknownSKUError(f"unknown SKU '{sku_id}'{suggest(key, names)}; `gpubench skus` lists them")
 
 
+# A device name carrying one of these names another part than a pattern without it: an H200 NVL
+# (600 W, PCIe) is not the SXM H200, an A100 PCIe not the SXM A100.
+VARIANT_MARKERS = ("NVL", "PCIe")
+
+
 def detect(device_name: str) -> SKU | None:
     """The table entry whose name pattern matches a device name read from the driver, if any.
 
-    Longest pattern wins, so 'H100 PCIe' is not taken for an SXM part.
+    A pattern matches as a whole word ('H200' is not found in 'GH200', a Grace Hopper superchip, nor
+    'B200' in 'GB200'); a name with a variant marker (``VARIANT_MARKERS``) matches only patterns that
+    carry it; the longest pattern wins, so 'H100 PCIe' is not taken for an SXM part. None: a part the
+    table does not have (the run then asks for --sku, or records the device under its own name).
     """
+    markers = [m for m in VARIANT_MARKERS if re.search(rf"\b{m}", device_name, re.IGNORECASE)]
     best, best_len = None, 0
     for sku in gpu_skus().values():
         for pat in sku.patterns:
-            if re.search(re.escape(pat), device_name, re.IGNORECASE) and len(pat) > best_len:
-                best, best_len = sku, len(pat)
+            if not re.search(rf"(?<![A-Za-z0-9]){re.escape(pat)}(?![A-Za-z0-9])", device_name, re.IGNORECASE):
+                continue
+            if any(m.lower() not in pat.lower() for m in markers) or len(pat) <= best_len:
+                continue
+            best, best_len = sku, len(pat)
     return best
 
 
-def check_matches(sku: SKU, device_name: str, backend: str, force: bool = False) -> None:
+def check_matches(sku: SKU, device_name: str, backend: str, force: bool = False,
+                  gpu_unusable: str | None = None) -> None:
     """Raise SKUMismatchError when --sku contradicts the detected device.
 
     A SKU of another backend (a GPU SKU on a machine measured on its CPU, or ``cpu`` on a GPU) is
@@ -200,10 +213,14 @@ def check_matches(sku: SKU, device_name: str, backend: str, force: bool = False)
     GPU's name contradicts (a variant the table takes for another SKU).
     """
     if sku.backend != backend:
+        if backend == "cpu" and gpu_unusable and "_cuda is not built" in gpu_unusable:
+            # a GPU may well be there: what is missing is the extension that measures it
+            raise SKUMismatchError(f"--sku {sku.id}: the GPU cannot be measured: {gpu_unusable}")
         if backend == "cpu":
+            why = f"; no usable GPU: {gpu_unusable}" if gpu_unusable else ""
             raise SKUMismatchError(
-                f"--sku {sku.id}: this machine has no {sku.name} (the device is the CPU, '{device_name}'); to price "
-                f"a step on one, use `gpubench predict --sku {sku.id}`; to characterize this host, "
+                f"--sku {sku.id}: this machine has no {sku.name} (the device is the CPU, '{device_name}'{why}); to "
+                f"price a step on one, use `gpubench predict --sku {sku.id}`; to characterize this host, "
                 "`gpubench run --device cpu`")
         raise SKUMismatchError(
             f"--sku {sku.id} is this host's CPU, but the device is the GPU '{device_name}': pass --device cpu to "

@@ -20,6 +20,13 @@ home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")
 
 if [ $# -gt 0 ]; then archs=("$@"); else read -r -a archs <<<"${GPUBENCH_CUDA_ARCHS:-80 86 89 90a 100 120}"; fi
 archs=("${archs[@]//;/ }")
+if [ $# -eq 0 ] && [ -z "${GPUBENCH_CUDA_ARCHS:-}" ] && supported=$("$NVCC" --list-gpu-arch 2>/dev/null); then
+  # the default list less what this nvcc cannot build (sm_100/sm_120 need CUDA 12.8), as setup.py does
+  kept=()
+  for a in ${archs[@]}; do n=${a%a}; n=${n%f}; grep -qx "compute_$n" <<<"$supported" && kept+=("$a"); done
+  [ "${#kept[@]}" -lt "${#archs[@]}" ] && echo "build_cuda_ext: $NVCC builds sm_{${kept[*]// /,}} of the default list" >&2
+  archs=("${kept[@]}")
+fi
 gencode=()
 oldest=
 for a in ${archs[@]}; do
@@ -54,6 +61,6 @@ for d in "$home/lib64" "$home/lib" "$home/targets/x86_64-linux/lib" "$home/targe
   [ -f "$d/libcudart_static.a" ] && { libdir=$d; break; }
 done
 [ -n "$libdir" ] || { echo "build_cuda_ext: libcudart_static.a not found under $home" >&2; exit 2; }
-"$CXX" -shared -o "$out.tmp" "$build"/*.o -L"$libdir" -lcudart_static -ldl -lrt -lpthread
+"$CXX" -shared -o "$out.tmp" "$build"/*.o -L"$libdir" -lcudart_static -ldl -lrt -lpthread -Wl,--exclude-libs,ALL
 mv "$out.tmp" "$out"
 echo "build_cuda_ext: wrote $out for sm_{${archs[*]// /,}} + compute_$oldest PTX in $((SECONDS - t0)) s"

@@ -85,6 +85,12 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
   echo "torch: $($PY -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1)"
   echo "pybind11: $($PY -c 'import pybind11; print(pybind11.__version__)' 2>&1 | tail -1)"
   echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  # the toolchain the extension is built and loaded with (the first H200 machine's build formatted
+  # integers as nothing through iostreams: which compiler and libstdc++ matter)
+  echo "c++: $(${CXX:-c++} --version 2>/dev/null | head -1 || echo 'not found')"
+  echo "libstdc++: $($PY -c 'import ctypes.util; print(ctypes.util.find_library("stdc++"))' 2>&1) $(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | sed 's/.*=> //')"
+  echo "python's libstdc++ mapping: $(ldd "$(command -v "$PY")" 2>/dev/null | grep -E 'stdc\+\+|libc\.so' | tr -s ' \t' ' ' | tr '\n' ';')"
+  env | grep -E '^(LD_|CUDA_MODULE_LOADING|CUDA_VISIBLE)' | sed 's/^/env: /' || true
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,mig.mode.current,compute_mode \
       --format=csv 2>&1
@@ -110,6 +116,7 @@ profile_steps() {  # profile_steps DEVICE GRID [EXTRA ARGS...]
 if [ "$DRY_RUN" = 1 ]; then
   say "DRY_RUN=1: no build, no GPU; rehearsing the outputs on a CPU run"
   echo "dry run: no SASS counted" >"$OUT/sass_summary.txt"
+  step format 20 "$PY" -c 'from gpubench.backends.cuda.extension import load_extension; load_extension(); print("format self-test ok")' || true
   step run 240 "$PY" -m gpubench run --device cpu --quick --probes stream --out "$RESULTS" || true
   run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
   [ -n "$run_dir" ] && "$PY" -m gpubench show "$run_dir" >"$OUT/spec_table.txt" 2>&1
@@ -130,6 +137,11 @@ say "building for sm_$arch"
 if ! step build 150 env PYTHON="$PY" bash scripts/build_cuda_ext.sh "$arch"; then
   say "no probes without the extension"; profile_steps cuda:0 gpu --ops-subset 8; exit 1
 fi
+
+ext=$(ls gpubench/_cuda*.so 2>/dev/null | head -1)
+[ -n "$ext" ] && echo "extension's libstdc++: $(ldd "$ext" 2>/dev/null | grep -E 'stdc\+\+' | tr -s ' \t' ' ')" >>"$OUT/env.txt"
+# the formatter every message uses, on fixed values, before any probe (a broken build stops here)
+step format 20 "$PY" -c 'from gpubench.backends.cuda.extension import load_extension; load_extension(); print("format self-test ok")' || true
 
 # --- 2. what the peak loops compiled to
 step sass 40 "$PY" scripts/check_sass.py --archs "$arch" || true

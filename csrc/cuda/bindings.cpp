@@ -35,6 +35,8 @@ PYBIND11_MODULE(_cuda, m) {
           "Properties read from the device at run time (SM count, L2 bytes, clocks, memory).");
     m.def("device_identity", &gpubench::device_identity, py::arg("device") = 0,
           "Strings read at run time: name, pci_bus_id, driver_cuda_version, cuda_runtime.");
+    m.def("format_selftest", &gpubench::format_selftest,
+          "The formatter every message uses, on fixed values (compare with FORMAT_SELFTEST_EXPECTED).");
     m.def("selfcheck_fill", &gpubench::selfcheck_fill, py::arg("device") = 0, py::arg("n") = 1 << 20,
           "Fill a device buffer with a pattern by a trivial kernel and verify it on the host; returns True.");
 

@@ -1,5 +1,4 @@
 // DeviceContext, DeviceBuffer, EventPair, SpinGate (see common.cuh).
-#include <sstream>
 #include "common.cuh"
 
 namespace gpubench {
@@ -7,9 +6,7 @@ namespace gpubench {
 DeviceContext::DeviceContext(int device) : device_(device) {
     int n = device_count();  // throws NoDevice with a clear message when there is none
     if (device < 0 || device >= n) {
-        std::ostringstream os;
-        os << "CUDA device " << device << " does not exist (this machine has " << n << ")";
-        throw NoDevice(os.str());
+        throw NoDevice(strfmt("CUDA device %d does not exist (this machine has %d)", device, n));
     }
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
@@ -37,11 +34,10 @@ size_t DeviceContext::free_bytes() const {
 void DeviceContext::ensure_free(size_t needed_bytes, const std::string& what) const {
     size_t free_b = free_bytes();
     if (static_cast<double>(needed_bytes) > 0.95 * static_cast<double>(free_b)) {
-        std::ostringstream os;
-        os << what << " needs " << needed_bytes << " bytes (" << needed_bytes / 1048576.0
-           << " MiB) of device memory but only " << free_b << " bytes (" << free_b / 1048576.0
-           << " MiB) are free on device " << device_ << "; use a smaller size or free the GPU";
-        throw DeviceMemory(os.str());
+        throw DeviceMemory(strfmt("%s needs %zu bytes (%g MiB) of device memory but only %zu bytes (%g MiB) are free "
+                                  "on device %d; use a smaller size or free the GPU", what.c_str(),
+                                  static_cast<size_t>(needed_bytes), needed_bytes / 1048576.0,
+                                  static_cast<size_t>(free_b), free_b / 1048576.0, device_));
     }
 }
 
@@ -119,13 +115,11 @@ void SpinGate::release() {
 
 void SpinGate::check() const {
     if (*static_cast<volatile int*>(timed_out_host_)) {
-        std::ostringstream os;
-        os << "spin gate timed out after " << timeout_ns_ / 1e9
-           << " s: the host could not enqueue the measured work behind it. Either the launch queue "
-              "filled up (use fewer launches per repetition) or a kernel enqueued behind the gate was "
-              "launched for the first time and its module load waited for the device to go idle "
-              "(lazy loading: preload it with preload_kernels, or set CUDA_MODULE_LOADING=EAGER)";
-        throw CudaError(os.str());
+        throw CudaError(strfmt(
+            "spin gate timed out after %g s: the host could not enqueue the measured work behind it. Either the "
+            "launch queue filled up (use fewer launches per repetition) or a kernel enqueued behind the gate was "
+            "launched for the first time and its module load waited for the device to go idle "
+            "(lazy loading: preload it with preload_kernels, or set CUDA_MODULE_LOADING=EAGER)", timeout_ns_ / 1e9));
     }
 }
 

@@ -8,11 +8,8 @@ int device_count() {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
-        std::ostringstream os;
-        os << "no usable CUDA device: cudaGetDeviceCount returned "
-           << (err == cudaSuccess ? "0 devices" : cudaGetErrorName(err))
-           << " (no GPU, or no NVIDIA driver on this machine)";
-        throw NoDevice(os.str());
+        throw NoDevice(strfmt("no usable CUDA device: cudaGetDeviceCount returned %s (no GPU, or no NVIDIA driver "
+                              "on this machine)", err == cudaSuccess ? "0 devices" : cudaGetErrorName(err)));
     }
     return n;
 }
@@ -63,6 +60,11 @@ std::map<std::string, std::string> device_identity(int device) {
 __global__ void fill_kernel(unsigned* out, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = static_cast<unsigned>(i * 2654435761ull);
+}
+
+std::string format_selftest() {
+    return strfmt("int %d, long long %lld, unsigned long long %llu, size_t %zu, double %g, string %s", -42,
+                  -9000000000LL, 18446744073709551615ULL, static_cast<size_t>(4096), 0.125, "ok");
 }
 
 bool selfcheck_fill(int device, long long n) {

@@ -27,6 +27,9 @@ struct ProbeResult {
 int device_count();
 std::map<std::string, double> device_properties(int device);
 bool selfcheck_fill(int device, long long n);
+// Formats fixed values through the one formatter every message uses (strfmt, in nvcc-compiled code):
+// the caller compares the string with what it must be before any probe runs. No device needed.
+std::string format_selftest();
 // name, pci_bus_id, driver_cuda_version (the CUDA version the driver supports), cuda_runtime.
 std::map<std::string, std::string> device_identity(int device);
 

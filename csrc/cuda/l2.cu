@@ -7,7 +7,6 @@
 // the whole resident grid (element = index mod n2), so small sets still keep every SM busy. Every
 // element holds 1.0; the block-reduced sum must equal 2 x passes x n2 exactly (checked per rep).
 #include <memory>
-#include <sstream>
 #include "common.cuh"
 
 namespace gpubench {
@@ -129,12 +128,10 @@ ProbeResult l2_run(int device, long long working_set_bytes, const std::string& m
         if (got != expected && num_bad++ == 0) first_bad = got;
         if (rep >= num_warmup) r.times_s.push_back(ev.seconds());
     }
-    std::ostringstream msg;
-    msg << "sum of " << total << " double2 of 1.0 per rep must be " << expected << ": ";
-    if (num_bad == 0) msg << "all " << num_warmup + num_reps << " reps exact";
-    else msg << num_bad << " reps off (first got " << first_bad << ")";
     r.valid = num_bad == 0;
-    r.check = msg.str();
+    r.check = strfmt("sum of %lld double2 of 1.0 per rep must be %g: ", total, expected) +
+              (num_bad == 0 ? strfmt("all %d reps exact", num_warmup + num_reps)
+                            : strfmt("%lld reps off (first got %g)", num_bad, first_bad));
     r.info["working_set_bytes"] = static_cast<double>(working_set_bytes);
     r.info["passes"] = static_cast<double>(passes);
     r.info["bytes"] = static_cast<double>(passes) * static_cast<double>(working_set_bytes);

@@ -9,7 +9,6 @@
 //
 // Each repetition's time covers all `count` launches; per-launch figures divide by count.
 #include <chrono>
-#include <sstream>
 #include "common.cuh"
 
 namespace gpubench {

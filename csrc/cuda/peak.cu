@@ -14,7 +14,6 @@
 // emulated (see peak_supported). scripts/check_sass.py counts the tensor-core instructions of every
 // loop in the compiled code, so an emulated or eliminated loop fails CI.
 #include <cstring>
-#include <sstream>
 #include "common.cuh"
 
 namespace gpubench {
@@ -172,16 +171,12 @@ std::pair<bool, std::string> peak_supported(int device, const std::string& dtype
         // On sm_90a and sm_100, mma.sync e4m3 compiles to unpack + fp16 HMMA + FADD (the SASS check
         // shows 8-16 HMMA against hundreds of FADD): the row would read ~100 % of the fp8 spec while
         // the tensor cores do a fraction of the counted work. There fp8 runs through wgmma/tcgen05.
-        std::ostringstream os;
-        os << "fp8 mma.sync is emulated on compute capability " << ctx.cc() / 10 << "." << ctx.cc() % 10
-           << " (native QMMA only on 8.9 and 12.x; Hopper's fp8 path is wgmma e4m3)";
-        return {false, os.str()};
+        return {false, strfmt("fp8 mma.sync is emulated on compute capability %d.%d (native QMMA only on 8.9 and "
+                              "12.x; Hopper's fp8 path is wgmma e4m3)", ctx.cc() / 10, ctx.cc() % 10)};
     }
     if (ctx.cc() < kInfo[dt].min_cc) {
-        std::ostringstream os;
-        os << dtype << " mma needs compute capability " << kInfo[dt].min_cc / 10 << "." << kInfo[dt].min_cc % 10
-           << "+ (this device is " << ctx.cc() / 10 << "." << ctx.cc() % 10 << ")";
-        return {false, os.str()};
+        return {false, strfmt("%s mma needs compute capability %d.%d+ (this device is %d.%d)", dtype.c_str(),
+                              kInfo[dt].min_cc / 10, kInfo[dt].min_cc % 10, ctx.cc() / 10, ctx.cc() % 10)};
     }
     return {true, ""};
 }
@@ -250,10 +245,8 @@ ProbeResult peak_run(int device, const std::string& dtype, int num_reps, int num
     r.info["block"] = kBlock;
     r.info["chains"] = kChains;
     r.valid = nbad_check == 0 && nbad_timed == 0;
-    std::ostringstream msg;
-    msg << "exact accumulators: validation run (+B,+B x " << check_iters << ") " << nbad_check
-        << " off; timed runs (+B,-B) " << nbad_timed << " off";
-    r.check = msg.str();
+    r.check = strfmt("exact accumulators: validation run (+B,+B x %lld) %llu off; timed runs (+B,-B) %llu off",
+                     check_iters, nbad_check, nbad_timed);
     return r;
 }
 

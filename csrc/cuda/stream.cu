@@ -6,7 +6,6 @@
 //   STREAM bytes per kernel: 2, 2, 3, 3 arrays x n x 8 (write-allocate not counted)
 #include <cmath>
 #include <cstring>
-#include <sstream>
 #include "common.cuh"
 
 namespace gpubench {
@@ -128,7 +127,7 @@ std::map<std::string, ProbeResult> stream_run(int device, long long n_elements, 
     unsigned long long* bad_dev = scratch.as<unsigned long long>();
     unsigned* err_dev = reinterpret_cast<unsigned*>(bad_dev + 1);
     const double tol = 1e-10;  // device FMA contraction differs from the host replay by ulps, growing per rep
-    std::ostringstream msg;
+    std::string msg;
     bool ok = true;
     const double golds[3] = {g.a, g.b, g.c};
     const double2* arrays[3] = {a, b, c};
@@ -144,14 +143,14 @@ std::map<std::string, ProbeResult> stream_run(int device, long long n_elements, 
         ctx.sync();
         float max_err;
         memcpy(&max_err, &err_bits, sizeof(max_err));
-        msg << (k ? "; " : "") << "abc"[k] << ": " << bad << " of " << n_elements << " off golden "
-            << golds[k] << " (max rel err " << max_err << ")";
+        msg += strfmt("%s%c: %llu of %lld off golden %g (max rel err %g)", k ? "; " : "", "abc"[k], bad, n_elements,
+                      golds[k], static_cast<double>(max_err));
         ok = ok && bad == 0;
     }
     for (int k = 0; k < 4; ++k) {
         ProbeResult& r = out[kKernels[k]];
         r.valid = ok;
-        r.check = "golden replay, rel tol 1e-10: " + msg.str();
+        r.check = "golden replay, rel tol 1e-10: " + msg;
         r.info["n_elements"] = static_cast<double>(n_elements);
         r.info["array_bytes"] = static_cast<double>(array_bytes);
         r.info["bytes"] = static_cast<double>(kArraysMoved[k]) * static_cast<double>(array_bytes);

@@ -13,7 +13,6 @@
 //
 // Compiled only for sm_90a (GPUBENCH_CUDA_ARCHS="90a"); any other build reports it unsupported.
 #include <cstdint>
-#include <sstream>
 #include "common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -110,9 +109,7 @@ ProbeResult peak_wgmma_run(int device, int num_reps, int num_warmup, double targ
     DeviceContext ctx(device);
     r.info["supported"] = 0.0;
     if (ctx.cc() != 90) {
-        std::ostringstream os;
-        os << "skipped: wgmma needs compute capability 9.0 (this device is " << ctx.cc() / 10 << "." << ctx.cc() % 10 << ")";
-        r.check = os.str();
+        r.check = strfmt("skipped: wgmma needs compute capability 9.0 (this device is %d.%d)", ctx.cc() / 10, ctx.cc() % 10);
         return r;
     }
     cudaStream_t s = ctx.stream();
@@ -162,10 +159,8 @@ ProbeResult peak_wgmma_run(int device, int num_reps, int num_warmup, double targ
     r.info["grid"] = grid;
     r.info["block"] = kThreads;
     r.valid = nbad_check == 0 && nbad_timed == 0;
-    std::ostringstream msg;
-    msg << "exact accumulators: validation run (+B,+B x " << check_iters * kPairsPerGroup << ") " << nbad_check
-        << " off; timed runs (+B,-B) " << nbad_timed << " off";
-    r.check = msg.str();
+    r.check = strfmt("exact accumulators: validation run (+B,+B x %lld) %llu off; timed runs (+B,-B) %llu off",
+                     check_iters * kPairsPerGroup, nbad_check, nbad_timed);
     return r;
 }
 

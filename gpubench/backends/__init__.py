@@ -55,4 +55,5 @@ def get_backend(device: str = "auto") -> tuple[Backend, str]:
         from gpubench.backends.cpu import CpuBackend
 
         b = CpuBackend()
+        b.gpu_unusable = str(exc)  # why not the GPU: a GPU SKU asked for then says so (skus.check_matches)
         return b, f"device auto: no usable GPU ({exc}); picked cpu ({b.device_name()})"

@@ -35,6 +35,27 @@ def _has_real_gpu() -> bool:
 no_gpu = pytest.mark.skipif(_has_real_gpu(), reason="this machine has a GPU: the no-device path cannot be shown")
 
 
+# ------------------------------------------------------------------ the formatter every message uses
+
+def test_the_built_extension_formats_numbers_right_and_a_broken_one_stops_before_any_probe():
+    """The real extension's nvcc-compiled formatter on fixed values (no device needed); a module
+    that formats them wrongly is refused in one line when the backend loads it."""
+    from gpubench import _cuda
+    from gpubench.backends.cuda.extension import FORMAT_SELFTEST_EXPECTED, check_formatting
+
+    assert _cuda.format_selftest() == FORMAT_SELFTEST_EXPECTED
+    check_formatting(_cuda)
+
+    class Broken:  # what the first H200 machine's build printed: integers as nothing
+        @staticmethod
+        def format_selftest():
+            return FORMAT_SELFTEST_EXPECTED.replace("-42", "")
+
+    with pytest.raises(RuntimeError, match="formats numbers wrongly") as err:
+        check_formatting(Broken)
+    assert "\n" not in str(err.value)
+
+
 # ------------------------------------------------------------------ the real no-device path
 
 @no_gpu

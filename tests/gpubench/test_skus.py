@@ -60,6 +60,23 @@ def test_detect_prefers_longest_pattern():
     assert skus.detect("Some Other GPU") is None
 
 
+@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "NVIDIA H200 NVL", "NVIDIA H100 NVL", "NVIDIA A100 80GB PCIe"])
+def test_detect_tells_other_parts_of_the_same_name_apart(name):
+    # a Grace Hopper superchip is not an SXM H200 ('H200' inside 'GH200' is no match), an NVL or PCIe
+    # card not the SXM part: the table has none of them, and says so rather than take the SXM's figures
+    assert skus.detect(name) is None
+    assert skus.detect("NVIDIA H200").id == "h200" and skus.detect("NVIDIA B200").id == "b200"
+
+
+def test_a_gpu_sku_without_the_extension_says_how_to_build_it():
+    reason = "gpubench._cuda is not built (No module named 'gpubench._cuda'); rebuild with nvcc on PATH (GPUBENCH_CUDA=1 pip install -e .)"
+    with pytest.raises(SKUMismatchError) as err:
+        skus.check_matches(skus.get("l40s"), "AMD EPYC (2 CPUs)", "cpu", gpu_unusable=reason)
+    assert str(err.value) == f"--sku l40s: the GPU cannot be measured: {reason}"
+    with pytest.raises(SKUMismatchError, match="this machine has no NVIDIA L40S .*no usable GPU: no driver"):
+        skus.check_matches(skus.get("l40s"), "AMD EPYC (2 CPUs)", "cpu", gpu_unusable="no driver")
+
+
 def test_mismatch_is_an_error_unless_forced():
     with pytest.raises(SKUMismatchError):
         skus.check_matches(skus.get("h100-sxm"), "NVIDIA A100-SXM4-80GB", "cuda")

@@ -9,6 +9,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     index = None
+    gpu_unusable: str | None = None  # set when --device auto fell back here: why the GPU was not used
 
     def device_name(self) -> str:
         from gpubench.hostinfo import host_cpu

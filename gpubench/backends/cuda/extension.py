@@ -23,7 +23,28 @@ def load_extension():
         raise errors.NoDeviceError(
             f"gpubench._cuda is not built ({exc}); rebuild with nvcc on PATH (GPUBENCH_CUDA=1 pip install -e .)"
         ) from None
+    check_formatting(_cuda)
     return _cuda
+
+
+# What csrc/cuda's format_selftest must return: the formatter every message and check line uses, on
+# fixed values. On the first H200 machine the extension's iostreams printed integers as nothing and
+# two probes crashed formatting a double; a build or process where formatting is broken stops here,
+# before any probe, in one line.
+FORMAT_SELFTEST_EXPECTED = ("int -42, long long -9000000000, unsigned long long 18446744073709551615, size_t 4096, "
+                            "double 0.125, string ok")
+
+
+def check_formatting(module) -> None:
+    """RuntimeError naming the difference when the extension formats fixed values wrongly."""
+    selftest = getattr(module, "format_selftest", None)
+    if selftest is None:  # an extension built before the self-test existed
+        return
+    got = selftest()
+    if got != FORMAT_SELFTEST_EXPECTED:
+        raise RuntimeError(f"gpubench._cuda formats numbers wrongly in this process (got {got!r}, expected "
+                           f"{FORMAT_SELFTEST_EXPECTED!r}): its messages and check lines cannot be trusted; "
+                           "rebuild it (scripts/build_cuda_ext.sh) and report the toolchain (c++ --version, ldd)")
 
 
 class Extension:
