@@ -122,9 +122,9 @@ class ContinuumPolicy(KVPolicy):
             return
         rankings = getattr(self.order, "num_rankings", None)
         self.order.before_admission(now_s)
-        if rankings is None or self.order.num_rankings == rankings:
+        if rankings is None or getattr(self.order, "num_rankings") == rankings:
             return
-        items = self.queue.items
+        items = getattr(self.queue, "items")  # a re-ranking order's RankedQueue
         for r in items:
             r.queue_key = (0 if r.seq in self._pinned_at_arrival else 1, *r.queue_key)
         items.sort(key=lambda r: (r.queue_key, r.seq))

@@ -120,26 +120,29 @@ class JITServePolicy(QueueOrderPolicy):
             return self._tpot_sum / self._tpot_count
         return self.ctx.estimate_prefill_s(1) if self.ctx else 0.01
 
-    def _turn_facts(self, req: Request, step: float) -> tuple[int, float, bool]:
-        """(new tokens, their prefill time, whether the turn triggers a tool): fixed for a request, so
-        kept from its first ranking on (a ranking asks them of every waiting request)."""
+    def _turn_facts(self, req: Request) -> tuple[int, float | None, bool]:
+        """(new tokens, their prefill time or None without an engine, whether the turn triggers a
+        tool): fixed for a request, so kept from its first ranking on (a ranking asks them of every
+        waiting request)."""
         facts = self._facts.get(req.seq)
         if facts is None:
             job = req.job_state.job
             new = job.turns[req.turn].input_tokens + (job.system_tokens if req.turn == 0 else 0)
             prefill_s = self.ctx.estimate_prefill_s(max(int(new), 1)) if self.ctx else None
             facts = self._facts[req.seq] = (new, prefill_s, req.turn < job.num_turns - 1)
-        new, prefill_s, has_tool = facts
-        return new, step if prefill_s is None else prefill_s, has_tool
+        return facts
 
     def priority(self, req: Request, now_s: float, step: float | None = None) -> float:
         """Gain at the predicted finish per second of service (module docstring); ``step``: the step
         time, when the caller ranks many requests at one moment."""
-        p = self.p
-        out = self.expected_output(req)
         step = self.step_s() if step is None else step
-        new, prefill_s, has_tool = self._turn_facts(req, step)
-        ttft = (now_s - req.arrival_s) + prefill_s
+        new, prefill_s, has_tool = self._turn_facts(req)
+        return self._gain_rate(new, step if prefill_s is None else prefill_s, has_tool, self.expected_output(req),
+                               now_s - req.arrival_s, step)
+
+    def _gain_rate(self, new: int, prefill_s: float, has_tool: bool, out: float, waited_s: float, step: float) -> float:
+        p = self.p
+        ttft = waited_s + prefill_s
         service = prefill_s + out * step
         discount = min(1.0, p.ttft_s / ttft) ** p.exponent if ttft > 0 else 1.0
         if has_tool:  # a tool waits for its last token
@@ -160,9 +163,17 @@ class JITServePolicy(QueueOrderPolicy):
         q = self.queue
         if q is None or len(q) < 2 or now_s - self._ranked_at < self.p.refresh_s:
             return
+        # priority() and _key() for every waiting request, with what is the same for all of them taken once
         step = self.step_s()
+        mean_out = self._out_sum / self._out_count if self._out_count else float(self.p.prior_output_tokens)
+        job_max, facts_of, gain_rate = self._job_max, self._turn_facts, self._gain_rate
         for r in q.items:
-            r.queue_key = self._key(r, now_s, step)
+            new, prefill_s, has_tool = facts_of(r)
+            js = r.job_state
+            j = js.index
+            out = float(job_max[j]) if j in job_max else mean_out
+            rate = gain_rate(new, step if prefill_s is None else prefill_s, has_tool, out, now_s - r.arrival_s, step)
+            r.queue_key = (-rate, js.job.arrival_s, j, r.turn)
         q.items.sort(key=lambda r: (r.queue_key, r.seq))
         self._ranked_at = now_s
         self.num_rankings += 1

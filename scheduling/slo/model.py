@@ -240,7 +240,7 @@ class LoadFigures:
 def load_figures(st: LoadState, w: Workload, slo: SLOSpec) -> LoadFigures:
     f = turn_figures(st, w)
     meet = turn_meet_prob(f, w, slo)
-    means = {k: float(v.mean()) for k, v in meet.items()}
+    means: dict[str, float | None] = {k: float(v.mean()) for k, v in meet.items()}
     means["tool_turn"] = float(meet["tool_turn"][w.has_tool].mean()) if w.has_tool.any() else None
     ttft = f["ttft"]
     hist, _ = np.histogram(np.clip(ttft, TTFT_EDGES[0], TTFT_EDGES[-1]), bins=TTFT_EDGES)
