@@ -65,8 +65,16 @@ def group_takes(dirs: list[str]) -> list[Setting]:
     from scheduling.experiments.compare import load_replay
 
     groups: dict[tuple, Setting] = {}
+    seen: set[Path] = set()
     for d in dirs:
+        where = Path(d).resolve()
+        if where in seen:  # one take counted twice would narrow the range and weigh the mean
+            raise ConfigError(f"--replays {d}: given twice")
+        seen.add(where)
         r = load_replay(d)
+        policy = r.summary.get("config", {}).get("policy", "fcfs")
+        if policy != "fcfs":
+            raise ConfigError(f"--replays {d}: a replay under {policy}; the model prices fcfs (vLLM's default)")
         key = tuple(_replay_args(r.summary.get("command"), r.path))
         groups.setdefault(key, Setting(list(key), [])).takes.append(r)
     return list(groups.values())

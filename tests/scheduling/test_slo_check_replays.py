@@ -68,6 +68,7 @@ def test_a_new_slo_rescores_the_takes(replays, tmp_path):
     (["--replays", "{a}", "--sweep", "{tmp}"], "not allowed with argument"),
     (["--sweep", "{tmp}", "--sku", "cpu"], "go with --replays"),
     (["--replays", "{a}", "--slo", "ttft=fast"], "not a number of seconds"),
+    (["--replays", "{a}", "{a}"], "given twice"),
 ])
 def test_bad_input_is_one_line(replays, tmp_path, extra, message):
     args = [a.format(tmp=tmp_path, a=replays / "a") for a in extra]
@@ -101,3 +102,11 @@ def test_committed_live_check_regenerates():
     pred = predict(load_jobs(args), lim, cost, slo)
     assert pred.attainment["turn"] == pytest.approx(row["turn_model"], rel=1e-5, abs=1e-9)
     assert pred.percentiles["jct_mean_s"] == pytest.approx(row["jct_mean_s_model"], rel=1e-5)
+
+
+def test_a_replay_under_another_policy_is_refused(tmp_path):
+    out = tmp_path / "sjf"
+    proc = run_cli("replay", *JOBS, "--jps", "1", *CPU, "--policy", "sjf", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bad = run_cli("slo", "check", "--replays", str(out), "--out", str(tmp_path / "check"))
+    assert bad.returncode == 2 and "the model prices fcfs" in bad.stderr and not (tmp_path / "check").exists()
