@@ -119,7 +119,8 @@ def register(sub) -> None:
                    help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
                         "(closed loop, prefix caching on; set it up with `gpubench vllm setup`)")
     p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
-    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES, help="KV-cache policy, or a queue order (sjf, las, jitserve)")
+    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
+                   help="KV-cache policy, or a queue order (sjf, las, jitserve); --engine vllm: fcfs, sjf or las (priorities)")
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")
@@ -333,7 +334,6 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
 
     def given(value, default):
         return default if value is None else value
-
     config = LiveReplayConfig(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
                               num_gpu_blocks=given(args.num_gpu_blocks, 64),
                               max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
