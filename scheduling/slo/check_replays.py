@@ -100,7 +100,7 @@ def limits_and_cost(take, sku: str | None, calibration: str | None, step_cost: s
     model's error from the predictor's)."""
     from scheduling.engine.step_cost import make_step_cost
     from scheduling.experiments.replay import ReplayConfig, engine_config
-    from scheduling.slo.model import Limits
+    from scheduling.slo.model import Limits, limits_of
 
     cfg = take.summary.get("config", {})
     if step_cost == "take":
@@ -123,7 +123,7 @@ def limits_and_cost(take, sku: str | None, calibration: str | None, step_cost: s
     e = engine_config(rc)
     cost = make_step_cost(rc.step_cost if step_cost != "take" else f"measured:{take.path}", sku=rc.sku, model=rc.model,
                           calibration=rc.calibration, cuda_graphs=rc.cuda_graphs, async_scheduling=rc.async_scheduling)
-    return Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * e.block_size, e.block_size), cost
+    return limits_of(e), cost
 
 
 def _slo_of(settings: list[Setting], slo_text: str | None) -> SLOSpec:

@@ -23,14 +23,13 @@ The model, and what it assumes (docs/slo.md):
    A turn's TPOT is s_d plus the extra time of the prefill steps among its (o - 1) decode steps, a
    binomial count with probability q, over o - 1: where one prefill step costs several decode
    steps (on a CPU), a few turns see one and miss a TPOT target the mean would meet.
-3. **LRU as a characteristic time (Che's approximation).** A finished turn's blocks stay cached
-   until the job's next turn takes them or LRU evicts them. Pool tokens not held by running turns
-   hold the contexts of jobs in their tool gap, and then in the queue, for at most T_C seconds:
-   X x E[context x min(gap + queueing, T_C)] = free tokens, the queueing exponential with mean W.
-   A turn whose gap plus queueing was shorter than T_C finds its whole context cached (a hit),
-   otherwise recomputes all of it; a job's first turn finds its group's system prompt cached.
-   When the pool bounds the batch, half a prompt stays free on average (the next turn waits for
-   room for its prompt), and that is the room cached contexts have.
+3. **LRU as a characteristic time (Che's approximation), eaten from the tail** (scheduling.slo.lru).
+   A finished turn's blocks stay cached, free, until the job's next turn takes them back. LRU eats
+   a freed context from its tail at the rate new tokens are written; its tail survives T_C, where
+   the contexts held over their tool gap and then their queueing (exponential, mean W) fill the
+   free pool. A returning turn recomputes what was eaten. Every turn finds its group's system
+   prompt cached; only whole blocks are. When the pool bounds the batch, half a prompt stays free
+   on average (the next turn waits for room for its prompt): the room cached contexts have.
 4. **Capacity.** B is capped by max_num_seqs and by the pool (B x running context <= pool); the
    jobs beyond wait, and W follows from the cycle: W = n / X - G - (service part of R).
 5. **Load over time.** The replay serves a finite set of jobs: the load n(t) rises while they
@@ -147,7 +146,12 @@ def engine_limits_and_cost(sku: str, model: str, calibration: str | None = None,
 
     e = engine_config(ReplayConfig(sku=sku, model=model, calibration=calibration, num_gpu_blocks=num_gpu_blocks))
     cost = make_step_cost("predictor", sku=sku, model=model, calibration=calibration)
-    return Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * e.block_size, e.block_size), cost
+    return limits_of(e), cost
+
+
+def limits_of(e) -> Limits:
+    """The model's limits of a simulated engine's sizes (scheduling.engine.EngineConfig)."""
+    return Limits(e.max_num_batched_tokens, e.max_num_seqs, e.num_gpu_blocks * e.block_size, e.block_size)
 
 
 def solve_load(n: float, w: Workload, lim: Limits, cost: StepCost) -> LoadState:
