@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 import time
 
@@ -88,11 +89,14 @@ def test_replay_agent_workload(benchmark, policy):
     jobs = with_poisson_arrivals(synthetic_jobs(20, seed=0), 0.5, seed=0)
     name, _, order = policy.partition("@order=")
     cfg = ReplayConfig(policy=name, policy_params={"order": order} if order else {}, record_steps=False)
-    _bench_replay(benchmark, jobs, cfg, rounds=2, policy=policy)
+    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=policy)
 
 
 def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
-    """One replay per round; steps per second of wall and of CPU time (the slowest round) in extra_info."""
+    """One replay per round, after one untimed replay (it fills the step-cost memo, which would
+    otherwise charge whichever policy runs first); steps per second of wall and of CPU time in
+    extra_info, of the median and the best round."""
+    run_replay(jobs, cfg)
     samples = []
 
     def run():
@@ -104,7 +108,10 @@ def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
     benchmark.extra_info.update(_env())
     benchmark.extra_info.update({
         "policy": policy, "num_jobs": len(jobs), "num_steps": res.summary["steps"],
-        "steps_per_s_wall": min(n / w for n, w, _ in samples), "steps_per_cpu_s": min(n / c for n, _, c in samples),
+        "steps_per_s_wall": statistics.median(n / w for n, w, _ in samples),
+        "steps_per_cpu_s": statistics.median(n / c for n, _, c in samples),
+        "steps_per_s_wall_best": max(n / w for n, w, _ in samples),
+        "steps_per_cpu_s_best": max(n / c for n, _, c in samples),
     })
 
 
@@ -115,7 +122,7 @@ def test_replay_saturated_queue(benchmark, policy):
     re-ranks all of them at every admission, at most every 50 ms of simulated time)."""
     jobs = with_poisson_arrivals(synthetic_jobs(40, seed=0), 3.0, seed=0)
     cfg = ReplayConfig(sku="l40s", policy=policy, num_gpu_blocks=3000, record_steps=False)
-    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=policy)
+    _bench_replay(benchmark, jobs, cfg, rounds=5, policy=policy)
 
 
 def test_block_pool_alloc_free(benchmark):

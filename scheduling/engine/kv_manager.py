@@ -95,12 +95,11 @@ class KVCacheManager:
                 del out[num:]
             if r.hit_log_pos < num_evicted and out:
                 index = js.hash_index
-                cut = len(out)
-                for h in pool.evicted_since(r.hit_log_pos):
-                    i = index.get(h)
-                    if i is not None and i < cut:
-                        cut = i
-                del out[cut:]
+                # the chain's hashes evicted since, found at C speed (the log can be long when
+                # another request was the queue's head for a while)
+                hit = index.keys() & pool.evicted_since(r.hit_log_pos)
+                if hit:
+                    del out[min(map(index.__getitem__, hit)):]
         if len(out) < num:
             out.extend(pool.lookup(hashes, len(out), num))
         r.hit_memo = out

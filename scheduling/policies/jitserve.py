@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 from scheduling.engine.request import Request
 from scheduling.policies.base import RequestQueue, check_params
@@ -90,6 +91,9 @@ class RankedQueue(RequestQueue):
         return iter(list(self.items))
 
 
+_QUEUE_KEY = attrgetter("queue_key")
+
+
 class JITServePolicy(QueueOrderPolicy):
     name = "jitserve"
 
@@ -103,6 +107,7 @@ class JITServePolicy(QueueOrderPolicy):
         self._tpot_sum, self._tpot_count = 0.0, 0
         self.num_rankings = 0
         self._facts: dict[int, tuple[int, float | None, bool]] = {}  # request seq -> _turn_facts
+        self._rank_facts: dict[int, tuple] = {}  # request seq -> _ranking_facts
 
     def make_queue(self) -> RequestQueue:
         self.queue = RankedQueue()
@@ -130,6 +135,14 @@ class JITServePolicy(QueueOrderPolicy):
             new = job.turns[req.turn].input_tokens + (job.system_tokens if req.turn == 0 else 0)
             prefill_s = self.ctx.estimate_prefill_s(max(int(new), 1)) if self.ctx else None
             facts = self._facts[req.seq] = (new, prefill_s, req.turn < job.num_turns - 1)
+        return facts
+
+    def _ranking_facts(self, req: Request) -> tuple:
+        """``_turn_facts`` and what the ranking keys a request by besides its rate (job index, the
+        job's arrival, turn, the turn's arrival): kept as one tuple for the ranking loop."""
+        js = req.job_state
+        facts = self._rank_facts[req.seq] = (*self._turn_facts(req), js.index, js.job.arrival_s, req.turn,
+                                             req.arrival_s)
         return facts
 
     def priority(self, req: Request, now_s: float, step: float | None = None) -> float:
@@ -163,23 +176,39 @@ class JITServePolicy(QueueOrderPolicy):
         q = self.queue
         if q is None or len(q) < 2 or now_s - self._ranked_at < self.p.refresh_s:
             return
-        # priority() and _key() for every waiting request, with what is the same for all of them taken once
+        # NOTE(perf): _gain_rate's arithmetic, inlined, for every waiting request, with what is the
+        # same for all of them taken once (it runs at nearly every step where turns queue). Keep
+        # the two in step: tests/scheduling/test_order_policies.py checks that they rank alike.
+        p = self.p
         step = self.step_s()
-        mean_out = self._out_sum / self._out_count if self._out_count else float(self.p.prior_output_tokens)
-        job_max, facts_of, gain_rate = self._job_max, self._turn_facts, self._gain_rate
+        mean_out = self._out_sum / self._out_count if self._out_count else float(p.prior_output_tokens)
+        ttft_s, tool_turn_s, exponent, decode_weight = p.ttft_s, p.tool_turn_s, p.exponent, p.decode_weight
+        tpot_discount = min(1.0, p.tpot_s / step) ** exponent if step > 0 else 1.0
+        job_max, keys_of, rank_facts = self._job_max, self._rank_facts, self._ranking_facts
         for r in q.items:
-            new, prefill_s, has_tool = facts_of(r)
-            js = r.job_state
-            j = js.index
-            out = float(job_max[j]) if j in job_max else mean_out
-            rate = gain_rate(new, step if prefill_s is None else prefill_s, has_tool, out, now_s - r.arrival_s, step)
-            r.queue_key = (-rate, js.job.arrival_s, j, r.turn)
-        q.items.sort(key=lambda r: (r.queue_key, r.seq))
+            new, prefill_s, has_tool, j, job_arrival_s, turn, arrival_s = keys_of.get(r.seq) or rank_facts(r)
+            if prefill_s is None:
+                prefill_s = step
+            out = job_max.get(j, mean_out)
+            ttft = now_s - arrival_s + prefill_s
+            discount = 1.0 if ttft <= ttft_s else (ttft_s / ttft) ** exponent  # min(1, target/ttft)^exponent
+            if has_tool:
+                latency = ttft + out * step
+                if latency > tool_turn_s:
+                    discount *= (tool_turn_s / latency) ** exponent
+            elif out > 1:
+                discount *= tpot_discount
+            service = prefill_s + out * step
+            rate = (new + decode_weight * out) * discount / (service if service > 1e-9 else 1e-9)
+            r.queue_key = (-rate, job_arrival_s, j, turn)
+        # a job has one turn waiting at a time, so (job, turn) in the key leaves no ties for seq to break
+        q.items.sort(key=_QUEUE_KEY)
         self._ranked_at = now_s
         self.num_rankings += 1
 
     def on_turn_finish(self, req: Request, now_s: float) -> bool:
         self._facts.pop(req.seq, None)
+        self._rank_facts.pop(req.seq, None)
         j = req.job_state.index
         self._job_max[j] = max(self._job_max.get(j, 0), req.output_tokens)
         self._out_sum += req.output_tokens

@@ -122,6 +122,35 @@ def test_jitserve_puts_the_larger_gain_per_second_first():
     assert pol.priority(tool_turn, 0.1) < 1e-12 < pol.priority(long_, 0.1)
 
 
+def test_jitserve_ranking_loop_ranks_as_priority_does():
+    """``before_admission`` inlines ``priority``'s arithmetic for speed: on a queue that mixes live and
+    late turns, tool and streamed turns, jobs with and without history, it keys each request by
+    exactly ``-priority`` and orders the queue by it."""
+    import random
+
+    from scheduling.engine.request import JobState, Request
+    from scheduling.policies.jitserve import RankedQueue
+
+    rng = random.Random(7)
+    pol = make_policy("jitserve", {"ttft_s": 1.0, "tool_turn_s": 3.0, "tpot_s": 0.008})
+    pol.queue = RankedQueue()
+    for i in range(40):
+        turns = [(rng.randint(1, 4000), rng.randint(1, 300), 0.5) for _ in range(rng.randint(1, 3))]
+        js = JobState(job(f"j{i}", turns, system=rng.choice((0, 64))), i)
+        t = rng.randrange(len(turns))
+        pol.queue.items.append(Request(js, t, i, rng.uniform(7.0, 10.0), turns[t][0]))
+        if rng.random() < 0.5:  # a job whose earlier turns finished
+            pol._job_max[i] = rng.randint(1, 900)
+    pol._out_sum, pol._out_count = 3000, 20
+    pol._tpot_sum, pol._tpot_count = 0.2, 20  # a 0.01 s step: streamed turns miss TPOT, long tool turns their deadline
+    now = 10.0
+    pol.before_admission(now)
+    keys = [-pol.priority(r, now) for r in pol.queue.items]
+    assert [r.queue_key[0] for r in pol.queue.items] == keys
+    assert keys == sorted(keys) and len(set(keys)) > 10  # live and discounted turns both present
+    assert min(keys) < -1.0 and max(keys) > -1e-6
+
+
 def test_continuum_pins_first_then_orders_by_the_queue_orders_key():
     # SJF_SCENARIO and a new job "n" arriving while "x" runs: when "x" finishes, a's and b's second
     # turns (their jobs pinned with a long TTL) and n's first turn wait. The running mean of the
