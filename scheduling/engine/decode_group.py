@@ -38,6 +38,7 @@ class DecodeGroup:
     jobs: list[JobState]
     block_size: int
     _heap: list
+    horizon_s: float  # no inline run passes it (Engine.__init__)
     _progress: Callable[[int, int, float], None] | None
     _num_jobs_done: int
     _g: int  # index of the next step
@@ -63,6 +64,8 @@ class DecodeGroup:
         g = self._g  # the step in flight, scheduled at now_s
         heap = self._heap
         next_event_s = heap[0][0] if heap else float("inf")  # nothing is pushed inside the run
+        if self.horizon_s < next_event_s:
+            next_event_s = self.horizon_s
         fin_due, alloc_due, pool = self._fin_due, self._alloc_due, self.pool
         num_decode_seqs = len(self._dec)
         quantum = self.step_cost.decode_quantum

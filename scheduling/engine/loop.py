@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from typing import Callable, Sequence
 
@@ -25,7 +26,7 @@ from scheduling.engine.admission import Admission
 from scheduling.engine.batch_tally import BatchTally
 from scheduling.engine.decode_group import DecodeGroup
 from scheduling.engine.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's own config)
-from scheduling.engine.events import ArrivalEvent, BlocksReleaseEvent, Event, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
+from scheduling.engine.events import ArrivalEvent, BlocksReleaseEvent, Event, EventPriority, LoadDoneEvent, PinExpiryEvent, ScheduleEvent  # noqa: F401 (re-exported)
 from scheduling.engine.kv_manager import KVCacheManager
 from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, EngineResult, JobRecord, StepRecord, TurnRecord  # noqa: F401
 from scheduling.engine.request import JobState, Request, Status
@@ -93,6 +94,9 @@ class Engine(Admission, StepOutput, DecodeGroup):
         self._pass_preempted = 0
         self._step_end: float | None = None  # end of the step in flight (kept off the heap)
         self._run_pos = itertools.count()
+        # No inline decode run passes this time: an event from outside the engine may fall due then
+        # (scheduling.cluster routes turns to engines that share one clock).
+        self.horizon_s = math.inf
         policy.attach(PolicyContext(config=config, push=self.push, free_blocks=self._free_held_blocks,
                                     estimate_prefill_s=self.estimate_prefill_s))
 
@@ -113,23 +117,9 @@ class Engine(Admission, StepOutput, DecodeGroup):
         t0 = time.perf_counter()
         for js in sorted(self.jobs, key=lambda j: (j.job.arrival_s, j.index)):
             self.push(ArrivalEvent, js.job.arrival_s, js, 0)
-        heap = self._heap
-        pop = heapq.heappop
-        while True:
-            # NOTE(perf): the step in flight is not on the heap: its end is the one event every step
-            # has. It sorts first among events of its instant (EventPriority.STEP_END is the lowest),
-            # so ``end <= heap top`` is exactly the order the heap would give.
-            end = self._step_end
-            if end is not None and (not heap or end <= heap[0][0]):
-                self._step_end = None
-                self.now_s = end
-                self.on_step_end(end)
-                continue
-            if not heap:
-                break
-            t, _, _, ev = pop(heap)
-            self.now_s = t
-            ev.handle(self)
+        process_next = self.process_next
+        while process_next():
+            pass
         self.result.wall_s = time.perf_counter() - t0
         self.result.sim_time_s = self.now_s
         self.result.policy_stats = self.policy.stats()
@@ -140,6 +130,36 @@ class Engine(Admission, StepOutput, DecodeGroup):
         if self._progress:
             self._progress(self._num_jobs_done, len(self.jobs), self.now_s)
         return self.result
+
+    def next_event(self) -> tuple[float, int]:
+        """``(time, EventPriority)`` of this engine's next event (``(inf, 0)`` when it has none)."""
+        end, heap = self._step_end, self._heap
+        if end is not None and (not heap or end <= heap[0][0]):
+            return end, EventPriority.STEP_END
+        return (heap[0][0], heap[0][1]) if heap else (math.inf, 0)
+
+    def process_next(self) -> bool:
+        """Handle the next event; False when there is none."""
+        # NOTE(perf): the step in flight is not on the heap: its end is the one event every step
+        # has. It sorts first among events of its instant (EventPriority.STEP_END is the lowest),
+        # so ``end <= heap top`` is exactly the order the heap would give.
+        end, heap = self._step_end, self._heap
+        if end is not None and (not heap or end <= heap[0][0]):
+            self._step_end = None
+            self.now_s = end
+            self.on_step_end(end)
+            return True
+        if not heap:
+            return False
+        t, _, _, ev = heapq.heappop(heap)
+        self.now_s = t
+        ev.handle(self)
+        return True
+
+    def next_turn(self, js: JobState, turn: int, time_s: float) -> None:
+        """A finished turn's tool call ends at ``time_s``: the job's next turn arrives here then (a
+        cluster routes it instead)."""
+        self.push(ArrivalEvent, time_s, js, turn)
 
     # --- event handlers -----------------------------------------------------------------------
     def on_arrival(self, js: JobState, turn: int, now_s: float) -> None:
@@ -168,8 +188,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
         self._finish_step(now_s)
         self.busy = False
         heap = self._heap
-        if heap and heap[0][0] <= now_s:
-            self.wake(now_s)  # other events at this instant first
+        if heap and heap[0][0] <= now_s or self.horizon_s <= now_s:
+            self.wake(now_s)  # other events at this instant first (the horizon: one from outside)
         else:
             self.try_step(now_s)
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduling.engine.events import ArrivalEvent
-from scheduling.engine.request import Request, Status
+from scheduling.engine.request import JobState, Request, Status
 
 if TYPE_CHECKING:
     from scheduling.engine.kv_manager import KVCacheManager
@@ -43,7 +42,7 @@ class StepOutput:
     _num_jobs_done: int
 
     if TYPE_CHECKING:  # another part of the engine defines these (no runtime stub can shadow them)
-        def push(self, event_cls, time_s: float, *payload) -> None: ...  # Engine
+        def next_turn(self, js: JobState, turn: int, time_s: float) -> None: ...  # Engine
         def _check_step(self, budget: int) -> None: ...  # Engine
         def _materialize(self, r: Request, g: int) -> None: ...  # DecodeGroup
         def _join_decode_group(self, r: Request, next_g: int) -> None: ...  # DecodeGroup
@@ -123,7 +122,7 @@ class StepOutput:
         ))
         turns = js.job.turns
         if r.turn + 1 < len(turns):
-            self.push(ArrivalEvent, now_s + turns[r.turn].tool_s, js, r.turn + 1)
+            self.next_turn(js, r.turn + 1, now_s + turns[r.turn].tool_s)
         else:
             js.finish_s = now_s
             self._num_jobs_done += 1
