@@ -9,6 +9,8 @@
   does). Target: >= 20,000 steps/s on one core.
 - ``test_replay_agent_workload``: a realistic replay (synthetic SWE-agent jobs, Poisson arrivals,
   the predictor's step cost for h100-sxm / llama-3.1-8b, memoized): steps/s end to end.
+- ``test_cluster_replay_8_replicas``: 8 replicas behind a router, steps/s summed over them
+  (target >= 20,000).
 - ``test_block_pool_alloc_free``: blocks allocated + freed per second.
 
 Run:
@@ -123,6 +125,15 @@ def test_replay_saturated_queue(benchmark, policy):
     jobs = with_poisson_arrivals(synthetic_jobs(40, seed=0), 3.0, seed=0)
     cfg = ReplayConfig(sku="l40s", policy=policy, num_gpu_blocks=3000, record_steps=False)
     _bench_replay(benchmark, jobs, cfg, rounds=5, policy=policy)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "prefix", "scorers", "kv-cost"])
+def test_cluster_replay_8_replicas(benchmark, router):
+    """Engine steps per second summed over 8 H100 replicas behind a router (80 synthetic jobs at 4 jobs/s):
+    what the shared clock, the routing and the bounded inline decode runs cost. Target: >= 20,000."""
+    jobs = with_poisson_arrivals(synthetic_jobs(80, seed=0), 4.0, seed=0)
+    cfg = ReplayConfig(replicas=8, router=router, record_steps=False)
+    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=f"fcfs, 8 x {router}")
 
 
 def test_block_pool_alloc_free(benchmark):

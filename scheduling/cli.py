@@ -11,7 +11,9 @@ import sys
 from common import argtypes
 from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
 from common.errors import ConfigError
+from scheduling.cluster.options import add_cluster_options, cluster_fields
 from scheduling.policies import POLICY_NAMES
+from scheduling.replay_table import print_summary
 from scheduling.slo.spec import add_slo_option
 
 # CLI option -> (policy, parameter name). Defaults live in the policies' parameter dataclasses.
@@ -142,6 +144,7 @@ def register(sub) -> None:
                         "one track per job (queued, prefill, decode, tool call), one of engine steps, KV counters")
     add_engine_options(p)
     add_policy_options(p)
+    add_cluster_options(p)
     p.set_defaults(func=cmd_replay)
     c = sub.add_parser(
         "compare-replay", help="two replays of the same jobs side by side (e.g. the simulator vs live vLLM)",
@@ -202,6 +205,7 @@ def config_from_args(args: argparse.Namespace):
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
         cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed,
         record_steps=not getattr(args, "no_step_log", False), block_size=args.block_size or 16)
+    fields.update(cluster_fields(args))
     apply_assignments(fields, getattr(args, "assignments", []))
     return ReplayConfig(**fields)  # checks itself (one line naming the field) and resolves SKU and model
 
@@ -331,6 +335,8 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
+    if args.replicas > 1:
+        raise ConfigError("--replicas routes between simulated engines; --engine vllm runs one real engine")
 
     def given(value, default):
         return default if value is None else value
@@ -356,45 +362,3 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     write_trace_out(result, trace_path)
     print_summary(result.summary, config, out, trace_path)
     return 0
-
-
-def print_summary(m: dict, config, out, trace_path=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from scheduling.slo.attainment import summary_rows
-
-    def f(v, fmt="{:.3f}"):
-        return "-" if v is None else fmt.format(v)
-
-    where = getattr(config, "sku", None) or f"vLLM {m.get('engine', {}).get('vllm_version', '')} (live)"
-    t = Table(title=f"replay: {config.policy} · {where} · {config.model}")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    rows = [
-        ("jobs / turns", f"{m['num_jobs']} / {m['num_turns']}"),
-        ("JCT mean / p50 / p90 / p99 (s)",
-         " / ".join(f(m[k], "{:.1f}") for k in ("jct_mean_s", "jct_p50_s", "jct_p90_s", "jct_p99_s"))),
-        ("TTFT mean / p50 / p90 / p99 (s)",
-         " / ".join(f(m[k]) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
-        ("TPOT mean / p50 / p90 / p99 (s)",
-         " / ".join(f(m.get(k)) for k in ("tpot_mean_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s"))),
-        (f"goodput: turns within TTFT <= {f(m['slo']['ttft_s'], '{:g}')} s and TPOT <= {f(m['slo']['tpot_s'], '{:g}')} s",
-         f"{f(m['slo_turn_share'], '{:.1%}')} ({f(m['goodput_tok_per_s'], '{:.0f}')} tok/s)"),
-        *summary_rows(m.get("slo_attainment"), f),
-        ("queueing delay mean / p90 (s)", " / ".join(f(m[k]) for k in ("queue_mean_s", "queue_p90_s"))),
-        ("throughput (output tok/s)", f(m["output_tok_per_s"], "{:.0f}")),
-        ("jobs/s", f(m["jobs_per_s"], "{:.4f}")),
-        ("GPU prefix-hit rate", f(m["gpu_prefix_hit_rate"])),
-        ("pool hit rate", f(m["pool_hit_rate"])),
-        ("preemptions / recomputed tokens", f"{m['preemptions']} / {m['recomputed_tokens']}"),
-        ("KV blocks on GPU", str(m["num_gpu_blocks"])),
-        ("steps / sim wall (s)", f"{m['steps']} / {m['sim_wall_s']:.1f}"),
-    ]
-    for k, v in rows:
-        t.add_row(k, v)
-    console = Console()
-    console.print(t)
-    console.print(f"wrote {out}/summary.json, steps.csv, turns.csv, jobs.csv")
-    if trace_path is not None:
-        console.print(f"wrote {trace_path} (Chrome trace: open it in ui.perfetto.dev)")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import pandas as pd
 
 from common.errors import ConfigError
+from scheduling.cluster.sim import check_cluster_settings
 from scheduling.engine import Engine, EngineConfig
 from scheduling.engine.request import BLOCK_SIZE
 from scheduling.engine.step_cost import StepCost, make_step_cost
@@ -68,6 +69,11 @@ class ReplayConfig:
         seed: the seed the jobs were made with (recorded; the engine itself draws nothing).
         record_steps: keep the step log.
         block_size: tokens per KV block (vLLM's GPU default 16; its CPU build 128).
+        replicas: engines behind a router (scheduling.cluster; 1: one engine, no router).
+        router, router_params: which router, with its parameters (scheduling.cluster.routers).
+        stats_interval_s: how often the router's view of the replicas' load is refreshed (0: fresh).
+        prefix_ttl_s: how long the router trusts its record of the prefixes it sent where.
+        max_outstanding: turns in flight on a replica beyond which the router refuses one (None: never).
 
     A config checks itself when it is made (one ConfigError naming the field), and resolves its SKU
     and model once: :attr:`sku_spec` and :attr:`model_config` are what every later stage reads, so
@@ -90,6 +96,12 @@ class ReplayConfig:
     seed: int = 0
     record_steps: bool = True
     block_size: int = BLOCK_SIZE
+    replicas: int = 1
+    router: str = "round-robin"
+    router_params: dict = field(default_factory=dict)
+    stats_interval_s: float = 0.0
+    prefix_ttl_s: float = 120.0
+    max_outstanding: int | None = None
 
     def __post_init__(self) -> None:
         from gpubench import skus
@@ -97,6 +109,8 @@ class ReplayConfig:
 
         _check_engine_fields(self)
         make_policy(self.policy, self.policy_params)  # an unknown policy or parameter: one line now
+        check_cluster_settings(self.replicas, self.router, self.router_params, stats_interval_s=self.stats_interval_s,
+                               prefix_ttl_s=self.prefix_ttl_s, max_outstanding=self.max_outstanding)
         # Not fields: equality, asdict and the recorded config stay the names.
         object.__setattr__(self, "_sku_spec", skus.get(self.sku))
         object.__setattr__(self, "_model_config", load_model_config(self.model))
@@ -122,6 +136,7 @@ class ReplayResult:
     steps: pd.DataFrame
     turns: pd.DataFrame
     jobs: pd.DataFrame
+    rejected: pd.DataFrame | None = None  # turns a cluster's router refused (scheduling.cluster.results)
 
 
 def vllm_server_defaults(s: SKU) -> tuple[int, int]:
@@ -209,12 +224,37 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
     cost = step_cost or make_step_cost(config.step_cost, sku=config.sku, model=config.model,
                                        calibration=config.calibration, cuda_graphs=config.cuda_graphs,
                                        async_scheduling=config.async_scheduling)
+    if config.replicas > 1:
+        return _run_cluster(jobs, config, ecfg, cost, progress, slo)
     res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
     steps, turns, jobs_df = frames(res)
     summary = summarize(res, turns, jobs_df, slo)
     summary["step_cost"] = cost.describe()
     summary["policy_params"] = policy.params()
     return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df)
+
+
+def _run_cluster(jobs: Sequence[Job], config: ReplayConfig, ecfg: EngineConfig, cost: StepCost, progress,
+                 slo: SLOSpec) -> ReplayResult:
+    """``config.replicas`` engines behind ``config.router`` (scheduling.cluster)."""
+    from scheduling.cluster.results import cluster_block, cluster_frames, count_rejects, merged
+    from scheduling.cluster.routers import make_router
+    from scheduling.cluster.sim import Cluster
+
+    policies = [make_policy(config.policy, config.policy_params) for _ in range(config.replicas)]
+    router = make_router(config.router, config.replicas, config.router_params, seed=config.seed)
+    res = Cluster(jobs, ecfg, cost, policies, router, stats_interval_s=config.stats_interval_s,
+                  prefix_ttl_s=config.prefix_ttl_s, max_outstanding=config.max_outstanding, progress=progress).run()
+    steps, turns, jobs_df, rejected = cluster_frames(res)
+    summary = summarize(merged(res), turns, jobs_df, slo)
+    num_rejected, num_abandoned = len(rejected), rejected["job_id"].nunique()
+    summary["slo_attainment"] = count_rejects(summary["slo_attainment"], num_rejected, num_abandoned)
+    if summary["slo_turn_share"] is not None and num_rejected:
+        summary["slo_turn_share"] *= len(turns) / (len(turns) + num_rejected)
+    summary["step_cost"] = cost.describe()
+    summary["policy_params"] = policies[0].params()
+    summary["cluster"] = cluster_block(res, turns, router.name, router.params())
+    return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df, rejected=rejected)
 
 
 def pool_never_filled(metrics: dict) -> bool:
@@ -242,7 +282,10 @@ def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | N
     out = Path(out_dir)
     with locked(out, "replay directory"):
         # Tables first, the summary last: a directory with a summary.json is complete.
-        for name, frame in (("steps.csv", result.steps), ("turns.csv", result.turns), ("jobs.csv", result.jobs)):
+        tables = [("steps.csv", result.steps), ("turns.csv", result.turns), ("jobs.csv", result.jobs)]
+        if result.rejected is not None:
+            tables.append(("rejected.csv", result.rejected))
+        for name, frame in tables:
             write_text_atomic(out / name, frame.to_csv(index=False))
         doc = {"command": command, "config": result.config.to_dict(), "metrics": result.summary}
         write_text_atomic(out / "summary.json", json.dumps(doc, indent=2, default=str) + "\n")

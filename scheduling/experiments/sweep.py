@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 
 from common.errors import ConfigError
+from scheduling.cluster.options import cluster_variant
 from scheduling.experiments.sweep_defaults import (  # light constants, shared with the CLI's --help
     DEFAULT_JPS,
     DEFAULT_MODEL,
@@ -66,7 +67,9 @@ def split_policy_label(label: str) -> tuple[str, dict[str, Any]]:
 
     A label names a policy and, after ``@``, parameters of this variant only (values JSON when they
     parse, else strings); the label is the policy's name in the table and the plots, so one sweep
-    can compare pool sizes or TTL rules side by side.
+    can compare pool sizes or TTL rules side by side. The cluster's settings (``scheduling.cluster.options.CLUSTER_KEYS``,
+    ``router.KEY`` for a router parameter) ride in a label too: ``fcfs@replicas=4+router=prefix``
+    against ``fcfs@replicas=4+router=session`` compares routers (:func:`cluster_variant` takes them out).
     """
     name, _, rest = label.partition("@")
     params: dict[str, Any] = {}
@@ -128,7 +131,7 @@ class SweepSpec:
         for label in self.policies:
             name, variant = split_policy_label(label)
             policy_kind(name)
-            unknown = sorted(set(variant) - set(param_names(name)))
+            unknown = sorted(set(cluster_variant(variant)[0]) - set(param_names(name)))
             if unknown:
                 raise ConfigError(f"policy {label!r}: {name} has no parameter(s) {', '.join(unknown)} "
                                   f"(known: {', '.join(param_names(name)) or 'none'})")
@@ -180,6 +183,7 @@ def replay_config(spec: SweepSpec, cell: SweepCell):
 
     names = {f.name for f in fields(ReplayConfig)}
     name, variant = split_policy_label(cell.policy)
+    variant, cluster = cluster_variant(variant)
     kw: dict[str, Any] = {"sku": cell.sku, "model": spec.model, "policy": name, "seed": cell.seed}
     params = {**spec.policy_params.get(name, {}), **spec.policy_params.get(cell.policy, {}), **variant}
     if params:
@@ -188,6 +192,7 @@ def replay_config(spec: SweepSpec, cell: SweepCell):
         if k not in names:
             raise ConfigError(f"replay parameter {k!r} unknown (ReplayConfig has: {', '.join(sorted(names))})")
         kw[k] = v
+    kw.update(cluster)  # the label's own cluster settings win over the spec's --set ones
     if "jps" in names:
         kw["jps"] = cell.jps
     if "record_steps" in names:
@@ -213,7 +218,7 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     _flatten("", metrics if isinstance(metrics, dict) else {}, flat)
     # the SLO's targets are settings (slo_ttft_s, slo_tpot_s already say them); its attainments are outcomes
     return {k: v for k, v in flat.items() if (isinstance(v, (int, float, bool)) or v is None)
-            and not k.startswith("slo_attainment_slo_")}
+            and not k.startswith(("slo_attainment_slo_", "cluster_router_params_"))}
 
 
 def run_cell(spec: SweepSpec, cell: SweepCell) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""A cluster replay's tables and summary: the replicas' records side by side, a ``replica`` column
+added (steps.csv, turns.csv), jobs where their last turn finished, and a ``cluster`` block (per
+replica: turns, prefix hits, steps, KV peak; the router's rejects).
+
+A turn the router refused never ran: it counts against every attainment share and goodput (the
+turn and its job missed the SLO), so a router cannot look good by refusing work.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from scheduling.cluster.sim import ClusterResult
+from scheduling.engine.outputs import EngineResult
+
+REJECT_COLUMNS = ("job_id", "turn", "time_s", "replica")
+
+
+def merged(result: ClusterResult) -> EngineResult:
+    """The replicas' counters as one engine's: sums, the cluster's clock and wall time (the KV peak
+    is the sum of the replicas' peaks, each at its own moment)."""
+    reps = result.replicas
+    stats: dict = {}
+    for r in reps:
+        for k, v in (r.policy_stats or {}).items():
+            stats[k] = stats.get(k, 0) + v if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    return replace(EngineResult(), num_steps=sum(r.num_steps for r in reps),
+                   num_preemptions=sum(r.num_preemptions for r in reps),
+                   num_inline_decode_steps=sum(r.num_inline_decode_steps for r in reps),
+                   sim_time_s=result.sim_time_s, wall_s=result.wall_s,
+                   num_gpu_blocks=sum(r.num_gpu_blocks for r in reps), peak_kv_blocks=sum(r.peak_kv_blocks for r in reps),
+                   num_evicted_blocks=sum(r.num_evicted_blocks for r in reps),
+                   num_block_shortages=sum(r.num_block_shortages for r in reps), policy_stats=stats)
+
+
+def cluster_frames(result: ClusterResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(steps, turns, jobs, rejected)``: steps and turns in time order with their replica."""
+    from scheduling.experiments.metrics import frames
+
+    parts = [frames(r) for r in result.replicas]
+    steps = pd.concat([s.assign(replica=k) for k, (s, _, _) in enumerate(parts)], ignore_index=True)
+    turns = pd.concat([t.assign(replica=k) for k, (_, t, _) in enumerate(parts)], ignore_index=True)
+    jobs = pd.concat([j for _, _, j in parts], ignore_index=True)
+    steps = steps.sort_values(["t_s", "replica"], kind="stable").reset_index(drop=True)
+    turns = turns.sort_values(["finish_s", "replica"], kind="stable").reset_index(drop=True)
+    jobs = jobs.sort_values(["finish_s"], kind="stable").reset_index(drop=True)
+    rejected = pd.DataFrame.from_records(result.rejected, columns=list(REJECT_COLUMNS))
+    return steps, turns, jobs, rejected
+
+
+def count_rejects(att: dict, num_rejected_turns: int, num_rejected_jobs: int) -> dict:
+    """An ``slo_attainment`` block with refused turns (and their jobs) counted as misses."""
+    if not num_rejected_turns:
+        return {**att, "rejected_turns": 0, "rejected_jobs": 0}
+    turns, jobs = att.get("turns", 0), att.get("jobs", 0)
+    out = dict(att)
+    for k in ("ttft", "tpot", "turn"):
+        if att.get(k) is not None:
+            out[k] = att[k] * turns / (turns + num_rejected_turns)
+    for k in ("job", "job_deadline"):
+        if att.get(k) is not None:
+            out[k] = att[k] * jobs / (jobs + num_rejected_jobs)
+    out.update(rejected_turns=num_rejected_turns, rejected_jobs=num_rejected_jobs)
+    return out
+
+
+def cluster_block(result: ClusterResult, turns: pd.DataFrame, router_name: str, router_params: dict) -> dict:
+    """The summary's ``cluster`` block."""
+    per = []
+    for k, r in enumerate(result.replicas):
+        mine = turns[turns["replica"] == k]
+        prompt = int(mine["prompt_tokens"].sum())
+        per.append({"replica": k, "turns": int(len(mine)), "prompt_tokens": prompt,
+                    "hit_tokens": int(mine["hit_tokens"].sum()),
+                    "prefix_hit_rate": float(mine["hit_tokens"].sum()) / prompt if prompt else None,
+                    "ttft_p50_s": float(mine["ttft_s"].median()) if len(mine) else None,
+                    "steps": int(r.num_steps), "kv_peak_blocks": int(r.peak_kv_blocks),
+                    "preemptions": int(r.num_preemptions)})
+    counts = [int(len(turns[turns["replica"] == k])) for k in range(len(per))]
+    mean = sum(counts) / len(counts)
+    return {"replicas": len(per), "router": router_name, "router_params": router_params,
+            "rejected_turns": len(result.rejected), "rejected_jobs": len({j for j, *_ in result.rejected}),
+            "turn_imbalance": max(counts) / mean if mean else None, "per_replica": per}
