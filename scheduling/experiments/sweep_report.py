@@ -49,16 +49,36 @@ POLICY_COLORS = {"fcfs": "#d43c3c", "continuum": "#3b6fd8", "cpu-offload": "#2fa
                  "continuum-offload": "#8a4fc7"}
 
 
-_VARIANT_COLORS = ("#6b6b6b", "#b8860b", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+_VARIANT_COLORS = ("#6b6b6b", "#b8860b", "#17becf", "#e377c2", "#bcbd22", "#1f77b4", "#8c564b", "#2ca02c",
+                   "#9467bd", "#ff7f0e", "#393b79", "#e7ba52")
 
 
-def policy_color(label: str) -> str:
-    """The policy's colour; a variant (``NAME@...``) gets a colour of its own from a fixed list."""
-    if label in POLICY_COLORS:
-        return POLICY_COLORS[label]
-    import zlib
+def policy_colors(labels) -> dict[str, str]:
+    """Each label's colour: a policy its own; the variants (``NAME@...``) the fixed list's colours in
+    the order they come (distinct up to twelve of them)."""
+    out, k = {}, 0
+    for label in dict.fromkeys(labels):
+        if label in POLICY_COLORS:
+            out[label] = POLICY_COLORS[label]
+        else:
+            out[label] = _VARIANT_COLORS[k % len(_VARIANT_COLORS)]
+            k += 1
+    return out
 
-    return _VARIANT_COLORS[zlib.crc32(label.encode()) % len(_VARIANT_COLORS)]
+
+def legend_names(labels) -> tuple[dict[str, str], str]:
+    """Short legend names when every label shares a head up to an ``@`` or ``+`` (a sweep of one
+    policy's variants, e.g. ``fcfs@replicas=4+router=`` before each router): ``(label -> what
+    follows the head, the head)``; the labels themselves and "" otherwise."""
+    import os
+
+    labels = list(dict.fromkeys(labels))
+    head = os.path.commonprefix(labels) if len(labels) > 1 else ""
+    cut = max(head.rfind("@"), head.rfind("+"))
+    if cut < 0 or any(len(label) == cut + 1 for label in labels):
+        return {label: label for label in labels}, ""
+    head = head[: cut + 1]
+    return {label: label[len(head):] for label in labels}, head
 
 
 def metric_column(frame: pd.DataFrame, what: str) -> str | None:
@@ -94,6 +114,8 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
     from common.plotaxes import plain_log_ticks
 
     skus = list(dict.fromkeys(ok["sku"]))
+    colors = policy_colors(frame["policy"])
+    names, head = legend_names(frame["policy"])
     plt, fig, axes = _panel_grid(len(skus))
     for ax, sku in zip(axes, skus):
         sub = ok[ok["sku"] == sku]
@@ -103,9 +125,9 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
                 continue
             for col, style, label in series:
                 g = rows.groupby("jps")[col].agg(["mean", "min", "max"]).reset_index()
-                color = policy_color(policy)
+                color = colors[policy]
                 ax.plot(g["jps"], g["mean"], style, color=color, marker="o", ms=3,
-                        label=f"{policy}{label}" if sku == skus[0] else None)
+                        label=f"{names[policy]}{label}" if sku == skus[0] else None)
                 if (g["max"] > g["min"]).any():
                     ax.fill_between(g["jps"], g["min"], g["max"], color=color, alpha=0.15, lw=0)
         ax.set_title(sku)
@@ -122,7 +144,7 @@ def _plot_metric(frame: pd.DataFrame, out_png: Path, series: list[tuple[str, str
     handles, labels = axes[0].get_legend_handles_labels()
     num_rows = math.ceil(len(labels) / 4)
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(f"{title} · {head}…" if head else title, fontsize=10)
     fig.tight_layout(rect=(0, 0.045 * num_rows + 0.02, 1, 0.97))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
