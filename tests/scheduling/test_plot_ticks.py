@@ -68,3 +68,16 @@ def test_trace_stats_plot_tool_time_axis_shows_plain_numbers(tmp_path, log_axis_
     [labels] = figure  # the tool-call CDF's x axis
     _assert_plain(labels)
 
+
+
+def test_legend_names_drop_a_shared_label_head_and_variant_colours_differ():
+    from scheduling.experiments.sweep_report import legend_names, policy_colors
+
+    routers = [f"fcfs@replicas=4+router={r}" for r in ("round-robin", "prefix", "session", "kv-cost")]
+    names, head = legend_names(routers)
+    assert head == "fcfs@replicas=4+" and names[routers[1]] == "router=prefix"
+    assert legend_names(["fcfs", "continuum"]) == ({"fcfs": "fcfs", "continuum": "continuum"}, "")
+    assert legend_names(["cpu-offload", "cpu-offload@cpu_gib=128"])[1] == ""  # a plain name keeps every label whole
+    labels = ["fcfs", *[f"fcfs@x={i}" for i in range(12)]]
+    colors = policy_colors(labels)
+    assert len(set(colors.values())) == len(labels)
