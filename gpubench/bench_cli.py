@@ -252,7 +252,7 @@ def cmd_skus(args) -> int:
         for s in entries:
             d = {k: getattr(s, k) for k in ("id", "name", "arch", "backend", "sm_count", "spec_clock_mhz",
                                             "max_boost_mhz", "memory_gb", "memory_bw_gbs", "l2_mb", "tdp_w",
-                                            "host_link_gbs", "s_floor_ms", "clock_droop")}
+                                            "host_link_gbs", "nvlink_gbs", "nic_gbs", "s_floor_ms", "clock_droop")}
             d["peak_tflops"] = {dt: s.peak_flops(dt) / 1e12 for dt in s.fma_per_tc_per_clk}
             d["aliases"] = list(s.aliases)
             d["source"] = s.source

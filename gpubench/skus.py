@@ -38,6 +38,8 @@ class SKU:
     tdp_w: float | None
     host_link_gbs: float | None
     compute_capability: str | None = None
+    nvlink_gbs: float | None = None  # per GPU, per direction
+    nic_gbs: float | None = None     # network per GPU, per direction (one NIC per GPU)
     aliases: tuple = ()
     patterns: tuple = ()
     s_floor_ms: float | None = None
@@ -97,6 +99,8 @@ def _from_entry(sku_id: str, e: dict) -> SKU:
         tdp_w=e.get("tdp_w"),
         host_link_gbs=e.get("host_link_gbs"),
         compute_capability=e.get("compute_capability"),
+        nvlink_gbs=e.get("nvlink_gbs"),
+        nic_gbs=e.get("nic_gbs"),
         aliases=tuple(e.get("aliases", ())),
         patterns=tuple(e.get("patterns", ())),
         s_floor_ms=e.get("s_floor_ms"),

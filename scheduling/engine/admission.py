@@ -54,7 +54,7 @@ class Admission:
         hit_blocks: list[int] = []
         if r.status == Status.WAITING:
             max_tokens = kv.max_hit_tokens(r)
-            hit_blocks = kv.get_computed_blocks(r, max_tokens)
+            hit_blocks = kv.get_computed_blocks(r, max_tokens) if self.config.prefix_caching else []
             h = len(hit_blocks) * kv.block_size
             e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
             c0 = h + e

@@ -25,6 +25,9 @@ class EngineConfig:
         reserve_full_sequence: admit a waiting request only when the free blocks hold its whole
             known sequence (vLLM's ``scheduler_reserve_full_isl``, on by default in vLLM 0.32);
             False admits on its first chunk alone, as older vLLM did.
+        prefix_caching: look a waiting request's prefix up in the cache (vLLM's
+            ``enable_prefix_caching``, on by default); off, every prompt is computed (a connector's
+            tokens still load).
     """
 
     num_gpu_blocks: int
@@ -36,6 +39,7 @@ class EngineConfig:
     fast_path: bool = True
     block_size: int = BLOCK_SIZE
     reserve_full_sequence: bool = True
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:

@@ -104,12 +104,16 @@ class StepOutput:
         self._g = g + 1
         self._check_step(0)
 
-    def _finish_turn(self, r: Request, now_s: float) -> None:
+    def _release_turn(self, r: Request, now_s: float) -> None:
+        """A finished turn gives its blocks back (unless its policy holds them: it frees them itself)."""
         r.status = Status.FINISHED
         r.finish_s = now_s
         if self.policy.on_turn_finish(r, now_s):
             self.kv.free(r)
-        r.blocks = []  # (kept when the policy holds them: it frees them itself)
+        r.blocks = []
+
+    def _finish_turn(self, r: Request, now_s: float) -> None:
+        self._release_turn(r, now_s)
         js = r.job_state
         scheduled = r.num_recomputed_tokens + r.num_admission_tokens
         # a finished turn was scheduled and generated its first token

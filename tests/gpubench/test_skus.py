@@ -29,6 +29,9 @@ def test_required_entries_and_sources():
     for sku in skus.gpu_skus().values():
         for fig in ("sm_count", "fma_per_tc_per_clk", "spec_clock_mhz", "memory_bw_gbs", "l2_mb", "memory_gb"):
             assert fig in sku.source, f"{sku.id} has no source for {fig}"
+        for fig in ("nvlink_gbs", "nic_gbs", "host_link_gbs"):  # the links a KV transfer may take
+            if getattr(sku, fig) is not None:
+                assert fig in sku.source, f"{sku.id} has no source for {fig}"
 
 
 def test_published_constants():
