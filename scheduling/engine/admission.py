@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scheduling.engine.engine_config import EngineConfig
     from scheduling.engine.kv_manager import KVCacheManager
     from scheduling.engine.outputs import EngineResult
-    from scheduling.policies.base import KVPolicy, RequestQueue
+    from scheduling.policies.base import KVPolicy, KVSource, RequestQueue
 
 
 class Admission:
@@ -31,6 +31,7 @@ class Admission:
     config: EngineConfig
     kv: KVCacheManager
     policy: KVPolicy
+    external: KVSource  # where tokens beyond the GPU hit come from: the policy's pool, or a remote prefill
     queue: RequestQueue  # the policy's waiting queue (KVPolicy.make_queue)
     running: list[Request]
     loading: dict[int, Request]
@@ -48,7 +49,7 @@ class Admission:
         Returns ``(tokens scheduled now, GPU hit tokens, connector tokens, seconds added to the
         step)``, or None when the blocks it needs are not free (the request stays queued).
         """
-        kv, policy = self.kv, self.policy
+        kv, policy, external = self.kv, self.policy, self.external
         pool = kv.pool
         h = e = 0
         hit_blocks: list[int] = []
@@ -56,9 +57,9 @@ class Admission:
             max_tokens = kv.max_hit_tokens(r)
             hit_blocks = kv.get_computed_blocks(r, max_tokens) if self.config.prefix_caching else []
             h = len(hit_blocks) * kv.block_size
-            e = policy.external_hit(r, h, max_tokens) if h < max_tokens else 0
+            e = external.external_hit(r, h, max_tokens) if h < max_tokens else 0
             c0 = h + e
-            is_async = bool(e) and policy.asynchronous_load
+            is_async = bool(e) and external.asynchronous_load
             n = 0 if is_async else min(r.num_tokens - c0, budget)
             need = kv.blocks_for(c0 + n) - len(hit_blocks)
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default): the free blocks must
@@ -89,7 +90,7 @@ class Admission:
                 r.first_scheduled_s = now_s
             load_s = 0.0
             if e:
-                load = policy.load_external(r, h, e, now_s)
+                load = external.load_external(r, h, e, now_s)
                 if is_async:
                     r.status = Status.LOADING
                     self.loading[r.seq] = r

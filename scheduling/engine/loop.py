@@ -32,7 +32,7 @@ from scheduling.engine.outputs import JOB_COLUMNS, STEP_COLUMNS, TURN_COLUMNS, E
 from scheduling.engine.request import JobState, Request, Status
 from scheduling.engine.step_cost import StepCost
 from scheduling.engine.step_output import StepOutput
-from scheduling.policies.base import KVPolicy, PolicyContext
+from scheduling.policies.base import KVPolicy, KVSource, PolicyContext
 from scheduling.workload.traces import Job
 
 
@@ -97,6 +97,7 @@ class Engine(Admission, StepOutput, DecodeGroup):
         # No inline decode run passes this time: an event from outside the engine may fall due then
         # (scheduling.cluster routes turns to engines that share one clock).
         self.horizon_s = math.inf
+        self.external: KVSource = policy  # tokens beyond the GPU hit: the policy's pool (a cluster may set another)
         policy.attach(PolicyContext(config=config, push=self.push, free_blocks=self._free_held_blocks,
                                     estimate_prefill_s=self.estimate_prefill_s))
 

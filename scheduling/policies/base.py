@@ -10,7 +10,7 @@ import heapq
 from abc import ABC
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from scheduling.engine.engine_config import EngineConfig
@@ -73,6 +73,18 @@ class ExternalLoad:
     """
 
     load_s: float
+
+
+class KVSource(Protocol):
+    """Where an engine finds tokens beyond its GPU prefix hit: its KV policy's pool or store (the
+    methods of :class:`KVPolicy`), or, on a decode instance of a disaggregated pair, the prefill
+    instance's KV (scheduling.cluster.pd)."""
+
+    asynchronous_load: bool
+
+    def external_hit(self, req: "Request", gpu_hit_tokens: int, max_tokens: int) -> int: ...
+
+    def load_external(self, req: "Request", gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad: ...
 
 
 class RequestQueue(ABC):
