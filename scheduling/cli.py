@@ -335,8 +335,8 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
-    if args.replicas > 1:
-        raise ConfigError("--replicas routes between simulated engines; --engine vllm runs one real engine")
+    if args.replicas > 1 or args.prefill_replicas:
+        raise ConfigError("--replicas and --prefill-replicas run simulated engines; --engine vllm runs one real engine")
 
     def given(value, default):
         return default if value is None else value

@@ -53,4 +53,18 @@ def cluster_rows(c: dict | None, f) -> list[tuple[str, str]]:
     return [(f"{c['replicas']} replicas behind {c['router']}: turns per replica", " / ".join(str(p["turns"]) for p in per)),
             ("  prefix-hit rate per replica", " / ".join(f(p["prefix_hit_rate"], "{:.2f}") for p in per)),
             ("  TTFT p50 per replica (s)", " / ".join(f(p["ttft_p50_s"]) for p in per)),
-            ("  turns refused (jobs abandoned)", f"{c['rejected_turns']} ({c['rejected_jobs']})")]
+            ("  turns refused (jobs abandoned)", f"{c['rejected_turns']} ({c['rejected_jobs']})"),
+            *_pd_rows(c.get("pd"), f)]
+
+
+def _pd_rows(p: dict | None, f) -> list[tuple[str, str]]:
+    if not p:
+        return []
+    mb = p["kv_bytes_per_remote_turn"]
+    return [(f"disaggregated: {p['prefill_replicas']} prefill, {p['decode_replicas']} decode over {p['link']} "
+             f"({p['link_gbs']:g} GB/s{', layer-wise' if p['layerwise'] else ''}, reserve {p['reserve']})",
+             f"{p['turns_prefilled_remotely']} turns remote / {p['turns_prefilled_locally']} local"),
+            ("  KV moved per remote turn (MB) / transfer p50 / p90 (ms)",
+             f"{f(mb / 1e6 if mb is not None else None, '{:.1f}')} / "
+             f"{f(p['kv_transfer_p50_s'] and p['kv_transfer_p50_s'] * 1e3, '{:.2f}')} / "
+             f"{f(p['kv_transfer_p90_s'] and p['kv_transfer_p90_s'] * 1e3, '{:.2f}')}")]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from common.errors import ConfigError
+from scheduling.cluster.pd import LINK_KINDS, PREFIX_CACHING, RESERVE_MODES
 from scheduling.cluster.routers import ROUTER_NAMES
 
 
@@ -26,6 +27,22 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="how long the router trusts its record of a prefix it sent to a replica")
     g.add_argument("--max-outstanding", type=int, default=None,
                    help="refuse a turn when the replica picked has this many in flight (counted against goodput)")
+    g = p.add_argument_group("prefill/decode disaggregation (docs/cluster.md)")
+    g.add_argument("--prefill-replicas", type=int, default=0,
+                   help="prefill instances in front of the --replicas, which then only decode (0: aggregated)")
+    g.add_argument("--kv-link", default="auto", choices=LINK_KINDS,
+                   help="the link a turn's KV takes to its decode instance, at the SKU table's bandwidth "
+                        "(auto: NVLink where the GPU has it, else its network, else PCIe)")
+    g.add_argument("--kv-link-gbs", type=float, default=None, help="the link's bandwidth per direction in GB/s instead")
+    g.add_argument("--kv-layerwise", action="store_true", help="send the KV layer by layer during the prefill (overlapped)")
+    g.add_argument("--kv-reserve", default="before", choices=RESERVE_MODES,
+                   help="before: the decode instance reserves blocks, then pulls what it misses (vLLM's NixlConnector); "
+                        "after: the prefill instance pushes the whole prompt's KV to a staging buffer")
+    g.add_argument("--pd-threshold-tokens", type=int, default=0,
+                   help="prefill a turn on its decode instance when it is likely to miss fewer tokens than this")
+    g.add_argument("--pd-prefix-caching", default="both", choices=PREFIX_CACHING,
+                   help="which side looks prefixes up (SGLang's decode side does not by default: decode-less "
+                        "is 'prefill')")
 
 
 def cluster_fields(args: argparse.Namespace) -> dict:
@@ -41,13 +58,22 @@ def cluster_fields(args: argparse.Namespace) -> dict:
             params[key] = raw
     fields = dict(replicas=args.replicas, router=args.router, router_params=params,
                   stats_interval_s=args.stats_interval_s, prefix_ttl_s=args.prefix_ttl_s,
-                  max_outstanding=args.max_outstanding)
-    if args.replicas == 1 and (params or args.router != "round-robin" or args.max_outstanding is not None):
-        raise ConfigError("--router, --router-param and --max-outstanding route between replicas: add --replicas N (N >= 2)")
+                  max_outstanding=args.max_outstanding, prefill_replicas=args.prefill_replicas, kv_link=args.kv_link,
+                  kv_link_gbs=args.kv_link_gbs, kv_layerwise=args.kv_layerwise, kv_reserve=args.kv_reserve,
+                  pd_threshold_tokens=args.pd_threshold_tokens, pd_prefix_caching=args.pd_prefix_caching)
+    if args.replicas == 1 and not args.prefill_replicas and (params or args.router != "round-robin"
+                                                             or args.max_outstanding is not None):
+        raise ConfigError("--router, --router-param and --max-outstanding route between replicas: add --replicas N "
+                          "(N >= 2) or --prefill-replicas P")
+    pd_given = (args.kv_link != "auto" or args.kv_link_gbs is not None or args.kv_layerwise or args.kv_reserve != "before"
+                or args.pd_threshold_tokens or args.pd_prefix_caching != "both")
+    if pd_given and not args.prefill_replicas:
+        raise ConfigError("the --kv-* and --pd-* options shape prefill/decode disaggregation: add --prefill-replicas P")
     return fields
 
 
-CLUSTER_KEYS = ("replicas", "router", "stats_interval_s", "prefix_ttl_s", "max_outstanding")
+CLUSTER_KEYS = ("replicas", "router", "stats_interval_s", "prefix_ttl_s", "max_outstanding", "prefill_replicas", "kv_link",
+                "kv_link_gbs", "kv_layerwise", "kv_reserve", "pd_threshold_tokens", "pd_prefix_caching")
 
 
 def cluster_variant(variant: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -2,6 +2,11 @@
 added (steps.csv, turns.csv), jobs where their last turn finished, and a ``cluster`` block (per
 replica: turns, prefix hits, steps, KV peak; the router's rejects).
 
+Disaggregated (scheduling.cluster.pd), the turns are the decode instances' (the turn as its user
+sees it, from its arrival at the router), with ``prefill_replica`` (-1: prefilled where it decoded),
+``kv_bytes`` and ``kv_transfer_s`` (the KV moved and how long the move took from the decode
+instance's admission, or from the prefill's end when pushed); steps.csv has a ``role`` column.
+
 A turn the router refused never ran: it counts against every attainment share and goodput (the
 turn and its job missed the SLO), so a router cannot look good by refusing work.
 """
@@ -20,7 +25,7 @@ REJECT_COLUMNS = ("job_id", "turn", "time_s", "replica")
 def merged(result: ClusterResult) -> EngineResult:
     """The replicas' counters as one engine's: sums, the cluster's clock and wall time (the KV peak
     is the sum of the replicas' peaks, each at its own moment)."""
-    reps = result.replicas
+    reps = [*result.replicas, *result.prefill]
     stats: dict = {}
     for r in reps:
         for k, v in (r.policy_stats or {}).items():
@@ -41,12 +46,25 @@ def cluster_frames(result: ClusterResult) -> tuple[pd.DataFrame, pd.DataFrame, p
     parts = [frames(r) for r in result.replicas]
     steps = pd.concat([s.assign(replica=k) for k, (s, _, _) in enumerate(parts)], ignore_index=True)
     turns = pd.concat([t.assign(replica=k) for k, (_, t, _) in enumerate(parts)], ignore_index=True)
+    if result.prefill:
+        steps = steps.assign(role="decode")
+        prefill = [frames(r)[0].assign(replica=k, role="prefill") for k, r in enumerate(result.prefill)]
+        steps = pd.concat([steps, *prefill], ignore_index=True)
+        turns = _with_transfers(turns, result)
     jobs = pd.concat([j for _, _, j in parts], ignore_index=True)
     steps = steps.sort_values(["t_s", "replica"], kind="stable").reset_index(drop=True)
     turns = turns.sort_values(["finish_s", "replica"], kind="stable").reset_index(drop=True)
     jobs = jobs.sort_values(["finish_s"], kind="stable").reset_index(drop=True)
     rejected = pd.DataFrame.from_records(result.rejected, columns=list(REJECT_COLUMNS))
     return steps, turns, jobs, rejected
+
+
+def _with_transfers(turns: pd.DataFrame, result: ClusterResult) -> pd.DataFrame:
+    routed = pd.DataFrame.from_records(result.routed, columns=["job_id", "turn", "time_s", "replica", "prefill_replica"])
+    moved = pd.DataFrame.from_records(result.transfers, columns=["job_id", "turn", "kv_bytes", "start_s", "kv_transfer_s"])
+    out = turns.merge(routed[["job_id", "turn", "prefill_replica"]], on=["job_id", "turn"], how="left")
+    out = out.merge(moved[["job_id", "turn", "kv_bytes", "kv_transfer_s"]], on=["job_id", "turn"], how="left")
+    return out.fillna({"kv_bytes": 0, "kv_transfer_s": 0.0}).astype({"kv_bytes": "int64", "prefill_replica": "int64"})
 
 
 def count_rejects(att: dict, num_rejected_turns: int, num_rejected_jobs: int) -> dict:
@@ -65,8 +83,9 @@ def count_rejects(att: dict, num_rejected_turns: int, num_rejected_jobs: int) ->
     return out
 
 
-def cluster_block(result: ClusterResult, turns: pd.DataFrame, router_name: str, router_params: dict) -> dict:
-    """The summary's ``cluster`` block."""
+def cluster_block(result: ClusterResult, turns: pd.DataFrame, router_name: str, router_params: dict,
+                  pd_settings=None) -> dict:
+    """The summary's ``cluster`` block (``pd_settings``: scheduling.cluster.pd.PDSettings, disaggregated)."""
     per = []
     for k, r in enumerate(result.replicas):
         mine = turns[turns["replica"] == k]
@@ -79,6 +98,25 @@ def cluster_block(result: ClusterResult, turns: pd.DataFrame, router_name: str, 
                     "preemptions": int(r.num_preemptions)})
     counts = [int(len(turns[turns["replica"] == k])) for k in range(len(per))]
     mean = sum(counts) / len(counts)
-    return {"replicas": len(per), "router": router_name, "router_params": router_params,
-            "rejected_turns": len(result.rejected), "rejected_jobs": len({j for j, *_ in result.rejected}),
-            "turn_imbalance": max(counts) / mean if mean else None, "per_replica": per}
+    block = {"replicas": len(per), "router": router_name, "router_params": router_params,
+             "rejected_turns": len(result.rejected), "rejected_jobs": len({j for j, *_ in result.rejected}),
+             "turn_imbalance": max(counts) / mean if mean else None, "per_replica": per}
+    if pd_settings is not None:
+        block["pd"] = _pd_block(result, turns, pd_settings)
+    return block
+
+
+def _pd_block(result: ClusterResult, turns: pd.DataFrame, s) -> dict:
+    """What disaggregation did: the link, the turns prefilled remotely, the KV moved and its time."""
+    remote = turns[turns["prefill_replica"] >= 0]
+    moved = remote["kv_bytes"]
+    secs = remote["kv_transfer_s"]
+    return {"prefill_replicas": s.prefill_replicas, "decode_replicas": len(result.replicas),
+            "link": s.link.kind, "link_gbs": s.link.gbs, "link_source": s.link.source, "layerwise": s.layerwise,
+            "reserve": s.reserve, "threshold_tokens": s.threshold_tokens, "prefix_caching": s.prefix_caching,
+            "turns_prefilled_remotely": int(len(remote)), "turns_prefilled_locally": int(len(turns) - len(remote)),
+            "kv_bytes_total": int(moved.sum()), "kv_bytes_per_remote_turn": float(moved.mean()) if len(remote) else None,
+            "kv_transfer_p50_s": float(secs.median()) if len(remote) else None,
+            "kv_transfer_p90_s": float(secs.quantile(0.9)) if len(remote) else None,
+            "prefill_steps": int(sum(r.num_steps for r in result.prefill)),
+            "prefill_hit_tokens": int(sum(h for *_, h in result.prefill_turns))}

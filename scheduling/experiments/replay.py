@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import pandas as pd
 
 from common.errors import ConfigError
+from scheduling.cluster.pd import check_pd_settings
 from scheduling.cluster.sim import check_cluster_settings
 from scheduling.engine import Engine, EngineConfig
 from scheduling.engine.request import BLOCK_SIZE
@@ -74,6 +75,16 @@ class ReplayConfig:
         stats_interval_s: how often the router's view of the replicas' load is refreshed (0: fresh).
         prefix_ttl_s: how long the router trusts its record of the prefixes it sent where.
         max_outstanding: turns in flight on a replica beyond which the router refuses one (None: never).
+        prefill_replicas: prefill instances in front of the replicas, which then decode only
+            (scheduling.cluster.pd; 0: aggregated serving).
+        kv_link, kv_link_gbs: the link a turn's KV takes from prefill to decode (``auto``, ``nvlink``,
+            ``network``, ``pcie``: the SKU table's bandwidth; kv_link_gbs overrides it).
+        kv_layerwise: send the KV layer by layer during the prefill (overlapped).
+        kv_reserve: ``before``: the decode instance reserves blocks, then pulls (vLLM's NixlConnector);
+            ``after``: the prefill instance pushes to a staging buffer.
+        pd_threshold_tokens: a turn the decode instance is likely to miss by fewer tokens is
+            prefilled there.
+        pd_prefix_caching: which side looks prefixes up: both, prefill, decode, none.
 
     A config checks itself when it is made (one ConfigError naming the field), and resolves its SKU
     and model once: :attr:`sku_spec` and :attr:`model_config` are what every later stage reads, so
@@ -102,6 +113,13 @@ class ReplayConfig:
     stats_interval_s: float = 0.0
     prefix_ttl_s: float = 120.0
     max_outstanding: int | None = None
+    prefill_replicas: int = 0
+    kv_link: str = "auto"
+    kv_link_gbs: float | None = None
+    kv_layerwise: bool = False
+    kv_reserve: str = "before"
+    pd_threshold_tokens: int = 0
+    pd_prefix_caching: str = "both"
 
     def __post_init__(self) -> None:
         from gpubench import skus
@@ -111,9 +129,16 @@ class ReplayConfig:
         make_policy(self.policy, self.policy_params)  # an unknown policy or parameter: one line now
         check_cluster_settings(self.replicas, self.router, self.router_params, stats_interval_s=self.stats_interval_s,
                                prefix_ttl_s=self.prefix_ttl_s, max_outstanding=self.max_outstanding)
+        check_pd_settings(self.policy, self.prefill_replicas, kv_link=self.kv_link, kv_reserve=self.kv_reserve,
+                          pd_threshold_tokens=self.pd_threshold_tokens, pd_prefix_caching=self.pd_prefix_caching,
+                          kv_link_gbs=self.kv_link_gbs)
         # Not fields: equality, asdict and the recorded config stay the names.
         object.__setattr__(self, "_sku_spec", skus.get(self.sku))
         object.__setattr__(self, "_model_config", load_model_config(self.model))
+        if self.prefill_replicas:
+            from scheduling.cluster.pd import kv_link
+
+            kv_link(self.sku_spec, self.kv_link, self.kv_link_gbs)  # a link the SKU lacks: one line now
 
     @property
     def sku_spec(self) -> SKU:
@@ -224,7 +249,7 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
     cost = step_cost or make_step_cost(config.step_cost, sku=config.sku, model=config.model,
                                        calibration=config.calibration, cuda_graphs=config.cuda_graphs,
                                        async_scheduling=config.async_scheduling)
-    if config.replicas > 1:
+    if config.replicas > 1 or config.prefill_replicas:
         return _run_cluster(jobs, config, ecfg, cost, progress, slo)
     res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
     steps, turns, jobs_df = frames(res)
@@ -237,14 +262,22 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
 def _run_cluster(jobs: Sequence[Job], config: ReplayConfig, ecfg: EngineConfig, cost: StepCost, progress,
                  slo: SLOSpec) -> ReplayResult:
     """``config.replicas`` engines behind ``config.router`` (scheduling.cluster)."""
+    from scheduling.cluster.pd import PDSettings, kv_link
     from scheduling.cluster.results import cluster_block, cluster_frames, count_rejects, merged
     from scheduling.cluster.routers import make_router
     from scheduling.cluster.sim import Cluster
 
-    policies = [make_policy(config.policy, config.policy_params) for _ in range(config.replicas)]
+    num_p = config.prefill_replicas
+    policies = [make_policy(config.policy, config.policy_params) for _ in range(config.replicas + num_p)]
     router = make_router(config.router, config.replicas, config.router_params, seed=config.seed)
+    pd = prefill_router = None
+    if num_p:
+        pd = PDSettings(num_p, kv_link(config.sku_spec, config.kv_link, config.kv_link_gbs), config.kv_layerwise,
+                        config.kv_reserve, config.pd_threshold_tokens, config.pd_prefix_caching)
+        prefill_router = make_router(config.router, num_p, config.router_params, seed=config.seed + 1)
     res = Cluster(jobs, ecfg, cost, policies, router, stats_interval_s=config.stats_interval_s,
-                  prefix_ttl_s=config.prefix_ttl_s, max_outstanding=config.max_outstanding, progress=progress).run()
+                  prefix_ttl_s=config.prefix_ttl_s, max_outstanding=config.max_outstanding, pd=pd,
+                  prefill_router=prefill_router, num_layers=config.model_config.num_layers, progress=progress).run()
     steps, turns, jobs_df, rejected = cluster_frames(res)
     summary = summarize(merged(res), turns, jobs_df, slo)
     num_rejected, num_abandoned = len(rejected), rejected["job_id"].nunique()
@@ -253,7 +286,7 @@ def _run_cluster(jobs: Sequence[Job], config: ReplayConfig, ecfg: EngineConfig, 
         summary["slo_turn_share"] *= len(turns) / (len(turns) + num_rejected)
     summary["step_cost"] = cost.describe()
     summary["policy_params"] = policies[0].params()
-    summary["cluster"] = cluster_block(res, turns, router.name, router.params())
+    summary["cluster"] = cluster_block(res, turns, router.name, router.params(), pd)
     return ReplayResult(config=config, summary=summary, steps=steps, turns=turns, jobs=jobs_df, rejected=rejected)
 
 

@@ -1,0 +1,165 @@
+"""Prefill/decode disaggregation: P prefill instances hand each turn's KV cache to D decode
+instances over a link (docs/cluster.md).
+
+A turn is routed to its decode instance first (the router's own choice among the D instances), then,
+unless what that instance is likely to miss is below ``threshold_tokens``, to a prefill instance,
+which computes the prompt and one token. Its KV then crosses the link:
+
+- ``reserve="before"`` (vLLM's NixlConnector: the decode instance pulls): the turn arrives at the
+  decode instance when the prefill ends; admission reserves blocks for the whole prompt, looks its
+  own prefix cache up, and loads the rest, whole blocks, asynchronously over the link while the
+  batch runs; it then computes the prompt's last partial block and decodes. Bytes moved: what the
+  decode instance missed.
+- ``reserve="after"`` (a push into a staging buffer): the prefill instance sends the whole prompt's
+  KV (it cannot know the decode instance's cache) as soon as it ends; the turn arrives at the
+  decode instance when the transfer is done, and admission takes the staged blocks at once.
+
+Transfer time = link latency + bytes / link bandwidth. With ``layerwise`` the prefill instance
+sends each layer's KV as that layer finishes, so the transfer overlaps the prefill's compute: what
+is left at its end is the larger of the last layer's share and what the overlap did not cover.
+TTFT counts from the turn's arrival at the router: the prefill's queue and compute, the transfer,
+the decode instance's queue and its first step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+from scheduling.engine.request import Request
+from scheduling.policies.base import ExternalLoad
+
+# Latency of one KV hand-off over each kind of link (one RDMA/NVLink transfer setup and its completion
+# notice: a few microseconds on the wire; the transfers here take milliseconds, so this matters little).
+LINK_LATENCY_S = {"nvlink": 5e-6, "network": 10e-6, "pcie": 10e-6}
+LINK_KINDS = ("auto", *LINK_LATENCY_S)
+RESERVE_MODES = ("before", "after")
+PREFIX_CACHING = ("both", "prefill", "decode", "none")
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """The link a turn's KV cache takes from a prefill GPU to a decode GPU, per direction."""
+
+    kind: str
+    gbs: float
+    latency_s: float
+    source: str
+
+    def transfer_s(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / (self.gbs * 1e9)
+
+
+def kv_link(sku, kind: str = "auto", gbs: float | None = None) -> KVLink:
+    """The SKU table's link of ``kind`` (``auto``: NVLink where the part has it, else its per-GPU
+    network, else PCIe); ``gbs`` overrides the bandwidth."""
+    if kind not in LINK_KINDS:
+        raise ConfigError(f"kv_link must be one of {', '.join(LINK_KINDS)}, got {kind!r}")
+    table = {"nvlink": sku.nvlink_gbs, "network": sku.nic_gbs, "pcie": sku.host_link_gbs}
+    if kind == "auto":
+        kind = next((k for k in ("nvlink", "network", "pcie") if table[k]), "pcie")
+    if gbs is not None:
+        return KVLink(kind, float(gbs), LINK_LATENCY_S[kind], "kv_link_gbs (given)")
+    if not table[kind]:
+        raise ConfigError(f"{sku.id} has no {kind} bandwidth in the SKU table; give its bandwidth "
+                          f"(--kv-link-gbs, kv_link_gbs=...)")
+    field = {"nvlink": "nvlink_gbs", "network": "nic_gbs", "pcie": "host_link_gbs"}[kind]
+    return KVLink(kind, float(table[kind]), LINK_LATENCY_S[kind], f"{sku.id} {field}: {sku.source.get(field, 'SKU table')}")
+
+
+@dataclass(frozen=True)
+class PDSettings:
+    """Args:
+        prefill_replicas: prefill instances (the decode instances are the cluster's replicas).
+        link: the KV link.
+        layerwise: send each layer's KV as it is computed (overlap with the prefill).
+        reserve: ``before``: the decode instance reserves blocks, then pulls; ``after``: it takes
+            KV already pushed to it (module docstring).
+        threshold_tokens: a turn whose prompt the decode instance is likely to miss by fewer tokens
+            (the router's record of what it sent there) is prefilled there, not remotely.
+        prefix_caching: which side looks prefixes up (``both``, ``prefill``, ``decode``, ``none``).
+    """
+
+    prefill_replicas: int
+    link: KVLink
+    layerwise: bool = False
+    reserve: str = "before"
+    threshold_tokens: int = 0
+    prefix_caching: str = "both"
+
+    def caches(self, role: str) -> bool:
+        return self.prefix_caching in ("both", role)
+
+
+@dataclass
+class PendingKV:
+    """A turn's KV on its prefill instance, waiting for the decode instance."""
+
+    arrival_s: float          # the turn's arrival at the router
+    prefill_start_s: float    # its prefill's first step
+    prefill_end_s: float
+    prompt_tokens: int
+    consumed: bool = False    # loaded once: a later lookup (after a preemption) recomputes
+
+
+class RemotePrefill:
+    """The decode instance's source of tokens beyond its GPU hit (a ``KVSource``): the prefill
+    instance's KV of turns handed to it, loaded asynchronously."""
+
+    asynchronous_load = True
+
+    def __init__(self, settings: PDSettings, kv_bytes_per_token: int, num_layers: int, transfers: list) -> None:
+        self.s = settings
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.num_layers = max(num_layers, 1)
+        self.pending: dict[tuple[int, int], PendingKV] = {}
+        self.transfers = transfers  # the cluster's log: (job_id, turn, bytes, start_s, seconds)
+
+    def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
+        p = self.pending.get((req.job_state.index, req.turn))
+        if p is None or p.consumed:
+            return 0
+        return max(max_tokens - gpu_hit_tokens, 0)  # both whole blocks
+
+    def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
+        p = self.pending[(req.job_state.index, req.turn)]
+        p.consumed = True
+        if self.s.reserve == "after":  # pushed and staged before the turn arrived here
+            return ExternalLoad(0.0)
+        num_bytes = num_tokens * self.kv_bytes_per_token
+        seconds = self.transfer_left_s(num_bytes, p, now_s)
+        self.transfers.append((req.job_state.job.job_id, req.turn, num_bytes, now_s, seconds))
+        return ExternalLoad(seconds)
+
+    def transfer_left_s(self, num_bytes: float, p: PendingKV, start_s: float) -> float:
+        """Seconds the transfer still takes from ``start_s`` (layer-wise: what the overlap with the
+        prefill did not cover, at least the last layer's share)."""
+        full = self.s.link.transfer_s(num_bytes)
+        if not self.s.layerwise:
+            return full
+        return max(full - (start_s - p.prefill_start_s), self.s.link.latency_s + (full - self.s.link.latency_s) / self.num_layers)
+
+
+def check_pd_settings(policy: str, prefill_replicas: int, *, kv_link: str, kv_reserve: str, pd_threshold_tokens: int,
+                      pd_prefix_caching: str, kv_link_gbs: float | None) -> None:
+    """The disaggregation settings of a replay config: one ConfigError naming the first bad one."""
+    import math
+
+    from scheduling.policies import make_policy
+    from scheduling.policies.base import KVPolicy
+
+    if isinstance(prefill_replicas, bool) or not isinstance(prefill_replicas, int) or prefill_replicas < 0:
+        raise ConfigError(f"prefill_replicas must be an integer >= 0, got {prefill_replicas!r}")
+    if kv_link not in LINK_KINDS:
+        raise ConfigError(f"kv_link must be one of {', '.join(LINK_KINDS)}, got {kv_link!r}")
+    if kv_reserve not in RESERVE_MODES:
+        raise ConfigError(f"kv_reserve must be one of {', '.join(RESERVE_MODES)}, got {kv_reserve!r}")
+    if pd_prefix_caching not in PREFIX_CACHING:
+        raise ConfigError(f"pd_prefix_caching must be one of {', '.join(PREFIX_CACHING)}, got {pd_prefix_caching!r}")
+    if isinstance(pd_threshold_tokens, bool) or not isinstance(pd_threshold_tokens, int) or pd_threshold_tokens < 0:
+        raise ConfigError(f"pd_threshold_tokens must be an integer >= 0, got {pd_threshold_tokens!r}")
+    if kv_link_gbs is not None and (isinstance(kv_link_gbs, bool) or not isinstance(kv_link_gbs, (int, float))
+                                    or not (math.isfinite(kv_link_gbs) and kv_link_gbs > 0)):
+        raise ConfigError(f"kv_link_gbs must be a finite number > 0, got {kv_link_gbs!r}")
+    if prefill_replicas and type(make_policy(policy)).external_hit is not KVPolicy.external_hit:
+        raise ConfigError(f"policy '{policy}' loads KV from its own pool; a disaggregated decode instance loads it "
+                          "from the prefill instance (use fcfs, sjf, las, jitserve or continuum)")

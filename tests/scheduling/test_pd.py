@@ -1,0 +1,142 @@
+"""Prefill/decode disaggregation (scheduling.cluster.pd): real engines, a constant step cost, a KV
+link slow enough to see (1 GB/s), hand-built turns."""
+import pandas as pd
+import pytest
+
+from common.errors import ConfigError
+from gpubench import skus
+from scheduling.cluster.pd import KVLink, PDSettings, kv_link
+from scheduling.cluster.routers import make_router
+from scheduling.cluster.sim import Cluster
+from scheduling.engine import EngineConfig
+from scheduling.engine.step_cost import ConstantStepCost
+from scheduling.experiments.metrics import frames
+from scheduling.experiments.replay import ReplayConfig, run_replay
+from scheduling.policies import make_policy
+from tests.conftest import job
+
+KV_PER_TOKEN = 1 << 17   # 128 KiB: Llama-3.1-8B in bf16
+SLOW = KVLink("network", 1.0, 0.0, "test")  # 1 GB/s: 16 tokens' KV (2 MiB) take 2.1 ms
+STEP = 0.01
+
+
+def run_pd(jobs, *, prefill=1, decode=1, blocks=4000, **settings):
+    s = PDSettings(prefill, settings.pop("link", SLOW), **settings)
+    cfg = EngineConfig(num_gpu_blocks=blocks, kv_bytes_per_token=KV_PER_TOKEN)
+    c = Cluster(jobs, cfg, ConstantStepCost(STEP), [make_policy("fcfs") for _ in range(prefill + decode)],
+                make_router("round-robin", decode), pd=s, prefill_router=make_router("round-robin", prefill), num_layers=32)
+    res = c.run()
+    for e in [*c.engines, *c.prefill_engines]:
+        e.pool.check_invariants()
+    turns = pd.concat([frames(r)[1] for r in res.replicas]).set_index(["job_id", "turn"]).sort_index()
+    moved = {(j, t): (b, sec) for j, t, b, _, sec in res.transfers}
+    return res, turns, moved
+
+
+# one job: a 1600-token prompt (100 blocks), 10 output tokens, a 1 s tool call, then 160 new tokens
+ONE = [job("a", [(1600, 10, 1.0), (160, 10, 0)])]
+
+
+def test_a_pulled_turn_waits_for_its_prefill_its_transfer_and_one_decode_step():
+    res, turns, moved = run_pd(ONE)
+    # turn 0: prefill step [0, 0.01); the decode instance pulls 1584 tokens (whole blocks under
+    # prompt - 1), 207.6 MB at 1 GB/s; then one step computes the last 16 tokens and samples
+    nbytes, sec = moved[("a", 0)]
+    assert nbytes == 1584 * KV_PER_TOKEN and sec == pytest.approx(nbytes / 1e9)
+    assert turns.loc[("a", 0), "ttft_s"] == pytest.approx(STEP + sec + STEP)
+    assert turns.loc[("a", 0), "pool_hit_tokens"] == 1584 and turns.loc[("a", 0), "hit_tokens"] == 0
+    # turn 1: the decode instance holds turn 0's context: it pulls only the new whole blocks
+    assert turns.loc[("a", 1), "hit_tokens"] >= 1600
+    assert moved[("a", 1)][0] < 200 * KV_PER_TOKEN
+    assert [r[:3] for r in res.prefill_turns] == [("a", 0, 0), ("a", 1, 0)]
+
+
+def test_layerwise_transfer_hides_behind_the_prefill_and_a_push_moves_the_whole_prompt():
+    _, pulled, moved = run_pd(ONE)
+    _, layered, moved_l = run_pd(ONE, layerwise=True)
+    full = moved[("a", 0)][1]
+    # 0.21 s of transfer against 0.01 s of prefill overlap: 0.01 s is hidden
+    assert moved_l[("a", 0)][1] == pytest.approx(full - STEP)
+    fast = KVLink("nvlink", 450.0, 5e-6, "test")
+    _, _, moved_fast = run_pd(ONE, layerwise=True, link=fast)
+    # on NVLink the whole transfer fits in the prefill: what is left is the last layer's share
+    assert moved_fast[("a", 0)][1] == pytest.approx(5e-6 + (fast.transfer_s(1584 * KV_PER_TOKEN) - 5e-6) / 32)
+    _, pushed, moved_p = run_pd(ONE, reserve="after")
+    assert moved_p[("a", 1)][0] == (1600 + 10 + 160 - 1) // 16 * 16 * KV_PER_TOKEN  # the whole prompt again
+    assert pushed.loc[("a", 0), "ttft_s"] == pytest.approx(pulled.loc[("a", 0), "ttft_s"])
+
+
+def test_no_prefix_caching_on_the_decode_side_resends_every_turn_whole():
+    _, turns, moved = run_pd(ONE, prefix_caching="prefill")
+    assert (turns["hit_tokens"] == 0).all()
+    assert moved[("a", 1)][0] == (1600 + 10 + 160 - 1) // 16 * 16 * KV_PER_TOKEN
+
+
+def test_a_turn_below_the_threshold_is_prefilled_where_it_decodes():
+    res, turns, moved = run_pd(ONE, threshold_tokens=512)
+    assert ("a", 0) in moved and ("a", 1) not in moved  # turn 1 misses ~176 tokens: local
+    assert [r[4] for r in res.routed] == [0, -1]
+    assert turns.loc[("a", 1), "ttft_s"] == pytest.approx(STEP)
+
+
+def test_two_prefill_instances_feed_one_decode_instance_and_every_job_finishes():
+    jobs = [job(f"j{i}", [(800, 20, 0.3), (200, 20, 0)], arrival=0.002 * i) for i in range(8)]
+    res, turns, moved = run_pd(jobs, prefill=2, decode=1)
+    assert len(turns) == 16 and len(moved) == 16
+    assert {r[2] for r in res.prefill_turns} == {0, 1}
+    assert sum(len(r.jobs) for r in res.replicas) == 8
+
+
+def test_the_link_comes_from_the_sku_table():
+    assert kv_link(skus.get("h100-sxm")).kind == "nvlink" and kv_link(skus.get("h100-sxm")).gbs == 450
+    assert kv_link(skus.get("h100-sxm"), "network").gbs == 50
+    assert kv_link(skus.get("l40s")).kind == "pcie" and kv_link(skus.get("l40s")).gbs == 32
+    with pytest.raises(ConfigError, match="l40s has no network bandwidth"):
+        kv_link(skus.get("l40s"), "network")
+    assert kv_link(skus.get("l40s"), "network", 25.0).gbs == 25.0
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"prefill_replicas": 1, "policy": "cpu-offload"}, "loads KV from its own pool"),
+    ({"prefill_replicas": -1}, "prefill_replicas must be an integer >= 0"),
+    ({"prefill_replicas": 1, "kv_reserve": "later"}, "kv_reserve must be one of before, after"),
+    ({"prefill_replicas": 1, "kv_link": "wifi"}, "kv_link must be one of"),
+    ({"prefill_replicas": 1, "pd_prefix_caching": "some"}, "pd_prefix_caching must be one of"),
+    ({"prefill_replicas": 1, "kv_link_gbs": 0}, "kv_link_gbs must be a finite number > 0"),
+])
+def test_bad_disaggregation_settings_are_one_clear_error(fields, words):
+    with pytest.raises(ConfigError, match=words):
+        ReplayConfig(**fields)
+
+
+def test_replay_summarises_disaggregation(tmp_path):
+    from scheduling.experiments.replay import write_outputs
+
+    jobs = [job(f"j{i}", [(3000, 50, 0.5), (300, 50, 0)], arrival=0.05 * i) for i in range(6)]
+    res = run_replay(jobs, ReplayConfig(sku="h100-sxm", replicas=2, prefill_replicas=1, router="session",
+                                        step_cost="constant:0.01"))
+    p = res.summary["cluster"]["pd"]
+    assert p["link"] == "nvlink" and p["link_gbs"] == 450 and p["turns_prefilled_remotely"] == 12
+    assert p["kv_bytes_total"] == int(res.turns["kv_bytes"].sum()) > 0
+    assert set(res.turns["prefill_replica"]) == {0} and set(res.steps["role"]) == {"prefill", "decode"}
+    out = write_outputs(res, tmp_path / "pd")
+    assert {"prefill_replica", "kv_bytes", "kv_transfer_s"} <= set(pd.read_csv(out / "turns.csv").columns)
+
+
+def test_replay_cli_disaggregates_and_refuses_pd_options_without_prefill_replicas(tmp_path):
+    import json
+
+    from tests.gpubench.conftest import run_cli
+
+    out = tmp_path / "pd"
+    proc = run_cli("replay", "--jobs", "4", "--preset", "scaled-cpu", "--jps", "2", "--replicas", "2", "--prefill-replicas", "1",
+                   "--router", "session", "--kv-link", "network", "--kv-layerwise", "--no-progress", "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)["metrics"]["cluster"]["pd"]
+    assert (p["link"], p["link_gbs"], p["layerwise"]) == ("network", 50, True)
+    for args, words in ((["--kv-layerwise"], "add --prefill-replicas P"),
+                        (["--prefill-replicas", "1", "--sku", "l40s", "--kv-link", "network"], "--kv-link-gbs"),
+                        (["--prefill-replicas", "1", "--policy", "lmcache"], "loads KV from its own pool")):
+        bad = run_cli("replay", "--jobs", "2", "--jps", "1", "--out", str(tmp_path / "bad"), *args)
+        assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert not (tmp_path / "bad").exists()
