@@ -281,7 +281,9 @@ def _run_ray(spec: SweepSpec, todo: Sequence[SweepCell], address: str) -> Iterat
                  log_to_driver=False, ignore_reinit_error=True)
         started = True
     try:
-        remote = ray.remote(run_cell)
+        # A cell whose worker dies (killed, out of memory, its node lost) is run again elsewhere; a
+        # cell returns once, so its row is written once.
+        remote = ray.remote(max_retries=3)(run_cell)
         spec_ref = ray.put(spec)
         pending = [remote.remote(spec_ref, cell) for cell in todo]
         while pending:

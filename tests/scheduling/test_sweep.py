@@ -2,7 +2,6 @@
 (process pool vs serial vs Ray when ray is importable), resume, plots, the CLI."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -120,23 +119,20 @@ def test_sweep_end_to_end_pool_equals_serial_and_resumes(tmp_path):
         run_sweep(SweepSpec(**{**SMALL, "num_jobs": 5}), tmp_path / "serial", workers=1, progress=False)
 
 
-def test_sweep_ray_or_pool_same_as_serial(tmp_path):
-    """On a local Ray instance when ray is importable, else the process pool: same rows as serial."""
+def test_sweep_pool_same_as_serial(tmp_path):
+    """The process pool gives the rows a serial run gives (Ray: tests/scheduling/test_sweep_ray.py)."""
     spec = SweepSpec(policies=("fcfs",), skus=("h100-sxm",), jps=(3.0,), seeds=(0, 1), num_jobs=4)
     serial = run_sweep(spec, tmp_path / "serial", workers=1, progress=False, plots=False)
-    if importlib.util.find_spec("ray") is not None:
-        other = run_sweep(spec, tmp_path / "ray", ray_address="local", progress=False, plots=False)
-    else:
-        other = run_sweep(spec, tmp_path / "pool", workers=2, progress=False, plots=False)
+    other = run_sweep(spec, tmp_path / "pool", workers=2, progress=False, plots=False)
     pd.testing.assert_frame_equal(_metric_frame(serial), _metric_frame(other))
 
 
-def test_ray_missing_is_a_clear_error(tmp_path):
-    if importlib.util.find_spec("ray") is not None:
-        pytest.skip("ray is installed")
+def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` does where the extra is not installed
     spec = SweepSpec(policies=("fcfs",), skus=("h100-sxm",), jps=(1.0,), num_jobs=2)
     with pytest.raises(GpubenchError, match="needs the optional extra"):
         run_sweep(spec, tmp_path / "r", ray_address="local", progress=False, plots=False)
+    assert not (tmp_path / "r" / "sweep.csv").exists()
 
 
 def test_sweep_cli(tmp_path):
