@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import Callable
 
 from common import argtypes
 from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias, add_deprecated_flag
@@ -335,16 +336,29 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
-    if args.replicas > 1 or args.prefill_replicas:
-        raise ConfigError("--replicas and --prefill-replicas run simulated engines; --engine vllm runs one real engine")
+    if args.prefill_replicas:
+        raise ConfigError("--prefill-replicas runs simulated engines: a live prefill/decode pair needs a KV "
+                          "connector this host's vLLM cannot run (docs/cluster.md says why)")
 
     def given(value, default):
         return default if value is None else value
-    config = LiveReplayConfig(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
-                              num_gpu_blocks=given(args.num_gpu_blocks, 64),
-                              max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
-                              max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed,
-                              policy=args.policy)
+    fields = dict(model=args.model or "smollm2-135m", block_size=given(args.block_size, 128),
+                  num_gpu_blocks=given(args.num_gpu_blocks, 64),
+                  max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
+                  max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed, policy=args.policy)
+    cluster = {k: v for k, v in cluster_fields(args).items()
+               if k in ("replicas", "router", "router_params", "stats_interval_s", "prefix_ttl_s")}
+    if args.max_outstanding is not None:
+        raise ConfigError("--max-outstanding is the simulator's (a live replay refuses no turn)")
+    if args.replicas > 1:
+        from scheduling.cluster.routers import make_router
+        from scheduling.experiments.live_cluster import LiveClusterConfig, run_live_cluster
+
+        make_router(args.router, args.replicas, cluster["router_params"])  # a bad router or parameter: one line now
+        config: LiveReplayConfig = LiveClusterConfig(**fields, **cluster)
+        run: Callable = run_live_cluster
+    else:
+        config, run = LiveReplayConfig(**fields), run_live_replay
     jobs = load_jobs(args)
     validate(config, jobs)
     env.require_env()
@@ -356,7 +370,7 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
         if not args.no_progress:
             console.print(f"  {line}")
 
-    result = run_live_replay(jobs, config, progress=progress, slo=parse_slo(args.slo))
+    result = run(jobs, config, progress=progress, slo=parse_slo(args.slo))
     command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     out = write_outputs(result, args.out, command=command)
     write_trace_out(result, trace_path)

@@ -266,6 +266,23 @@ def run_worker(module: str, spec: dict, *, threads: int | None, kv_cache_gib: fl
         return read_records(out_path, offset=offset)
 
 
+def spawn_worker(module: str, spec: dict, workdir: Path, *, threads: int | None, kv_cache_gib: float | None,
+                 pythonpath: str) -> subprocess.Popen:
+    """Start ``python -m vllmref.<module> SPEC`` in the vLLM environment with pipes on stdin and
+    stdout (a long-lived worker that a caller talks to line by line; its stderr goes to
+    ``workdir/<module>.log``). The caller owns the process: it must end it."""
+    python = require_env()
+    spec_path = workdir / f"{module}-{os.getpid()}-{id(spec)}.json"
+    spec_path.write_text(json.dumps(spec))
+    log = open(workdir / f"{spec_path.stem}.log", "w")
+    try:
+        return subprocess.Popen([str(python), "-m", f"vllmref.{module}", str(spec_path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, cwd=workdir,
+                                env=worker_environ(threads=threads, kv_cache_gib=kv_cache_gib, pythonpath=pythonpath))
+    finally:
+        log.close()  # the child holds its own descriptor
+
+
 def read_records(path: Path, *, offset: int = 0) -> list[dict]:
     """JSONL records of a worker's output from byte ``offset``; a torn last line (a killed worker) is dropped."""
     if not path.exists():

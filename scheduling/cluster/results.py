@@ -86,24 +86,33 @@ def count_rejects(att: dict, num_rejected_turns: int, num_rejected_jobs: int) ->
 def cluster_block(result: ClusterResult, turns: pd.DataFrame, router_name: str, router_params: dict,
                   pd_settings=None) -> dict:
     """The summary's ``cluster`` block (``pd_settings``: scheduling.cluster.pd.PDSettings, disaggregated)."""
-    per = []
-    for k, r in enumerate(result.replicas):
-        mine = turns[turns["replica"] == k]
-        prompt = int(mine["prompt_tokens"].sum())
-        per.append({"replica": k, "turns": int(len(mine)), "prompt_tokens": prompt,
-                    "hit_tokens": int(mine["hit_tokens"].sum()),
-                    "prefix_hit_rate": float(mine["hit_tokens"].sum()) / prompt if prompt else None,
-                    "ttft_p50_s": float(mine["ttft_s"].median()) if len(mine) else None,
-                    "steps": int(r.num_steps), "kv_peak_blocks": int(r.peak_kv_blocks),
-                    "preemptions": int(r.num_preemptions)})
-    counts = [int(len(turns[turns["replica"] == k])) for k in range(len(per))]
-    mean = sum(counts) / len(counts)
-    block = {"replicas": len(per), "router": router_name, "router_params": router_params,
-             "rejected_turns": len(result.rejected), "rejected_jobs": len({j for j, *_ in result.rejected}),
-             "turn_imbalance": max(counts) / mean if mean else None, "per_replica": per}
+    extra = [{"steps": int(r.num_steps), "kv_peak_blocks": int(r.peak_kv_blocks), "preemptions": int(r.num_preemptions)}
+             for r in result.replicas]
+    block = cluster_summary(turns, extra, router_name, router_params, rejected_turns=len(result.rejected),
+                            rejected_jobs=len({j for j, *_ in result.rejected}))
     if pd_settings is not None:
         block["pd"] = _pd_block(result, turns, pd_settings)
     return block
+
+
+def cluster_summary(turns: pd.DataFrame, extra: list[dict], router_name: str, router_params: dict, *,
+                    rejected_turns: int = 0, rejected_jobs: int = 0) -> dict:
+    """Replicas, router, refusals, turn imbalance and per replica (one ``extra`` dict each: what the
+    engine counted) its turns, prompt and hit tokens, prefix-hit rate and TTFT p50: the simulator's and
+    the live cluster's alike."""
+    per = []
+    for k, more in enumerate(extra):
+        mine = turns[turns["replica"] == k]
+        prompt = int(mine["prompt_tokens"].sum())
+        hit = int(mine["hit_tokens"].sum())
+        per.append({"replica": k, "turns": int(len(mine)), "prompt_tokens": prompt, "hit_tokens": hit,
+                    "prefix_hit_rate": hit / prompt if prompt else None,
+                    "ttft_p50_s": float(mine["ttft_s"].median()) if len(mine) else None, **more})
+    counts = [int(len(turns[turns["replica"] == k])) for k in range(len(extra))]
+    mean = sum(counts) / len(counts)
+    return {"replicas": len(per), "router": router_name, "router_params": router_params,
+            "rejected_turns": rejected_turns, "rejected_jobs": rejected_jobs,
+            "turn_imbalance": max(counts) / mean if mean else None, "per_replica": per}
 
 
 def _pd_block(result: ClusterResult, turns: pd.DataFrame, s) -> dict:

@@ -377,3 +377,30 @@ def test_live_sjf_runs_vllms_priority_policy(tmp_path):
             assert job_turns["priority"].iloc[k] // 2 == expected
     bad = gpubench("replay", "--engine", "vllm", "--policy", "jitserve", *LIVE_JOBS, "--out", str(tmp_path / "j"))
     assert bad.returncode == 2 and "simulator-only" in bad.stderr and not (tmp_path / "j").exists()
+
+
+def test_live_replicas_behind_the_router_keep_each_job_on_its_session_replica(tmp_path):
+    """`replay --engine vllm --replicas 2 --router session`: two real vLLM engines, one process each,
+    the project's router in front; every turn of a job goes to one replica, whose prefix cache then
+    holds the job's context (later turns hit), and the simulator replays the same routing."""
+    args = ["--jobs", "3", "--preset", "scaled-cpu", "--jps", "1", "--seed", "0", "--num-gpu-blocks", "64",
+            "--threads", "1", "--replicas", "2", "--router", "session", "--no-progress"]
+    live = gpubench("replay", "--engine", "vllm", *args, "--out", str(tmp_path / "live"))
+    assert live.returncode == 0, live.stderr[-2000:]
+    sim = gpubench("replay", *args, "--block-size", "128", "--max-num-batched-tokens", "4096", *SIM_ENGINE,
+                   "--out", str(tmp_path / "sim"))
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    turns = pd.read_csv(tmp_path / "live" / "turns.csv")
+    sim_turns = pd.read_csv(tmp_path / "sim" / "turns.csv")
+    assert (turns.groupby("job_id")["replica"].nunique() == 1).all()
+    replica_of = turns.groupby("job_id")["replica"].first()
+    assert replica_of.equals(sim_turns.groupby("job_id")["replica"].first())  # the same consistent hash
+    later = turns[turns["turn"] > 0]
+    assert (later["hit_tokens"] > 0).all() and (turns["hit_tokens"] % 128 == 0).all()
+    steps = pd.read_csv(tmp_path / "live" / "steps.csv")
+    assert set(steps["replica"]) == set(replica_of)
+    summary = json.loads((tmp_path / "live" / "summary.json").read_text())
+    cluster = summary["metrics"]["cluster"]
+    assert cluster["router"] == "session" and sum(p["turns"] for p in cluster["per_replica"]) == len(turns)
+    assert summary["metrics"]["num_gpu_blocks"] == 128 and len(summary["metrics"]["engines"]) == 2
+    assert (tmp_path / "live" / "rejected.csv").exists()
