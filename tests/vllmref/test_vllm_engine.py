@@ -404,3 +404,41 @@ def test_live_replicas_behind_the_router_keep_each_job_on_its_session_replica(tm
     assert cluster["router"] == "session" and sum(p["turns"] for p in cluster["per_replica"]) == len(turns)
     assert summary["metrics"]["num_gpu_blocks"] == 128 and len(summary["metrics"]["engines"]) == 2
     assert (tmp_path / "live" / "rejected.csv").exists()
+
+
+def test_a_prefill_decode_pair_runs_here_through_vllms_example_connector(tmp_path):
+    """Two real engines, a KV producer and a KV consumer (vLLM's ExampleConnector: KV through
+    safetensors files, no NCCL or NIXL): the consumer finds the producer's whole blocks of the prompt
+    as an external hit, computes the rest, and samples the producer's first token."""
+    from common.model_config import load_model_config
+    from vllmref import env
+    from vllmref.worker_replay import token_ids
+
+    model_dir, real, _ = env.resolve_model("smollm2-135m")
+    vocab = load_model_config("smollm2-135m").vocab_size
+    prompt = token_ids("pd", 700, seed=0, vocab_size=vocab)
+    out = {}
+    with env.vllmref_path() as pythonpath:
+        for role, n_out in (("kv_producer", 1), ("kv_consumer", 8)):
+            spec = {"vocab_size": vocab, "seed": 0,
+                    "engine": {"model": str(model_dir), "real_weights": real, "block_size": 128, "max_model_len": 2048,
+                               "num_gpu_blocks": 32, "kv_transfer": {"role": role, "path": str(tmp_path / "kv")}}}
+            proc = env.spawn_worker("worker_serve", spec, tmp_path, threads=1, kv_cache_gib=1.0, pythonpath=pythonpath)
+            try:
+                events = []
+                for line in proc.stdout:
+                    ev = json.loads(line) if line.startswith("{") else {}
+                    events.append(ev)
+                    if ev.get("ev") == "ready":
+                        proc.stdin.write(json.dumps({"op": "add", "id": "r", "prompt": prompt, "n_out": n_out}) + "\n")
+                        proc.stdin.flush()
+                    if ev.get("ev") == "done":
+                        proc.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                        proc.stdin.flush()
+                        break
+                out[role] = next(e for e in events if e.get("ev") == "done")
+            finally:
+                proc.wait(timeout=120)
+    assert out["kv_producer"]["cached_tokens"] == 0
+    assert out["kv_consumer"]["cached_tokens"] == 640  # 5 whole blocks of 128 under the 700-token prompt
+    assert out["kv_consumer"]["tokens"][0] == out["kv_producer"]["tokens"][0]
