@@ -18,7 +18,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router", default="round-robin", choices=ROUTER_NAMES,
                    help="which replica serves a turn: round-robin, least-loaded (vLLM's data-parallel score), "
                         "session (consistent hash of the job), prefix (longest prefix sent there), load-aware "
-                        "(prefix share minus load), cache-aware (SGLang), scorers (llm-d), kv-cost (Dynamo)")
+                        "(prefix share minus load), cache-aware (SGLang), scorers (llm-d), kv-cost (Dynamo); recorded "
+                        "(--router-param turns=TURNS.CSV: the routes a replay took, a diagnostic)")
     g.add_argument("--router-param", action="append", default=[], metavar="KEY=VALUE", dest="router_param",
                    help="a router parameter (e.g. beta=2 for load-aware, temperature=0.5 for kv-cost); repeatable")
     g.add_argument("--stats-interval-s", type=float, default=0.0,

@@ -266,8 +266,51 @@ class KVCost(Router):
         return self.rng.choices(range(len(costs)), weights=weights)[0]
 
 
+@dataclass(frozen=True)
+class RecordedParams:
+    """Args: turns: a replay's turns.csv with a ``replica`` column (a live take's, say)."""
+
+    turns: str = ""
+
+    def __post_init__(self) -> None:
+        from pathlib import Path
+
+        if not self.turns or not Path(self.turns).is_file():
+            raise ConfigError(f"recorded router: turns={self.turns!r} is not a replay's turns.csv")
+
+
+class Recorded(Router):
+    """Every turn to the replica a recorded replay sent it to (a diagnostic: the simulator on a live
+    take's own routes separates the engines' error from routes that went another way)."""
+
+    name = "recorded"
+    Params = RecordedParams
+
+    def __init__(self, num_replicas: int, params=None, seed: int = 0) -> None:
+        import csv
+
+        super().__init__(num_replicas, params, seed)
+        if params is None:  # the name alone (a listing, --help): nothing to follow yet
+            self._routes: dict = {}
+            return
+        with open(params.turns, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "replica" not in rows[0]:
+            raise ConfigError(f"recorded router: {params.turns} has no replica column (not a cluster replay)")
+        self._routes = {(r["job_id"], int(r["turn"])): int(r["replica"]) for r in rows}
+        if max(self._routes.values()) >= num_replicas:
+            raise ConfigError(f"recorded router: {params.turns} routes to replica {max(self._routes.values())}, "
+                              f"beyond the {num_replicas} here")
+
+    def route(self, turn, view, now_s):
+        k = self._routes.get((turn.session, turn.turn))
+        if k is None:
+            raise ConfigError(f"recorded router: turn {turn.turn} of job {turn.session} is not in the recorded turns")
+        return k
+
+
 ROUTERS: dict[str, type[Router]] = {cls.name: cls for cls in (
-    RoundRobin, LeastLoaded, SessionAffinity, PrefixAware, LoadAware, CacheAware, WeightedScorers, KVCost)}
+    RoundRobin, LeastLoaded, SessionAffinity, PrefixAware, LoadAware, CacheAware, WeightedScorers, KVCost, Recorded)}
 ROUTER_NAMES = tuple(ROUTERS)
 
 

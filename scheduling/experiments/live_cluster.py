@@ -98,6 +98,7 @@ class _Loop:
         self.view = ClusterView(n, prefix_capacity_blocks=[config.num_gpu_blocks] * n,
                                 prefix_ttl_s=config.prefix_ttl_s, stats_interval_s=config.stats_interval_s)
         self.loads = [ReplicaLoad(0, 0, 0, config.num_gpu_blocks)] * n
+        self.reported_s = 0.0  # when a replica last reported its load (seconds since the replay began)
         self.states = [JobState(j, i, config.block_size) for i, j in enumerate(jobs)]  # the router's block hashes
         self.events: queue.Queue = queue.Queue()
         for k, p in enumerate(procs):
@@ -153,8 +154,10 @@ class _Loop:
         self.history[j] = prompt
         blocks = len(prompt) // self.config.block_size
         req = TurnToRoute(job.job_id, turn, len(prompt), self.states[j].block_hashes(blocks)[:blocks])
-        if self.router.scrapes_loads and self.view.needs_scrape(now_s):
-            self.view.set_loads(list(self.loads), now_s)
+        if self.router.scrapes_loads and self.view.needs_scrape(now_s) and self.reported_s > self.view.scraped_s:
+            # only numbers a replica reported since the router last read them are new to it (vLLM's
+            # balancer keeps counting what it sent until its engines publish again)
+            self.view.set_loads(list(self.loads), self.reported_s)
         k = self.router.route(req, self.view, now_s)
         self.view.sent(k, req, now_s)
         req_id = f"{j}#{turn}"
@@ -188,6 +191,7 @@ class _Loop:
             if kind == "load":
                 self.loads[k] = ReplicaLoad(int(ev["waiting"]), int(ev["running"]), int(ev["kv_used_blocks"]),
                                             int(ev["kv_total_blocks"]))
+                self.reported_s = ev["t"] - t0
             elif kind == "step":
                 records.append(self._step_record(ev, t0))
                 self.step_replicas.append(k)

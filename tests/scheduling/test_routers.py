@@ -130,6 +130,20 @@ def test_the_prefix_record_keeps_a_prefix_through_expiry_and_eviction():
     assert ix.matched_blocks([1, 2], 14.5) == 0
 
 
+def test_recorded_follows_a_replays_routes(tmp_path):
+    path = tmp_path / "turns.csv"
+    path.write_text("job_id,turn,replica\na,0,1\na,1,0\nb,0,1\n")
+    r = make_router("recorded", 2, {"turns": str(path)})
+    assert [r.route(TurnToRoute(j, t, 16, []), view(2), 0.0) for j, t in (("a", 0), ("a", 1), ("b", 0))] == [1, 0, 1]
+    with pytest.raises(ConfigError, match="turn 2 of job a is not in the recorded turns"):
+        r.route(TurnToRoute("a", 2, 16, []), view(2), 0.0)
+    with pytest.raises(ConfigError, match="beyond the 1 here"):
+        make_router("recorded", 1, {"turns": str(path)})
+    (tmp_path / "single.csv").write_text("job_id,turn\na,0\n")
+    with pytest.raises(ConfigError, match="no replica column"):
+        make_router("recorded", 2, {"turns": str(tmp_path / "single.csv")})
+
+
 @pytest.mark.parametrize("name, params, message", [
     ("nope", {}, "unknown router 'nope'"),
     ("round-robin", {"x": 1}, "takes no parameters"),
