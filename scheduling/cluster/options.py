@@ -42,7 +42,7 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pd-threshold-tokens", type=int, default=0,
                    help="prefill a turn on its decode instance when it is likely to miss fewer tokens than this")
     g.add_argument("--pd-prefix-caching", default="both", choices=PREFIX_CACHING,
-                   help="which side looks prefixes up (SGLang's decode side does not by default: decode-less "
+                   help="which side looks prefixes up (SGLang's default, no radix cache on the decode side, "
                         "is 'prefill')")
 
 
