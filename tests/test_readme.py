@@ -68,17 +68,17 @@ def test_readme_test_command_is_what_ci_runs_last():
 
 
 def command_file_for(path: Path) -> Path | None:
-    """The COMMAND file in path's directory or the nearest one above it, up to results/."""
+    """The COMMAND file in path's directory or the nearest one above it, below results/ (results/COMMAND
+    is only an index: it regenerates nothing)."""
     results = (ROOT / "results").resolve()
     here = path.resolve()
     if here.is_file():
         here = here.parent
-    while True:
+    while here != results and results in here.parents:
         if (here / "COMMAND").is_file():
             return here / "COMMAND"
-        if here == results or results not in here.parents:
-            return None
         here = here.parent
+    return None
 
 
 def test_every_results_link_in_readme_has_a_command():
