@@ -43,6 +43,28 @@ def vllm_counters(engine) -> dict:
     return out
 
 
+def account_step(rec: dict, state: dict[str, dict]) -> int:
+    """Apply one recorded engine step to the turns in flight (``state``: request id -> its record):
+    a turn's first scheduling and the prefix hit the scheduler saw then, the tokens scheduled, the
+    preemptions. Returns the hit tokens of the turns first scheduled in this step. Shared with the
+    live cluster's router loop (scheduling.experiments.live_cluster), which records each replica's
+    steps the same way."""
+    hit_tokens = 0
+    for item in rec["batch"]:
+        st = state.get(item["req_id"])
+        if st is None:
+            continue
+        if st["first_scheduled_s"] is None:
+            st["first_scheduled_s"] = rec["t_start"]
+            st["scheduler_hit_tokens"] = item["num_computed_before"]
+            hit_tokens += item["num_computed_before"]
+        st["scheduled_tokens"] += item["num_new_tokens"]
+    for req_id in rec["preempted"]:
+        if req_id in state:
+            state[req_id]["num_preemptions"] += 1
+    return hit_tokens
+
+
 class PriorityOrder:
     """The request ``priority`` vLLM's ``priority`` scheduling policy serves (lower first; ties by
     the request's arrival there), set when a turn is sent, with the rules of the simulator's queue
@@ -137,19 +159,7 @@ class _Replay:
             self.step_index += 1
             rec["t_start"] -= t0
             rec["t_end"] -= t0
-            hit_tokens = 0
-            for item in rec["batch"]:
-                st = self.state.get(item["req_id"])
-                if st is None:
-                    continue
-                if st["first_scheduled_s"] is None:
-                    st["first_scheduled_s"] = rec["t_start"]
-                    st["scheduler_hit_tokens"] = item["num_computed_before"]
-                    hit_tokens += item["num_computed_before"]
-                st["scheduled_tokens"] += item["num_new_tokens"]
-            for req_id in rec["preempted"]:
-                if req_id in self.state:
-                    self.state[req_id]["num_preemptions"] += 1
+            hit_tokens = account_step(rec, self.state)
             write_record(self.out, {"kind": "step", "step": self.step_index, "num_prefix_hit_tokens": hit_tokens, **rec})
 
     def finish(self, outputs, end_s: float) -> None:

@@ -221,22 +221,12 @@ class _Loop:
 
     def _step_record(self, ev: dict, t0: float) -> dict:
         """The step as the single-engine live replay records it; the first scheduling of each turn."""
+        from vllmref.worker_replay import account_step
+
         rec = {key: v for key, v in ev.items() if key != "ev"}
         rec["t_start"] -= t0
         rec["t_end"] -= t0
-        hit = 0
-        for item in rec["batch"]:
-            st = self.inflight.get(item["req_id"])
-            if st is None:
-                continue
-            if st["first_scheduled_s"] is None:
-                st["first_scheduled_s"] = rec["t_start"]
-                st["scheduler_hit_tokens"] = item["num_computed_before"]
-                hit += item["num_computed_before"]
-            st["scheduled_tokens"] += item["num_new_tokens"]
-        for req_id in rec["preempted"]:
-            if req_id in self.inflight:
-                self.inflight[req_id]["num_preemptions"] += 1
+        hit = account_step(rec, self.inflight)
         rec.update(kind="step", step=len(self.step_replicas) + 1, num_prefix_hit_tokens=hit)
         return rec
 
