@@ -244,11 +244,14 @@ class Cluster:
             self.result.rejected.append((js.job.job_id, turn, now_s, k))
             return
         key = (js.index, turn)
-        missing = (num_blocks - view.matched(req, now_s)[k]) * self.config.block_size  # by the router's record
+        remote = False
+        if self.prefill_engines:  # what the decode instance is likely to miss, by the router's record
+            missing = (num_blocks - view.prefixes[k].matched_blocks(req.block_hashes, now_s)) * self.config.block_size
+            remote = missing >= self.pd.threshold_tokens  # type: ignore[union-attr]
         view.sent(k, req, now_s)
         self._turn_blocks[key], self._replica_of[key] = num_blocks, k
         p = -1
-        if self.prefill_engines and missing >= self.pd.threshold_tokens:  # type: ignore[union-attr]
+        if remote:
             pv, pr = self.prefill_view, self.prefill_router
             assert pr is not None
             if pr.scrapes_loads and pv.needs_scrape(now_s):
