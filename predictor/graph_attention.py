@@ -19,15 +19,12 @@ engine's static buffers, so neither syncs the host and both can be captured in a
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from common.errors import ConfigError
-
-if TYPE_CHECKING:
-    from predictor.graph_model import StaticInputs, StepShape
+from predictor.graph_inputs import StaticInputs, StepShape
 
 BACKENDS = ("flash-varlen", "sdpa")
 
@@ -36,8 +33,8 @@ class AttentionBackend:
     name = "?"
     fallback_reason = ""  # why a better backend was not taken ("" when none was passed over)
 
-    def forward(self, q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, inp: "StaticInputs",
-                shape: "StepShape", blocks_per_seq: int) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, inp: StaticInputs,
+                shape: StepShape, blocks_per_seq: int) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -133,8 +130,6 @@ def choose_attention(name: str, device: torch.device, dtype: torch.dtype) -> Att
 def _self_check(flash: FlashVarlenAttention, device, dtype) -> str:
     """Run both backends on one small mixed batch (2 decodes of unequal length, a chunked prefill and a
     fresh prefill); "" when flash agrees with SDPA, else why not."""
-    from predictor.graph_model import StaticInputs, StepShape
-
     g = torch.Generator(device="cpu").manual_seed(0)
     block, bps, H, kvh, d = 16, 4, 4, 2, 64
     kb = torch.randn(4 * bps, block, kvh, d, generator=g).to(device=device, dtype=dtype)

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from common.errors import ConfigError
 from predictor.fused_kernels import Kernels, choose
 from predictor.graph_attention import AttentionBackend, choose_attention
+from predictor.graph_inputs import StaticInputs, StepShape
 from predictor.torch_model import TorchCausalLM
 
 
@@ -71,39 +72,6 @@ class PagedKVCache:
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[slots, kv_heads, head_dim] views of a layer's K and V."""
         return self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1)
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What a step's code depends on besides buffer contents: the key a CUDA graph is captured for."""
-    num_tokens: int
-    num_seqs: int
-    num_decode: int
-    max_query: int
-    max_kv: int
-    uniform_decode: bool   # every decode has the same length (no length mask)
-    decode_first_row: int  # caller index of the first decode; -1 when the decode rows are not contiguous
-    prefill: tuple         # per prefill sequence: (caller row, token start, token end, kv length)
-    decode_max_kv: int = 0  # the longest decode's length (its keys and the new token)
-
-    @property
-    def decode_only(self) -> bool:
-        return self.num_decode == self.num_seqs
-
-
-class StaticInputs:
-    """Device buffers sized once for the largest step; a step fills prefixes of them."""
-
-    def __init__(self, *, max_tokens: int, max_seqs: int, blocks_per_seq: int, device):
-        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(max_tokens, **i64)
-        self.positions = torch.zeros(max_tokens, **i64)
-        self.slot_mapping = torch.zeros(max_tokens, **i64)
-        self.seq_lens = torch.zeros(max_seqs, **i32)
-        self.query_start = torch.zeros(max_seqs + 1, **i32)
-        self.block_table = torch.zeros(max_seqs, blocks_per_seq, **i32)
-        self.last_token_idx = torch.zeros(max_seqs, **i64)
-        self.max_tokens, self.max_seqs, self.blocks_per_seq = max_tokens, max_seqs, blocks_per_seq
 
 
 @dataclass(frozen=True)
