@@ -23,9 +23,12 @@ def _register_profile(sub) -> None:
                     "Rows are appended as measured; rerunning the same command resumes where it stopped.",
         formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="shipped config name (e.g. smollm2-135m) or path to a config.json")
-    p.add_argument("--engine", default="torch", choices=("torch", "vllm"),
-                   help="torch: our engine loop; vllm: a real vLLM V1 engine (set it up with `gpubench vllm setup`); "
-                        "smollm2-135m runs the real converted model, other configs random weights")
+    p.add_argument("--engine", default="torch", choices=("torch", "torch-graph", "vllm"),
+                   help="torch: our eager engine loop; torch-graph: the same weights as a serving engine runs them "
+                        "(static buffers, fused qkv/gate_up and elementwise kernels, varlen flash attention, decode "
+                        "steps replayed as CUDA graphs on a GPU; eager on the CPU); vllm: a real vLLM V1 engine (set "
+                        "it up with `gpubench vllm setup`); smollm2-135m runs the real converted model, other configs "
+                        "random weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
@@ -48,6 +51,13 @@ def _register_profile(sub) -> None:
     v.add_argument("--takes", type=argtypes.positive_int, default=3, metavar="N",
                    help="run the grid N times, each a fresh engine start, and make each row the median of its step "
                         "over them (a vLLM step cannot be repeated in place, and the steps of one scenario run move together)")
+    g = p.add_argument_group("graph engine options (--engine torch-graph)")
+    g.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"),
+                   help="fused elementwise kernels: Triton (auto picks it on a GPU where Triton is installed) or the "
+                        "torch fallbacks (auto on the CPU)")
+    g.add_argument("--attention", default="auto", choices=("auto", "flash-varlen", "sdpa"),
+                   help="auto: torch's varlen flash kernel with a block table where it exists and passes a self-check "
+                        "(a GPU, fp16/bf16), else SDPA; the row says which ran and why")
     p.add_argument("--list", action="store_true", help="print the grid points (with --json: a JSON list) and exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout (rows file, rows in it, rows this run added, contended rows, "
@@ -113,7 +123,9 @@ def _profile(args) -> int:
         args.grid = args.grid or "default"
         return _profile_vllm(args, cfg)
     if args.grid == "tiny":
-        raise ConfigError("--grid tiny is a vLLM smoke grid; use quick or default with --engine torch")
+        raise ConfigError(f"--grid tiny is a vLLM smoke grid; use quick or default with --engine {args.engine}")
+    if args.engine != "torch-graph" and (args.kernels != "auto" or args.attention != "auto"):
+        raise ConfigError("--kernels and --attention choose the graph engine's kernels; add --engine torch-graph")
     on_gpu = args.device.startswith("cuda")
     args.grid = args.grid or default_grid(args.device)
     dtype_bytes = 2 if (args.dtype or ("bf16" if on_gpu else "fp32")) != "fp32" else 4
@@ -137,8 +149,10 @@ def _profile(args) -> int:
         raise ConfigError(f"profile: --out must end in .parquet, got '{args.out}'")
     pc = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, grid=args.grid,
                        ops_subset=args.ops_subset, num_threads=args.threads, max_points=args.max_points,
+                       engine=args.engine, kernels=args.kernels, attention=args.attention,
                        command=["gpubench"] + sys.argv[1:] if sys.argv and "gpubench" in sys.argv[0]
-                       else ["gpubench", "profile", "--model", args.model, "--device", args.device,
+                       else ["gpubench", "profile", "--model", args.model, "--engine", args.engine,
+                             "--device", args.device,
                              "--grid", args.grid, "--out", str(args.out)])
     before = _num_rows(args.out)
     rows = _with_progress("profile", cfg.name, "", lambda progress: run_profile(cfg, pc, args.out, progress=progress), json_out=args.json)

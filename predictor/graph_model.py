@@ -12,7 +12,8 @@ GPU model runner does:
 - **Token-major paged KV** (vLLM's flash layout): per layer ``[num_blocks, block_size, kv_heads,
   head_dim]``; token t's K/V go to flat slot ``slot_mapping[t]`` with one scatter (``index_copy_``
   or the Triton write). Sequence i (the caller's index, stable over steps) owns blocks
-  ``[i * blocks_per_seq, (i + 1) * blocks_per_seq)``.
+  ``[i * blocks_per_seq, (i + 1) * blocks_per_seq)``; :meth:`GraphCausalLM.layout` sets how many
+  blocks a sequence gets (the profiler re-lays the cache per grid point, untimed).
 - **Fused projections and kernels:** one qkv and one gate_up GEMM per layer (4 GEMMs, as vLLM), and
   predictor.fused_kernels for add+RMSNorm, RoPE, SiLU-and-mul and the cache write.
 - **Attention:** ``flash-varlen`` (torch's varlen flash with a block table and per-sequence lengths:
@@ -90,7 +91,11 @@ class GraphCausalLM:
     """The engine (see the module docstring). Built from an eager model: the same weights, fused."""
 
     def __init__(self, eager: TorchCausalLM, cache: PagedKVCache, *, max_tokens: int, max_seqs: int,
-                 kernels: str = "auto", attention: str = "auto", cuda_graphs: bool = True):
+                 max_positions: int | None = None, kernels: str = "auto", attention: str = "auto",
+                 cuda_graphs: bool = True):
+        """Buffers for steps of up to ``max_tokens`` tokens over ``max_seqs`` sequences, RoPE tables
+        for ``max_positions`` (default: what the cache holds per sequence when split ``max_seqs``
+        ways, which is also the first layout)."""
         cfg, P = eager.cfg, eager.params
         if cache.num_slots < max_seqs * cache.block_size:
             raise ConfigError(f"KV cache of {cache.num_slots} slots cannot give {max_seqs} sequences a block each")
@@ -111,7 +116,8 @@ class GraphCausalLM:
                 post_norm=P[p + "post_attention_layernorm.weight"]))
         self.embed, self.final_norm, self.lm_head = P["model.embed_tokens.weight"], P["model.norm.weight"], eager.lm_head()
         inv = eager._inv_freq
-        freqs = torch.outer(torch.arange(self.blocks_per_seq * cache.block_size, dtype=torch.float32), inv)
+        self.max_positions = max_positions or self.blocks_per_seq * cache.block_size
+        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv)
         self.cos = freqs.cos().to(device=self.device, dtype=self.dtype)
         self.sin = freqs.sin().to(device=self.device, dtype=self.dtype)
         self.inputs = StaticInputs(max_tokens=max_tokens, max_seqs=max_seqs, blocks_per_seq=self.blocks_per_seq,
@@ -121,6 +127,19 @@ class GraphCausalLM:
         self._pool: Any = None  # the graphs' shared memory pool, once the first is captured
 
     # ----------------------------------------------------------------- inputs
+    def layout(self, num_seqs: int, max_len: int) -> None:
+        """Give each of ``num_seqs`` sequences the blocks for ``max_len`` positions (no KV copy; the
+        block table is reallocated and captured graphs dropped when the split changes)."""
+        bps = -(-max_len // self.cache.block_size)
+        if max_len > self.max_positions or num_seqs * bps > self.cache.num_blocks or num_seqs > self.inputs.max_seqs:
+            raise ConfigError(f"{num_seqs} sequences of {max_len} positions do not fit the engine ({self.cache.num_blocks} "
+                              f"blocks of {self.cache.block_size}, {self.inputs.max_seqs} sequences, "
+                              f"{self.max_positions} positions)")
+        if bps != self.blocks_per_seq:
+            self.blocks_per_seq = bps
+            self.inputs.block_table = torch.zeros(self.inputs.max_seqs, bps, dtype=torch.int32, device=self.device)
+            self._graphs.clear()
+
     def prepare(self, token_ids: list[list[int]], num_cached: list[int]) -> tuple[StepShape, tuple[int, ...]]:
         """Copy a step's inputs into the static buffers; (its shape, internal -> caller order).
 
@@ -132,6 +151,9 @@ class GraphCausalLM:
         order = tuple([i for i in range(n_seq) if is_dec[i]] + [i for i in range(n_seq) if not is_dec[i]])
         num_decode = sum(is_dec)
         span = self.blocks_per_seq * self.cache.block_size
+        if n_seq * self.blocks_per_seq > self.cache.num_blocks:
+            raise ConfigError(f"{n_seq} sequences of {self.blocks_per_seq} blocks each; the cache has "
+                              f"{self.cache.num_blocks} (call layout first)")
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -140,8 +162,9 @@ class GraphCausalLM:
         starts, prefill = [0], []
         for k, i in enumerate(order):
             toks, c = token_ids[i], num_cached[i]
-            if c + len(toks) > span:
-                raise ConfigError(f"sequence {i} needs {c + len(toks)} positions; the engine holds {span} per sequence")
+            if c + len(toks) > min(span, self.max_positions):
+                raise ConfigError(f"sequence {i} needs {c + len(toks)} positions; the engine holds "
+                                  f"{min(span, self.max_positions)} per sequence")
             t0 = len(ids)
             ids.extend(toks)
             pos.extend(range(c, c + len(toks)))

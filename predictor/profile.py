@@ -83,6 +83,9 @@ class ProfileConfig:
     num_threads: int | None = None
     max_points: int | None = None
     seed: int = 0
+    engine: str = "torch"      # torch: the eager loop; torch-graph: predictor.graph_model
+    kernels: str = "auto"      # torch-graph: its fused kernels (auto, triton, torch)
+    attention: str = "auto"    # torch-graph: its attention (auto, flash-varlen, sdpa)
     command: list[str] = field(default_factory=list)
 
 
@@ -206,6 +209,7 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     cached = [c for _, c in point.batch]
     acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if sess.device.type == "cuda" else [])
     per_rep: list[dict[str, float]] = []
+    counts: list[int] = []
     cpu_over_wall = []
     for _ in range(num_repeats):
         with _quiet_stderr(), tp.profile(activities=acts) as prof:
@@ -215,6 +219,7 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
             synchronize(sess.device)
             cpu_over_wall.append((time.thread_time() - c0) / (time.perf_counter() - t0))
         per_rep.append(op_times_by_kind(prof.events(), device_type=sess.device.type))
+        counts.append(kernels_in(prof.events(), device_type=sess.device.type))
     kinds = sorted({k for r in per_rep for k in r})
     med = {k: float(np.median([r.get(k, 0.0) for r in per_rep])) for k in kinds}
     op_sum_s = float(sum(med.values()))
@@ -223,7 +228,17 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     # footing as ``thread_cpu_s`` (preemption lands on ops and gaps in proportion to their time).
     ratio = float(np.median(cpu_over_wall)) if sess.device.type == "cpu" else float("nan")
     return {"ops_profiled": True, "ops_json": json.dumps(med), "op_sum_s": op_sum_s,
-            "op_sum_cpu_s": op_sum_s * ratio, "op_profile_cpu_over_wall": ratio, "num_op_repeats": num_repeats}
+            "op_sum_cpu_s": op_sum_s * ratio, "op_profile_cpu_over_wall": ratio, "num_op_repeats": num_repeats,
+            "kernels_per_step": float(np.median(counts))}
+
+
+def kernels_in(events, *, device_type: str) -> int:
+    """Kernels one profiled step launched (CUDA; copies left out), or its top-level aten ops (CPU)."""
+    import torch.profiler as tp
+
+    if device_type == "cuda":
+        return sum(1 for e in events if e.device_type == tp.DeviceType.CUDA and "memcpy" not in e.name.lower())
+    return sum(1 for e in events if e.cpu_parent is None and e.name.startswith("aten::"))
 
 
 def _ops_indices(num_points: int, k: int) -> set[int]:
@@ -261,50 +276,46 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
     """Time every point of the grid for ``cfg``; append rows; resume; write parquet. Returns all rows."""
     import torch
 
-    from predictor.torch_model import DTYPES, KVCache, TorchCausalLM
+    from predictor.torch_model import DTYPES
 
     if pc.grid not in GRIDS:
         raise ConfigError(f"--grid '{pc.grid}': use one of {', '.join(GRIDS)}")
+    if pc.engine not in ENGINES:
+        raise ConfigError(f"--engine '{pc.engine}': use one of {', '.join(ENGINES)}")
     dev = _resolve_device(pc.device)
     dtype = pc.dtype or ("bf16" if dev.type == "cuda" else "fp32")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype '{dtype}': use one of {', '.join(DTYPES)}")
-    dtype_bytes = DTYPES[dtype].itemsize
     if pc.num_threads:
         torch.set_num_threads(pc.num_threads)
     spec = GRIDS[pc.grid]
-    points = build_grid(spec, cfg, dtype_bytes=dtype_bytes)[: pc.max_points]
+    points = build_grid(spec, cfg, dtype_bytes=DTYPES[dtype].itemsize)[: pc.max_points]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     side = sidecar_path(out)
     old = read_rows(out) + read_rows(side)
+    other = sorted({str(r.get("engine") or "torch") for r in old} - {pc.engine})
+    if other:
+        raise ConfigError(f"{out} holds rows of the {', '.join(other)} engine; write --engine {pc.engine} rows to "
+                          f"another file")
     done = {r["key"] for r in old}
     dev_label = str(dev)
-    todo = [(i, p) for i, p in enumerate(points) if row_key(cfg.name, dev_label, dtype, p) not in done]
+    todo = [(i, p) for i, p in enumerate(points) if row_key(cfg.name, dev_label, dtype, p, pc.engine) not in done]
     ops_idx = _ops_indices(len(points), pc.ops_subset)
     if todo:
-        cap = max(p.kv_tokens for _, p in todo)
-        sess = _Session(cfg, TorchCausalLM(cfg, dtype=dtype, device=dev_label, seed=pc.seed),
-                        KVCache(cfg, capacity_tokens=cap, dtype=DTYPES[dtype], device=dev_label, seed=pc.seed),
-                        dev, np.random.default_rng(pc.seed))
-        static = {
-            "schema_version": SCHEMA_VERSION, "model": cfg.name, "device": dev_label, "device_type": dev.type,
-            "device_name": _device_name(dev), "host": platform.node(), "dtype": dtype, "grid": spec.name,
-            "num_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-            "timer": "perf_counter", "command": " ".join(pc.command),
-        }
+        sess, static = _open_session(cfg, pc, dev, dtype, [p for _, p in todo])
+        static |= {"schema_version": SCHEMA_VERSION, "model": cfg.name, "device": dev_label, "device_type": dev.type,
+                   "device_name": _device_name(dev), "host": platform.node(), "dtype": dtype, "grid": spec.name,
+                   "num_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+                   "command": " ".join(pc.command)}
         ref_pool = reference_pool_elements(dev.type)
         for j, (i, p) in enumerate(todo):
             if progress:
                 progress(j, len(todo), p.key)
             load_before = os.getloadavg()[0]
-            row = {"key": row_key(cfg.name, dev_label, dtype, p), **static, "phase": p.phase,
-                   **point_features(cfg, p, dtype_bytes), "ref_gemv_s": reference_gemv_s(dtype, ref_pool)}
-            row |= time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
-                             min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
-            row |= (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if i in ops_idx
-                    else {"ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "op_sum_cpu_s": float("nan"),
-                          "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0})
+            row = {"key": row_key(cfg.name, dev_label, dtype, p, pc.engine), **static, "phase": p.phase,
+                   **point_features(cfg, p, DTYPES[dtype].itemsize), "ref_gemv_s": reference_gemv_s(dtype, ref_pool)}
+            row |= _measure_point(sess, pc, spec, p, profile_ops_here=i in ops_idx)
             row |= {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
                     "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             append_jsonl(side, row)
@@ -316,3 +327,41 @@ def run_profile(cfg: ModelConfig, pc: ProfileConfig, out: Path, *,
         side.unlink()
     return old
 
+
+ENGINES = ("torch", "torch-graph")
+_NOT_PROFILED = {"ops_profiled": False, "ops_json": "{}", "op_sum_s": float("nan"), "op_sum_cpu_s": float("nan"),
+                 "op_profile_cpu_over_wall": float("nan"), "num_op_repeats": 0, "kernels_per_step": float("nan")}
+
+
+def _open_session(cfg: ModelConfig, pc: ProfileConfig, dev, dtype: str, points: list[GridPoint]) -> tuple[_Session, dict]:
+    """The engine the rows time, sized for ``points``, and the fields every row of it carries."""
+    from predictor.torch_model import DTYPES, KVCache, TorchCausalLM
+
+    rng = np.random.default_rng(pc.seed)
+    if pc.engine == "torch-graph":
+        from predictor.profile_graph import build_engine, engine_fields
+
+        engine = build_engine(cfg, points, dtype=dtype, device=str(dev), seed=pc.seed, kernels=pc.kernels,
+                              attention=pc.attention)
+        return _Session(cfg, engine, None, dev, rng), engine_fields(engine)
+    cap = max(p.kv_tokens for p in points)
+    sess = _Session(cfg, TorchCausalLM(cfg, dtype=dtype, device=str(dev), seed=pc.seed),
+                    KVCache(cfg, capacity_tokens=cap, dtype=DTYPES[dtype], device=str(dev), seed=pc.seed), dev, rng)
+    return sess, {"engine": "torch", "timer": "perf_counter", "cuda_graphs": False, "attention_backend": "sdpa",
+                  "attention_fallback": "", "kernels": "torch"}
+
+
+def _measure_point(sess: _Session, pc: ProfileConfig, spec, p: GridPoint, *, profile_ops_here: bool) -> dict:
+    """A grid point's timing fields and, at the op-profiled points, its op (or kernel) breakdown."""
+    if pc.engine == "torch-graph":
+        from predictor.profile_graph import profile_graph_kernels, time_graph_step
+
+        ids = [sess.rng.integers(0, sess.cfg.vocab_size, size=n).tolist() for n, _ in p.batch]
+        row = time_graph_step(sess.model, p, ids, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats,
+                              min_time_s=spec.min_time_s, max_repeats=spec.max_repeats)
+        return row | (profile_graph_kernels(sess.model, p, ids, num_repeats=pc.num_op_repeats) if profile_ops_here
+                      else _NOT_PROFILED)
+    row = time_step(sess, p, num_warmup=spec.num_warmup, num_repeats=spec.num_repeats, min_time_s=spec.min_time_s,
+                    max_repeats=spec.max_repeats)
+    row |= {"host_step_s": row["wall_s"], "device_step_s": float("nan"), "device_step_times_s": []}
+    return row | (profile_ops(sess, p, num_repeats=pc.num_op_repeats) if profile_ops_here else _NOT_PROFILED)

@@ -66,8 +66,10 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def row_key(model: str, device: str, dtype: str, point: GridPoint) -> str:
-    return f"{model}|{device}|{dtype}|{point.key}"
+def row_key(model: str, device: str, dtype: str, point: GridPoint, engine: str = "torch") -> str:
+    """A row's identity in its file; the eager torch engine's keys predate the engine field."""
+    head = model if engine == "torch" else f"{model}|{engine}"
+    return f"{head}|{device}|{dtype}|{point.key}"
 
 
 def wall_fields(wall_times_s) -> dict:
