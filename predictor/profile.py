@@ -20,11 +20,9 @@ batch descriptors are predictor.profile_grid; the row files and keys predictor.p
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,39 +33,8 @@ import numpy as np
 from common.errors import ConfigError, GpubenchError, NoDeviceError
 from common.model_config import ModelConfig
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, point_features
+from predictor.profile_ops import kernels_in, op_times_by_kind, quiet_stderr
 from predictor.profile_rows import SCHEMA_VERSION, append_jsonl, read_rows, row_key, sidecar_path, wall_fields, write_parquet
-
-# ----------------------------------------------------------------------------- op profiling
-_OP_KINDS = (
-    ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
-    ("linear", ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm")),
-    ("kv_write", ("aten::index_put",)),
-    ("sampling", ("aten::argmax",)),
-    ("gather", ("aten::embedding", "aten::index", "aten::index_select")),
-    ("copy", ("aten::to", "aten::_to_copy", "aten::copy_", "aten::lift_fresh", "aten::empty")),
-)
-
-
-def op_kind(name: str) -> str:
-    """Kind of a top-level aten op ("elementwise" for norms, RoPE, activations, residuals)."""
-    for kind, keys in _OP_KINDS:
-        if any(name.startswith(k) or k in name for k in keys):
-            return kind
-    return "elementwise"
-
-
-def op_times_by_kind(events, *, device_type: str) -> dict[str, float]:
-    """Seconds per op kind from profiler events, attributed to each top-level op (no double count).
-
-    CPU: the op's inclusive CPU time; CUDA: the device time of the kernels it launched.
-    """
-    out: dict[str, float] = {}
-    for ev in events:
-        if ev.cpu_parent is not None or not ev.name.startswith("aten::"):
-            continue
-        us = ev.device_time_total if device_type == "cuda" else ev.cpu_time_total
-        out[op_kind(ev.name)] = out.get(op_kind(ev.name), 0.0) + us * 1e-6
-    return out
 
 
 # ----------------------------------------------------------------------------- running
@@ -184,21 +151,6 @@ def time_step(sess: _Session, point: GridPoint, *, num_warmup: int, num_repeats:
     }
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence file descriptor 2 while the profiler runs: kineto prints two log lines per session
-    from C++ (no setting turns them off), which would bury the progress bar."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     """Per-op-kind medians (s) of ``num_repeats`` profiled steps, and their sum (Vidur-style)."""
     import torch.profiler as tp
@@ -212,7 +164,7 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     counts: list[int] = []
     cpu_over_wall = []
     for _ in range(num_repeats):
-        with _quiet_stderr(), tp.profile(activities=acts) as prof:
+        with quiet_stderr(), tp.profile(activities=acts) as prof:
             c0, t0 = time.thread_time(), time.perf_counter()
             inp = sess.model.prepare(ids, cached)
             sess.model.sample(sess.model.forward(inp, sess.cache), inp.order)
@@ -230,15 +182,6 @@ def profile_ops(sess: _Session, point: GridPoint, *, num_repeats: int) -> dict:
     return {"ops_profiled": True, "ops_json": json.dumps(med), "op_sum_s": op_sum_s,
             "op_sum_cpu_s": op_sum_s * ratio, "op_profile_cpu_over_wall": ratio, "num_op_repeats": num_repeats,
             "kernels_per_step": float(np.median(counts))}
-
-
-def kernels_in(events, *, device_type: str) -> int:
-    """Kernels one profiled step launched (CUDA; copies left out), or its top-level aten ops (CPU)."""
-    import torch.profiler as tp
-
-    if device_type == "cuda":
-        return sum(1 for e in events if e.device_type == tp.DeviceType.CUDA and "memcpy" not in e.name.lower())
-    return sum(1 for e in events if e.cpu_parent is None and e.name.startswith("aten::"))
 
 
 def _ops_indices(num_points: int, k: int) -> set[int]:

@@ -113,7 +113,7 @@ def profile_graph_kernels(engine, point: GridPoint, ids: list[list[int]], *, num
     """One step under torch.profiler per repetition: kernels (or CPU ops) per step and time per kind."""
     import torch.profiler as tp
 
-    from predictor.profile import _quiet_stderr, kernels_in, op_times_by_kind
+    from predictor.profile_ops import kernels_in, op_times_by_kind, quiet_stderr
 
     cached = [c for _, c in point.batch]
     cuda = engine.device.type == "cuda"
@@ -122,7 +122,7 @@ def profile_graph_kernels(engine, point: GridPoint, ids: list[list[int]], *, num
     for _ in range(num_repeats):
         shape, _ = engine.prepare(ids, cached)
         engine.run(shape).tolist()  # the graph exists before the profiled step
-        with _quiet_stderr(), tp.profile(activities=acts) as prof:
+        with quiet_stderr(), tp.profile(activities=acts) as prof:
             shape, _ = engine.prepare(ids, cached)
             engine.run(shape).tolist()
         events = prof.events()

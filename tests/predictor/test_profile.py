@@ -8,8 +8,9 @@ import pytest
 
 from common.errors import ConfigError, ResultsFormatError
 from predictor import load_model_config
-from predictor.profile import ProfileConfig, op_kind, run_profile
+from predictor.profile import ProfileConfig, run_profile
 from predictor.profile_grid import GRIDS, GridPoint, build_grid, step_flops
+from predictor.profile_ops import op_kind
 from predictor.profile_rows import read_rows, sidecar_path
 
 TINY = load_model_config("tiny-llama")
