@@ -60,10 +60,11 @@ def register(sub) -> None:
     p.add_argument("--calibration", default=None, metavar="FILE", help="calibration.json from `gpubench fit`")
     p.add_argument("--force-calibration", action="store_true",
                    help="use a calibration that describes another machine (another CPU, or another SKU) anyway")
-    p.add_argument("--engine", choices=("vllm", "torch"), default="vllm",
+    p.add_argument("--engine", choices=("vllm", "torch", "torch-graph"), default="vllm",
                    help="what runs the step: vllm = vLLM V1 as it runs by default (GPU: CUDA graphs and asynchronous "
                         "scheduling; CPU: its fused projections, its kernels and engine cost when the calibration "
-                        "probed them); torch = this project's eager, synchronous loop (default: %(default)s)")
+                        "probed them); torch = this project's eager, synchronous loop; torch-graph = its graph engine "
+                        "(GPU only: fused kernels, CUDA graphs, synchronous) (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU: the threads the engine runs with; refused when the calibration's probes ran at another "
                         "count (default: the calibration's)")

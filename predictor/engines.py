@@ -10,6 +10,10 @@ column) both build their StepModel here, so the figure evaluate reports is the p
   calibration's probe run measured them, ``vllm_ops``) and its measured per-step engine cost.
 - ``torch``: the eager, synchronous loop of ``gpubench profile``'s torch engine (separate q, k, v,
   gate and up calls on the CPU); ``--cuda-graphs`` / ``--async-scheduling`` switch those on alone.
+- ``torch-graph``: ``gpubench profile --engine torch-graph`` (predictor.graph_model) on a GPU: fused
+  projections and kernels, decode steps replayed as CUDA graphs, synchronous (the host reads each
+  step's tokens before the next). Priced on GPUs only: on the CPU it runs eagerly with fused torch
+  projections, which the CPU op tables price only as vLLM's oneDNN calls.
 
 Threads (CPU): the op tables describe torch and vLLM running with the thread count their probe run
 used (``torch_ops.num_threads``, 1 unless set). An engine running with another count is refused
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError
 
-ENGINES = ("vllm", "torch")
+ENGINES = ("vllm", "torch", "torch-graph")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,11 @@ def engine_choice(engine: str, *, gpu: bool, cuda_graphs: bool = False, async_sc
         raise ConfigError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
     if engine == "vllm":
         return EngineChoice("vllm", "fused", cuda_graphs=gpu, async_scheduling=gpu)
+    if engine == "torch-graph":
+        if not gpu:
+            raise ConfigError("--engine torch-graph is priced on GPU SKUs only: on the CPU it runs eagerly with fused "
+                              "torch projections, which the CPU op tables price only as vLLM's (use --engine torch)")
+        return EngineChoice("torch-graph", "fused", cuda_graphs=True, async_scheduling=False)
     return EngineChoice("torch", "separate", cuda_graphs=gpu and cuda_graphs, async_scheduling=gpu and async_scheduling)
 
 

@@ -15,6 +15,10 @@
                 predictor.cpu_tables), nothing fitted on any step row; q/k/v and gate/up priced as
                 separate calls for the torch engine's rows and fused for vLLM's (``engine`` column).
                 Present only when the calibration has tables for the rows' dtype.
+- ``probe_only`` the same on a GPU: StepModel with the given calibration as it is (its S(N) included),
+                priced for the engine each row names (``engine`` column: the eager torch loop, the
+                graph engine with CUDA graphs, or vLLM with graphs and asynchronous scheduling),
+                nothing fitted on any step row. Present only when a GPU calibration is given.
 - ``vidur``     Vidur-style profile-and-interpolate: per op kind (torch.profiler, see ``predictor.profile``),
                 a least-squares line over the *other* op-profiled steps of the same model (linear,
                 elementwise, copy, gather, kv_write on new tokens; attention on sequences, keys read
@@ -32,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-METHODS = ("cpu_ops", "additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf")
+METHODS = ("cpu_ops", "probe_only", "additive", "max", "additive_rowcal", "max_rowcal", "vidur", "rf")
 FORM_PAIRS = (("cpu_ops", "max"), ("additive", "max"), ("additive_rowcal", "max_rowcal"))
 RF_FEATURES = ("num_seqs", "num_new_tokens", "context_sum", "context_max", "kv_len_sum", "step_flops",
                "weight_bytes", "kv_read_bytes", "num_layers", "hidden_size")
@@ -176,10 +180,8 @@ class RowCalibrated:
 class ProbeOnly:
     """Predictions fixed before any split (from probes alone): nothing to fit."""
 
-    name = "cpu_ops"
-
-    def __init__(self, base_s: pd.Series):
-        self.base_s = base_s
+    def __init__(self, base_s: pd.Series, name: str = "cpu_ops"):
+        self.base_s, self.name = base_s, name
 
     def fit(self, train: pd.DataFrame, target: np.ndarray) -> None:
         pass
@@ -306,6 +308,26 @@ def cpu_ops_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None
         sm, _ = step_model_for_engine(*_hw_and_model(sku, model), calibration=cal, engine=engine, dtype=dtype,
                                       threads=int(n) or None)
         out.loc[g.index] = sm.predict_many([[tuple(s) for s in json.loads(b)] for b in g.batch_json])
+    return out
+
+
+def gpu_probe_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None:
+    """Probe-only predictions of GPU rows, each priced for the engine it names (None without a GPU
+    calibration: the defaults are not probes)."""
+    from predictor.calibrate import Calibration
+    from predictor.engines import step_model_for_engine
+
+    if calibration is None:
+        return None
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    if cal.backend == "cpu":
+        return None
+    engines = df["engine"].fillna("torch") if "engine" in df.columns else pd.Series("torch", index=df.index)
+    out = pd.Series(np.nan, index=df.index, dtype=np.float64)
+    for (model, dtype, engine), g in df.assign(_engine=engines).groupby(["model", "dtype", "_engine"], sort=True):
+        sm, choice = step_model_for_engine(*_hw_and_model(sku, model), calibration=cal, engine=engine, dtype=dtype)
+        out.loc[g.index] = [sm.predict_time([tuple(s) for s in json.loads(b)], async_scheduling=choice.async_scheduling)
+                            for b in g.batch_json]
     return out
 
 

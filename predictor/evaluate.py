@@ -36,6 +36,7 @@ from predictor.eval_methods import (
     cpu_ops_base,
     fit_host_residual,
     forest_available,
+    gpu_probe_base,
     step_model_base,
     step_model_parts,
 )
@@ -87,6 +88,8 @@ def _make_methods(base: dict, seed: int, target: str) -> list:
     """One fresh instance of every method; ``base`` holds the no-host forms, the op parts, the
     probe-only predictions (None without CPU op tables) and the rows."""
     probe_only = [ProbeOnly(base["cpu_ops"])] if base.get("cpu_ops") is not None else []
+    if base.get("probe_only") is not None:
+        probe_only.append(ProbeOnly(base["probe_only"], "probe_only"))
     return [*probe_only, StepForm("additive", base["additive"]), StepForm("max", base["max"]),
             RowCalibrated("additive", base["parts"]), RowCalibrated("max", base["parts"]),
             VidurStyle(base["rows"], vidur_column(target)), *_forest(seed)]
@@ -278,6 +281,7 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
     base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
     base["cpu_ops"] = cpu_ops_base(df, sku=sku, calibration=calibration)
+    base["probe_only"] = gpu_probe_base(df, sku=sku, calibration=calibration)
     base["rows"] = df
     pred, fits = predict_folds(df, all_folds(df), base, target=target, seed=seed)
     per_fold = score(pred, ["split", "fold", "method"])
