@@ -33,10 +33,12 @@ def _register_profile(sub) -> None:
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="weights and KV dtype (default: fp32 on cpu, bf16 on cuda)")
     p.add_argument("--out", type=Path, help="rows file (.parquet); an existing file is extended (required unless --list)")
-    p.add_argument("--grid", default=None, choices=("tiny", "quick", "default", "gpu"),
+    p.add_argument("--grid", default=None, choices=("tiny", "quick", "default", "gpu", "graph"),
                    help="grid of points (default: gpu with --device cuda, else default; tiny: --engine vllm only, a "
                         "CI smoke run; gpu: the default grid with a GPU's memory cap and no FLOP cap that binds, for "
-                        "7-8B models on a GPU: the others drop the points over a 2-core CPU's caps, and say how many)")
+                        "7-8B models on a GPU: the others drop the points over a 2-core CPU's caps, and say how many; "
+                        "graph: decode shapes from 1 to 64 sequences at 256-4,096 tokens plus a few prefill and mixed "
+                        "points, for --engine torch-graph on a GPU)")
     p.add_argument("--ops-subset", type=argtypes.nonneg_int, default=16, metavar="K",
                    help="also profile per-op times (torch.profiler) at K points spread over the grid; 0: none")
     p.add_argument("--threads", type=argtypes.positive_int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -129,7 +131,7 @@ def _profile(args) -> int:
     on_gpu = args.device.startswith("cuda")
     args.grid = args.grid or default_grid(args.device)
     dtype_bytes = 2 if (args.dtype or ("bf16" if on_gpu else "fp32")) != "fp32" else 4
-    if on_gpu and args.grid != "gpu" and (dropped := num_dropped(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)):
+    if on_gpu and args.grid not in ("gpu", "graph") and (dropped := num_dropped(GRIDS[args.grid], cfg, dtype_bytes=dtype_bytes)):
         print(f"warning: --grid {args.grid} drops {dropped} points of {cfg.name} over a 2-core CPU's caps "
               f"(KV cache, FLOPs per step); --grid gpu keeps them", file=sys.stderr)
     if args.list:

@@ -46,6 +46,12 @@ GRIDS = {
     "gpu": GridSpec("gpu", batch_sizes=(1, 2, 4, 8, 16, 32, 64), contexts=(64, 256, 1024, 4096),
                     prefill_tokens=(16, 64, 256, 1024), max_kv_bytes=48 << 30, max_step_gflop=1e6,
                     num_warmup=3, num_repeats=10, min_time_s=0.2, max_repeats=30),
+    # The graph engine on a GPU (--engine torch-graph): decode shapes a serving engine captures, from one
+    # sequence to 64, at three contexts, plus a few prefill and chunked-prefill (mixed) points, small
+    # enough that five models fit a short device window.
+    "graph": GridSpec("graph", batch_sizes=(1, 4, 16, 64), contexts=(256, 1024, 4096), prefill_tokens=(256, 1024),
+                      prefill_batch_sizes=(1,), max_kv_bytes=40 << 30, max_step_gflop=1e6,
+                      num_warmup=3, num_repeats=10, min_time_s=0.2, max_repeats=30),
 }
 
 

@@ -6,21 +6,30 @@
 #   3. run the GPU self-checks (pytest -m gpu)
 #   4. gpubench run --device cuda:0 --quick (probes in the order stream, peak, launch, gemm, l2)
 #   5. print % of spec per figure, with what published measurements lead one to expect
-#   6. optional: real engine steps (`gpubench profile --grid gpu`) of the models in STEP_MODELS, one
+#   6. optional: steps of the graph engine (`gpubench profile --engine torch-graph --grid graph`: static
+#      buffers, fused kernels, decode shapes replayed as CUDA graphs, a kernel breakdown at 4 points per
+#      model) of the models in GRAPH_MODELS, then eager steps (`--grid gpu`) of those in STEP_MODELS, one
 #      after another, each within what is left of DEADLINE_S (counted from the script's start)
-# Everything it leaves is five files (six with STEP_MODELS) directly in $OUT (a device tool returns only a handful of
-# files, at most two folders deep):
+# Between 3 and 4, 20 fresh processes each measure stream and l2 once (scripts/stress_probes.py): the
+# first H200 machine lost both to a SIGSEGV at their first measurement, the second never did.
+# Everything it leaves is six files (seven with GRAPH_MODELS or STEP_MODELS) directly in $OUT (a device tool returns
+# only a handful of files, at most two folders deep):
 #   env.txt           host, driver, GPU, clocks, MIG and compute mode, toolchain versions
 #   device_check.log  every step's output
 #   sass_summary.txt  tensor-core instruction counts per peak kernel for this architecture
 #   spec_table.txt    the % of spec table (also printed)
 #   run.tar.gz        the run directory (manifest.json + <probe>.jsonl), written by an EXIT trap,
 #                     so a run cut short by a time limit still comes back
-#   steps.tar.gz      with STEP_MODELS: gpu-<model>.parquet per model profiled (a model cut short by
-#                     the deadline leaves its rows so far in gpu-<model>.parquet.partial.jsonl)
+#   stress.txt        how each of the 20 stream+l2 processes ended (a crash: its backtrace under gdb)
+#   steps.tar.gz      graph-<model>.parquet per model in GRAPH_MODELS, gpu-<model>.parquet per model in
+#                     STEP_MODELS (a model cut short by the deadline leaves its rows so far in
+#                     <file>.partial.jsonl)
 # Usage: scripts/device_check.sh                 PYTHON=python3, OUT=./device_check_out by default
+#        GRAPH_MODELS="llama-3.1-8b llama-3.2-1b qwen2.5-0.5b qwen2.5-7b mistral-7b" DEADLINE_S=450 \
+#          scripts/device_check.sh               the graph engine's steps of these shipped configs too
+#                                                 (what issue 39's device session runs)
 #        STEP_MODELS="llama-3.1-8b llama-3.2-1b" DEADLINE_S=400 scripts/device_check.sh
-#                                                 also time real engine steps of these shipped configs
+#                                                 eager engine steps of these
 #        DRY_RUN=1 scripts/device_check.sh       no GPU: skip build and GPU steps, rehearse the rest
 #                                                 on a CPU run (the layout test uses this)
 # pybind11 is needed to build: if `import pybind11` fails, prepare it where the machine can see it,
@@ -32,6 +41,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/device_check_out}
 DRY_RUN=${DRY_RUN:-0}
 STEP_MODELS=${STEP_MODELS:-}
+GRAPH_MODELS=${GRAPH_MODELS:-}
 DEADLINE_S=${DEADLINE_S:-0}   # 0: no deadline for the step profiles
 mkdir -p "$OUT"
 LOG="$OUT/device_check.log"
@@ -101,26 +111,36 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 say "environment written to $OUT/env.txt"
 cat "$OUT/env.txt" >>"$LOG"
 
-# --- 6. real engine steps: each model in STEP_MODELS within what is left of DEADLINE_S
-profile_steps() {  # profile_steps DEVICE GRID [EXTRA ARGS...]
-  local device=$1 grid=$2; shift 2
+# --- 6. real engine steps: each model within what is left of DEADLINE_S
+profile_models() {  # profile_models ENGINE PREFIX DEVICE GRID MODELS [EXTRA ARGS...]
+  local engine=$1 prefix=$2 device=$3 grid=$4 models=$5; shift 5
   local model left
-  for model in $STEP_MODELS; do
+  for model in $models; do
     left=$(( DEADLINE_S > 0 ? DEADLINE_S - (SECONDS - t_start) - 10 : 900 ))
-    if [ "$left" -lt 30 ]; then say "steps: $model skipped, ${left} s left before DEADLINE_S"; continue; fi
-    step "steps_$model" "$left" "$PY" -m gpubench profile --model "$model" --device "$device" --grid "$grid" \
-      --out "$STEPS/gpu-$model.parquet" "$@" || true
+    if [ "$left" -lt 30 ]; then say "steps: $model ($engine) skipped, ${left} s left before DEADLINE_S"; continue; fi
+    step "steps_${prefix}_$model" "$left" "$PY" -m gpubench profile --model "$model" --engine "$engine" \
+      --device "$device" --grid "$grid" --out "$STEPS/$prefix-$model.parquet" "$@" || true
   done
+}
+profile_steps() {  # profile_steps DEVICE: the graph engine's models first (issue 39's rows), then the eager ones
+  if [ "$1" = cpu ]; then
+    profile_models torch-graph graph cpu quick "$GRAPH_MODELS" --max-points 2 --ops-subset 1
+    profile_models torch gpu cpu quick "$STEP_MODELS" --max-points 2 --ops-subset 1
+  else
+    profile_models torch-graph graph "$1" graph "$GRAPH_MODELS" --ops-subset 4
+    profile_models torch gpu "$1" gpu "$STEP_MODELS" --ops-subset 8
+  fi
 }
 
 if [ "$DRY_RUN" = 1 ]; then
   say "DRY_RUN=1: no build, no GPU; rehearsing the outputs on a CPU run"
   echo "dry run: no SASS counted" >"$OUT/sass_summary.txt"
   step format 20 "$PY" -c 'from gpubench.backends.cuda.extension import load_extension; load_extension(); print("format self-test ok")' || true
+  step stress 60 "$PY" scripts/stress_probes.py --runs 3 --dry-run --out "$OUT/stress.txt" || true
   step run 240 "$PY" -m gpubench run --device cpu --quick --probes stream --out "$RESULTS" || true
   run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
   [ -n "$run_dir" ] && "$PY" -m gpubench show "$run_dir" >"$OUT/spec_table.txt" 2>&1
-  profile_steps cpu quick --max-points 2 --ops-subset 1
+  profile_steps cpu
   say "done in $((SECONDS - t_start)) s; status $status (dry run)"
   exit $status
 fi
@@ -134,8 +154,8 @@ fi
 say "building for sm_$arch"
 
 # --- 1. build (no network, no setuptools: nvcc + c++ directly)
-if ! step build 150 env PYTHON="$PY" bash scripts/build_cuda_ext.sh "$arch"; then
-  say "no probes without the extension"; profile_steps cuda:0 gpu --ops-subset 8; exit 1
+if ! step build 120 env PYTHON="$PY" bash scripts/build_cuda_ext.sh "$arch"; then
+  say "no probes without the extension"; profile_steps cuda:0; exit 1
 fi
 
 ext=$(ls gpubench/_cuda*.so 2>/dev/null | head -1)
@@ -144,7 +164,7 @@ ext=$(ls gpubench/_cuda*.so 2>/dev/null | head -1)
 step format 20 "$PY" -c 'from gpubench.backends.cuda.extension import load_extension; load_extension(); print("format self-test ok")' || true
 
 # --- 2. what the peak loops compiled to
-step sass 40 "$PY" scripts/check_sass.py --archs "$arch" || true
+step sass 30 "$PY" scripts/check_sass.py --archs "$arch" || true
 grep -E '^sm_' "$LOG" | tail -n 20 >"$OUT/sass_summary.txt" || true
 
 # --- 3. GPU self-checks
@@ -159,11 +179,14 @@ if [ "$selfcheck_rc" -eq 139 ] && command -v cuda-gdb >/dev/null; then
     2>&1 | grep -v '^\[New Thread\|^\[Thread\|^\[Detaching\|cannot be found in library' | tail -40 >>"$LOG" || true
 fi
 
+# --- 3b. stream and l2 in 20 fresh processes: how each ended, a backtrace if one crashed
+step stress 90 "$PY" scripts/stress_probes.py --runs 20 --out "$OUT/stress.txt" || true
+
 # --- 4. the quick run (the probe order puts the long l2 sweep last)
-step run 220 "$PY" -m gpubench run --device cuda:0 --quick --out "$RESULTS" || true
+step run 190 "$PY" -m gpubench run --device cuda:0 --quick --out "$RESULTS" || true
 run_dir=$(ls -dt "$RESULTS"/*/*/ 2>/dev/null | head -1)
 if [ -z "$run_dir" ]; then
-  say "no run directory was written"; profile_steps cuda:0 gpu --ops-subset 8; exit 1
+  say "no run directory was written"; profile_steps cuda:0; exit 1
 fi
 say "run directory: $run_dir"
 
@@ -185,7 +208,7 @@ print("probes: " + ", ".join(f"{k}={v['status']}" + (f" ({v['reason']})" if v.ge
 print(format_table(check_table(run)))
 PYEOF
 tee -a "$LOG" <"$OUT/spec_table.txt"
-profile_steps cuda:0 gpu --ops-subset 8
+profile_steps cuda:0
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1 || true
 say "done in $((SECONDS - t_start)) s; status $status"
 exit $status

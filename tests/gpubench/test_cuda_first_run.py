@@ -82,23 +82,24 @@ def test_device_check_step_limits_fit_one_call():
     """The limits of the script's steps add up to under 8 minutes (a device call may run 10)."""
     text = (ROOT / "scripts" / "device_check.sh").read_text()
     limits = [int(n) for n in re.findall(r"^\s*(?:if ! )?step \w+ (\d+) ", text, flags=re.M)]
-    gpu_steps = [int(n) for n in re.findall(r"^(?:if ! )?step (?:build|sass|selfchecks|run) (\d+) ", text, flags=re.M)]
-    assert len(gpu_steps) == 4 and sum(gpu_steps) <= 480, gpu_steps
+    gpu_steps = [int(n) for n in re.findall(r"^(?:if ! )?step (?:build|sass|selfchecks|stress|run) (\d+) ", text, flags=re.M)]
+    assert len(gpu_steps) == 5 and sum(gpu_steps) <= 480, gpu_steps
     assert limits
 
 
 def test_device_check_dry_run_returns_a_handful_of_files(tmp_path):
-    """The whole script on a CPU run (DRY_RUN=1): six files directly in OUT, the run and the step
-    rows archived by the EXIT trap (what a device tool can return: at most 8 files, at most two
-    folders deep)."""
+    """The whole script on a CPU run (DRY_RUN=1): seven files directly in OUT, the run and the step
+    rows (the graph engine's and the eager one's) archived by the EXIT trap (what a device tool can
+    return: at most 8 files, at most two folders deep)."""
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), DRY_RUN="1", PYTHON=sys.executable,
-               STEP_MODELS="tiny-llama llama-60m", DEADLINE_S="0")
+               STEP_MODELS="tiny-llama llama-60m", GRAPH_MODELS="tiny-llama", DEADLINE_S="0")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh")], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert files == ["device_check.log", "env.txt", "run.tar.gz", "sass_summary.txt", "spec_table.txt", "steps.tar.gz"]
+    assert files == ["device_check.log", "env.txt", "run.tar.gz", "sass_summary.txt", "spec_table.txt", "steps.tar.gz",
+                     "stress.txt"]
     assert all(p.parent == out for p in out.rglob("*"))
     with tarfile.open(out / "run.tar.gz") as tar:
         names = tar.getnames()
@@ -109,6 +110,9 @@ def test_device_check_dry_run_returns_a_handful_of_files(tmp_path):
     rows = pd.read_parquet(tmp_path / "steps" / "gpu-tiny-llama.parquet")
     assert len(rows) == 2 and (rows["wall_s"] > 0).all() and set(rows["model"]) == {"tiny-llama"}
     assert (tmp_path / "steps" / "gpu-llama-60m.parquet").exists()
+    graph = pd.read_parquet(tmp_path / "steps" / "graph-tiny-llama.parquet")
+    assert len(graph) == 2 and set(graph["engine"]) == {"torch-graph"} and (graph["host_step_s"] > 0).all()
+    assert (out / "stress.txt").read_text().startswith("stress: 3 of 3 runs clean")
 
 
 def test_device_check_skips_step_models_the_deadline_leaves_no_time_for(tmp_path):
@@ -119,5 +123,5 @@ def test_device_check_skips_step_models_the_deadline_leaves_no_time_for(tmp_path
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh")], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "steps: tiny-llama skipped" in (out / "device_check.log").read_text()
+    assert "steps: tiny-llama (torch) skipped" in (out / "device_check.log").read_text()
     assert not (out / "steps.tar.gz").exists()
