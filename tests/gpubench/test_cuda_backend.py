@@ -550,7 +550,21 @@ def test_gpu_torch_gemm_is_validated():
         r = torch_gemm(0, dtype, 256, 512, 1024, num_reps=5, budget_s=0.01, l2_bytes=50 * 2**20, clock_khz=1.5e6)
         assert r["valid"], r["check"]
         assert len(r["times_s"]) >= 5 and min(r["times_s"]) > 0
-        assert r["num_weight_copies"] >= 1
+        assert r["num_weight_copies"] >= 1 and r["layout"] == "TN"
+
+
+def test_the_gemm_check_reads_an_engines_product_through_the_weights_transposed_view():
+    """The probe stores weights as nn.Linear does ([N, K]) and multiplies by their transposed views,
+    the call F.linear makes; the float64 check takes the same view (torch on the CPU stands in)."""
+    torch = pytest.importorskip("torch")
+    from gpubench.backends.cuda import check_gemm
+
+    g = torch.Generator().manual_seed(0)
+    a = (torch.rand(64, 512, generator=g) * 2 - 1).to(torch.bfloat16)
+    w = (torch.rand(96, 512, generator=g) * 2 - 1).to(torch.bfloat16)
+    c = torch.nn.functional.linear(a, w)
+    assert check_gemm(a, w.t(), c, "bf16")["valid"]
+    assert not check_gemm(a, w.flip(0).t(), c, "bf16")["valid"]  # another weight order: wrong
 
 
 def test_quick_l2_sweep_reads_a_bounded_number_of_bytes():

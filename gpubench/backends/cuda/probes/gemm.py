@@ -49,9 +49,12 @@ def gemm_library() -> tuple[str | None, str]:
 
 
 class GemmProbe(CudaProbe):
-    """Library GEMM (cuBLAS through ``torch.matmul``, else ``cupy.matmul``) over Llama-3.1-8B shapes.
+    """Library GEMM (cuBLAS through torch, else CuPy) over Llama-3.1-8B shapes, called as engines call it.
 
-    ``C[M, N] = A[M, K] @ B[K, N]`` in bf16 and fp16 (fp32 accumulate) and tf32, M from 1 to 16384.
+    ``C[M, N] = A[M, K] @ W[N, K]^T`` in bf16 and fp16 (fp32 accumulate) and tf32, M from 1 to 16384:
+    the weight is stored as ``nn.Linear`` stores it ([N, K], row-major) and multiplied through its
+    transposed view, which is the cuBLAS call ``F.linear`` makes (TN in cuBLAS's column-major terms;
+    an NN ``A @ B`` with B stored [K, N] picks other kernels for some shapes). Rows say ``layout: TN``.
     FLOPs = 2 M N K; bytes = A, B and C once. The weight B is rotated among copies covering 2x L2 so
     repetitions stream it from memory. Repetitions are queued behind ``torch.cuda._sleep`` so host
     enqueue gaps do not enter event intervals; their count comes from a time budget (0.2 s, 2 s for
@@ -133,7 +136,7 @@ class GemmProbe(CudaProbe):
                     library_version=res["library_version"],
                     shape_source=source, max_abs_err=res["max_abs_err"], tol=res["tol"],
                     num_weight_copies=res["num_weight_copies"], droop_row=p["dtype"] == "bf16" and p["m"] == DROOP_M,
-                    timing=res.get("timing"),
+                    timing=res.get("timing"), layout=res.get("layout", "NN"),
                     spec_tflops=spec_tflops(self.backend.sku, p["dtype"]))
 
 
@@ -141,7 +144,8 @@ class GemmProbe(CudaProbe):
 
 def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
                l2_bytes: int, clock_khz: float) -> dict:
-    """Time ``torch.matmul(A, B, out=C)`` on cuda:index; returns times_s, valid, check, errors."""
+    """Time ``A @ W.t()`` into C on cuda:index with W stored [N, K] (``F.linear``'s cuBLAS call, TN);
+    returns times_s, valid, check, errors."""
     import torch
 
     dev = torch.device("cuda", index)
@@ -156,7 +160,9 @@ def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int,
                                        f"but only {free} bytes are free")
     gen = torch.Generator(device=dev).manual_seed(1234 + m + n + k)
     a = (torch.rand(m, k, device=dev, generator=gen) * 2 - 1).to(tdt)
-    bs = [(torch.rand(k, n, device=dev, generator=gen) * 2 - 1).to(tdt) for _ in range(copies)]
+    # Weights as nn.Linear holds them, [N, K]; the calls below multiply by their transposed views, as
+    # F.linear does (aten::linear -> mm(A, W.t())).
+    bs = [(torch.rand(n, k, device=dev, generator=gen) * 2 - 1).to(tdt).t() for _ in range(copies)]
     c = torch.empty(m, n, device=dev, dtype=tdt)
     stream = torch.cuda.current_stream(dev)
     prev = torch.backends.cuda.matmul.allow_tf32
@@ -190,7 +196,8 @@ def torch_gemm(index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int,
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
-            "library": TORCH_LIBRARY, "library_version": f"torch {torch.__version__}", "timing": timing, **check}
+            "library": TORCH_LIBRARY, "library_version": f"torch {torch.__version__}", "timing": timing, "layout": "TN",
+            **check}
 
 
 def check_gemm(a, b, c, dtype: str, max_rows: int = 64) -> dict:

@@ -57,7 +57,8 @@ def tf32_enabled() -> bool:
 
 def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps: int, budget_s: float,
               l2_bytes: int, clock_khz: float) -> dict:
-    """Time ``cupy.matmul(A, B, out=C)`` on device ``index``; the same result dict as ``torch_gemm``."""
+    """Time ``cupy.matmul(A, W.T, out=C)`` (W stored [N, K], TN as engines call it) on device ``index``; the
+    same result dict as ``torch_gemm``."""
 
     cp = cupy
     cdt = {"fp16": cp.float16, "tf32": cp.float32}[dtype]
@@ -71,7 +72,8 @@ def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps:
                                            f"memory but only {free} bytes are free")
         rng = cp.random.RandomState(1234 + m + n + k)
         a = (rng.random_sample((m, k), dtype=cp.float32) * 2 - 1).astype(cdt)
-        bs = [(rng.random_sample((k, n), dtype=cp.float32) * 2 - 1).astype(cdt) for _ in range(copies)]
+        # [N, K] weights multiplied through their transposed views: the TN call engines make
+        bs = [(rng.random_sample((n, k), dtype=cp.float32) * 2 - 1).astype(cdt).T for _ in range(copies)]
         c = cp.empty((m, n), dtype=cdt)
         # Capture needs a stream other than the legacy default one; everything runs on this one.
         stream = cp.cuda.Stream(non_blocking=True)
@@ -99,7 +101,8 @@ def cupy_gemm(cupy, index: int, dtype: str, m: int, n: int, k: int, *, num_reps:
                 times = _timed_matmuls(cp, a, bs, c, reps + NUM_WARMUP, stream, clock_khz)[NUM_WARMUP:]
             check = check_gemm_cupy(cp, a, bs[last_b], c, dtype)
     return {"times_s": times, "num_weight_copies": copies, "bytes": (m * k + k * n + m * n) * elem,
-            "library": CUPY_LIBRARY, "library_version": f"cupy {cp.__version__}", "timing": timing, **check}
+            "library": CUPY_LIBRARY, "library_version": f"cupy {cp.__version__}", "timing": timing, "layout": "TN",
+            **check}
 
 
 def check_gemm_cupy(cp, a, b, c, dtype: str, max_rows: int = 64) -> dict:
