@@ -46,9 +46,10 @@ def peak_supported(device: typing.SupportsInt | typing.SupportsIndex, dtype: str
     """
     (supported, reason) of a peak dtype on this device, from its compute capability.
     """
-def peak_wgmma(device: typing.SupportsInt | typing.SupportsIndex, num_reps: typing.SupportsInt | typing.SupportsIndex = 10, num_warmup: typing.SupportsInt | typing.SupportsIndex = 2, target_s: typing.SupportsFloat | typing.SupportsIndex = 0.02) -> dict:
+def peak_wgmma(device: typing.SupportsInt | typing.SupportsIndex, num_reps: typing.SupportsInt | typing.SupportsIndex = 10, num_warmup: typing.SupportsInt | typing.SupportsIndex = 2, target_s: typing.SupportsFloat | typing.SupportsIndex = 0.02, dtype: str = 'bf16') -> dict:
     """
-    Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 (fp32 accumulate), A in registers, B in
+    Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 or m64n128k32 fp8 e4m3 (dtype 'bf16' or
+    'fp8'; fp32 accumulate), A in registers, B in
     shared memory, accumulators checked exactly. Needs compute capability 9.0 and a build with sm_90a code
     (GPUBENCH_CUDA_ARCHS="90a"); otherwise supported=0 and the reason in check.
     """

@@ -13,7 +13,8 @@ of the dev extra, or a toolkit's), counts opcodes per kernel and checks:
   mma_loop_k<fp8>             >= 16 QMMA, no HMMA                                 8.9, 12.x (native)
                               emulated elsewhere: the probe must skip it there     (peak.cu says so)
   fma_loop_k                  >= 64 FFMA, no UFFMA                                every arch
-  wgmma_loop_k                >= 16 HGMMA                                         sm_90a
+  wgmma_loop_k<bf16>          >= 16 HGMMA                                         sm_90a
+  wgmma_loop_k<fp8>           >= 16 QGMMA (fp8's only native path on Hopper)      sm_90a
   stream copy/triad           128-bit loads and stores (LDG.E.128 / STG.E.128)     every arch
 
 Usage: scripts/check_sass.py [--archs 80,86,89,90a,100,120] [--json]
@@ -126,9 +127,10 @@ def check(arch: str, per_file: dict[str, dict[str, Counter]]) -> list[tuple[str,
     out.append((arch, "fma_loop_k", c is not None and c["FFMA"] >= 64 and c["UFFMA"] == 0,
                 f"FFMA {c['FFMA']}, UFFMA {c['UFFMA']}" if c is not None else "kernel not found"))
     if arch == "90a":
-        c = find("wgmma.cu", "wgmma_loop_k")
-        out.append((arch, "wgmma_loop_k", c is not None and c["HGMMA"] >= 16,
-                    f"HGMMA {c['HGMMA']}" if c is not None else "kernel not found"))
+        for tag, dtype, op in (("Bf16", "bf16", "HGMMA"), ("E4m3", "fp8", "QGMMA")):
+            c = find("wgmma.cu", f"wgmma_loop_kINS0_{len(tag)}{tag}E")
+            out.append((arch, f"wgmma_loop_k<{dtype}>", c is not None and c[op] >= 16,
+                        f"{op} {c[op]}" if c is not None else "kernel not found"))
     for kernel in ("copy_k", "triad_k"):
         c = find("stream.cu", kernel)
         out.append((arch, f"stream {kernel}", c is not None and c["LDG.128"] >= 1 and c["STG.128"] >= 1,

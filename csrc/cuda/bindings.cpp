@@ -103,16 +103,18 @@ PYBIND11_MODULE(_cuda, m) {
         "repetition), supported, iters, ...}; supported=0 (and no times) where the device lacks the dtype.");
     m.def(
         "peak_wgmma",
-        [](int device, int num_reps, int num_warmup, double target_s) {
+        [](int device, int num_reps, int num_warmup, double target_s, const std::string& dtype) {
             gpubench::ProbeResult r;
             {
                 py::gil_scoped_release nogil;
-                r = gpubench::peak_wgmma_run(device, num_reps, num_warmup, target_s);
+                r = gpubench::peak_wgmma_run(device, dtype, num_reps, num_warmup, target_s);
             }
             return to_dict(r);
         },
         py::arg("device"), py::arg("num_reps") = 10, py::arg("num_warmup") = 2, py::arg("target_s") = 0.02,
-        "Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 (fp32 accumulate), A in registers, B in\n"
+        py::arg("dtype") = "bf16",
+        "Hopper tensor-core ceiling: wgmma.mma_async m64n128k16 bf16 or m64n128k32 fp8 e4m3 (dtype 'bf16' or\n"
+        "'fp8'; fp32 accumulate), A in registers, B in\n"
         "shared memory, accumulators checked exactly. Needs compute capability 9.0 and a build with sm_90a code\n"
         "(GPUBENCH_CUDA_ARCHS=\"90a\"); otherwise supported=0 and the reason in check.");
     m.def("peak_supported", &gpubench::peak_supported, py::arg("device"), py::arg("dtype"),

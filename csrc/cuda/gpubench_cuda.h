@@ -50,9 +50,10 @@ ProbeResult launch_run(int device, const std::string& kind, int count, int num_r
 // peak: register-resident loop of mma.sync (bf16, fp16, tf32, fp8) or fp32 FMA; iterations chosen so
 // one repetition takes about target_s. Returns valid=false with info["supported"]=0 where the arch lacks it.
 ProbeResult peak_run(int device, const std::string& dtype, int num_reps, int num_warmup, double target_s);
-// peak on Hopper: wgmma m64n128k16 bf16 (fp32 accumulate), operands A in registers, B in shared memory.
+// peak on Hopper: wgmma m64n128k16 bf16 or m64n128k32 fp8 e4m3 (dtype "bf16" / "fp8", fp32 accumulate),
+// operands A in registers, B in shared memory.
 // Needs compute capability 9.0 and sm_90a code in the build; info["supported"]=0 (no times) otherwise.
-ProbeResult peak_wgmma_run(int device, int num_reps, int num_warmup, double target_s);
+ProbeResult peak_wgmma_run(int device, const std::string& dtype, int num_reps, int num_warmup, double target_s);
 // (supported, reason) of a peak dtype on this device, from its compute capability.
 std::pair<bool, std::string> peak_supported(int device, const std::string& dtype);
 

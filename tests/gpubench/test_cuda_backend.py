@@ -182,8 +182,10 @@ def test_peak_plan_leaves_out_fp8_before_sm89_with_a_note():
     h100 = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
     keys = [s.key for s in h100.probes()["peak"].plan(_cfg(h100))]
     # fp8 mma.sync is emulated on Hopper (fp16 HMMA + FADD): left out, with the reason
-    assert "peak_mma_fp8" not in keys and keys[-1] == "peak_wgmma_bf16"  # wgmma only on 9.0, and last
-    assert any("fp8" in n and "emulated" in n for n in h100.probes()["peak"].notes(_cfg(h100)))
+    # wgmma only on 9.0, and last; fp8 through wgmma e4m3, its only native path there
+    assert "peak_mma_fp8" not in keys and keys[-2:] == ["peak_wgmma_bf16", "peak_wgmma_fp8"]
+    assert any("fp8" in n and "emulated" in n and "wgmma e4m3 instead" in n
+               for n in h100.probes()["peak"].notes(_cfg(h100)))
     assert "peak_wgmma_bf16" not in [s.key for s in probe.plan(_cfg(a100))]
     for name, cc, native in (("NVIDIA L40S", (8, 9), True), ("NVIDIA GeForce RTX 5090", (12, 0), True),
                              ("NVIDIA B200", (10, 0), False)):
@@ -411,8 +413,9 @@ def test_cuda_run_rows_and_manifest_from_recorded_outputs(tmp_path):
     assert bf16["pct_of_spec"] == pytest.approx(100 * bf16["tflops_best"] / bf16["spec_tflops"])
     assert bf16["spec_formula"] == "132 SM x 4 TC x 512 FMA/clk x 2 x 1830 MHz"
     assert pk[pk.dtype == "fp32"].iloc[0]["unit"] == "cuda_core"
-    wg = pk[pk["instruction"] == "wgmma"].iloc[0]
-    assert wg["key"] == "peak_wgmma_bf16" and wg["dtype"] == "bf16" and wg["tflops_median"] == pytest.approx(900 / 1.01)
+    wg = pk[pk["instruction"] == "wgmma"].set_index("dtype")
+    assert wg.loc["bf16", "key"] == "peak_wgmma_bf16" and wg.loc["bf16", "tflops_median"] == pytest.approx(900 / 1.01)
+    assert wg.loc["fp8", "key"] == "peak_wgmma_fp8" and wg.loc["fp8", "tflops_median"] == pytest.approx(1700 / 1.01)
 
     # Every row carries the common fields of docs/results-schema.md.
     for frame in run.frames.values():
@@ -502,9 +505,10 @@ def test_gpu_selfchecks():
             assert r["supported"] == 0, r  # absent before 8.9, emulated on 9.0 and 10.x
             continue
         assert r["valid"], (dtype, r["check"])
-    w = _cuda.peak_wgmma(0, 3, 1, 0.005)
-    if cc == 90 and w["supported"]:
-        assert w["valid"], w["check"]
+    for dtype in ("bf16", "fp8"):
+        w = _cuda.peak_wgmma(0, 3, 1, 0.005, dtype=dtype)
+        if cc == 90 and w["supported"]:
+            assert w["valid"], (dtype, w["check"])
     with pytest.raises(_cuda.DeviceMemoryError, match="bytes"):
         _cuda.stream(0, int(props["total_mem_bytes"]), 2, 0)
 

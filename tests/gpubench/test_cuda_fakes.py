@@ -90,12 +90,12 @@ class FakeCudaExt:
         return {"times_s": self._times(target_s, num_reps), "valid": True, "check": "exact accumulators",
                 "flops": flops, "supported": 1.0, "iters": 100000.0, "grid": 264.0, "block": 256.0, "chains": 8.0}
 
-    def peak_wgmma(self, device, num_reps=10, num_warmup=2, target_s=0.02):
-        self.calls.append(("peak_wgmma",))
+    def peak_wgmma(self, device, num_reps=10, num_warmup=2, target_s=0.02, dtype="bf16"):
+        self.calls.append(("peak_wgmma", dtype))
         if self.cc != (9, 0):
             return {"times_s": [], "valid": False, "supported": 0.0,
                     "check": "skipped: wgmma needs compute capability 9.0"}
-        flops = 900e12 * target_s
+        flops = {"bf16": 900e12, "fp8": 1700e12}[dtype] * target_s
         return {"times_s": self._times(target_s, num_reps), "valid": True, "check": "exact accumulators",
                 "flops": flops, "supported": 1.0, "iters": 50000.0, "grid": 396.0, "block": 128.0}
 

@@ -47,7 +47,7 @@ def test_every_kernel_queued_behind_a_spin_gate_is_preloaded():
 
 @needs_nvcc
 def test_peak_loops_compile_to_the_units_their_rows_count():
-    """scripts/check_sass.py over every shipped architecture: HMMA/QMMA/HGMMA/FFMA counts per
+    """scripts/check_sass.py over every shipped architecture: HMMA/QMMA/HGMMA/QGMMA/FFMA counts per
     loop, no uniform-datapath FMA, fp8 planned only where it is native, 128-bit STREAM accesses."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_sass.py"), "--json"],
                           capture_output=True, text=True, timeout=600)
@@ -56,7 +56,8 @@ def test_peak_loops_compile_to_the_units_their_rows_count():
     by = {(r["arch"], r["kernel"]): r for r in rows}
     assert all(r["ok"] for r in rows)
     assert {a for a, _ in by} == {"80", "86", "89", "90a", "100", "120"}
-    assert ("90a", "wgmma_loop_k") in by and ("89", "mma_loop_k<fp8>") in by and ("120", "mma_loop_k<fp8>") in by
+    assert ("90a", "wgmma_loop_k<bf16>") in by and ("89", "mma_loop_k<fp8>") in by and ("120", "mma_loop_k<fp8>") in by
+    assert "QGMMA" in by[("90a", "wgmma_loop_k<fp8>")]["counted"]  # Hopper's native fp8: wgmma e4m3
     assert ("90a", "mma_loop_k<fp8> (emulated: skipped at run time)") in by  # the emulation is seen and avoided
     assert "UFFMA 0" in by[("120", "fma_loop_k")]["counted"]
 

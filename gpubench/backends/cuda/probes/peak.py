@@ -16,8 +16,9 @@ class PeakProbe(CudaProbe):
     bf16 and fp16 (m16n8k16, fp32 accumulate), tf32 (m16n8k8), fp8 e4m3 (m16n8k32, where it is a
     native QMMA: compute capability 8.9 and 12.x; left out with a note elsewhere, emulated on 9.0
     and 10.x, absent before 8.9), fp32 FMA on CUDA cores; on compute
-    capability 9.0 also ``wgmma`` bf16 (m64n128k16, B in shared memory), the only instruction that
-    reaches Hopper's tensor-core peak (needs a build with sm_90a code). About 20 ms per repetition.
+    capability 9.0 also ``wgmma`` bf16 (m64n128k16) and fp8 e4m3 (m64n128k32), B in shared memory:
+    the only instructions that reach Hopper's tensor-core peak, and fp8's only native path there
+    (needs a build with sm_90a code). About 20 ms per repetition.
     Every accumulator is checked exactly (csrc/cuda/peak.cu, wgmma.cu). ``spec_tflops`` is the SKU
     identity at its spec clock; compare with ``clock_mhz_mean`` for the share at the real clock.
     """
@@ -41,9 +42,10 @@ class PeakProbe(CudaProbe):
                                  params={"dtype": d, "num_reps": reps, "target_s": target_s, "instruction":
                                          "fma.rn.f32" if d == "fp32" else "mma.sync"}, label=d)
                  for d in self.DTYPES if cc >= self.MIN_CC.get(d, 0) and (d != "fp8" or fp8_mma_native(cc))]
-        if cc == 90:  # last: a fault in the sm_90a-only kernel must not cost the other rows
-            specs.append(MeasurementSpec(key="peak_wgmma_bf16", label="bf16 wgmma", params={
-                "dtype": "bf16", "num_reps": reps, "target_s": target_s, "instruction": "wgmma"}))
+        if cc == 90:  # last: a fault in the sm_90a-only kernels must not cost the other rows
+            # fp8 e4m3 through wgmma: on Hopper its only native path (mma.sync e4m3 is emulated)
+            specs += [MeasurementSpec(key=f"peak_wgmma_{d}", label=f"{d} wgmma", params={
+                "dtype": d, "num_reps": reps, "target_s": target_s, "instruction": "wgmma"}) for d in ("bf16", "fp8")]
         return specs
 
     def notes(self, cfg: ProbeConfig) -> list[str]:
@@ -51,15 +53,16 @@ class PeakProbe(CudaProbe):
         notes = [f"{d} left out: needs compute capability {m // 10}.{m % 10}+ (device is {cc // 10}.{cc % 10})"
                  for d, m in self.MIN_CC.items() if cc < m]
         if cc >= self.MIN_CC["fp8"] and not fp8_mma_native(cc):
-            notes.append(f"fp8 left out: mma.sync e4m3 is emulated on compute capability {cc // 10}.{cc % 10} "
-                         "(fp16 HMMA + FADD; native only on 8.9 and 12.x)")
+            notes.append(f"fp8 mma.sync left out: mma.sync e4m3 is emulated on compute capability {cc // 10}.{cc % 10} "
+                         "(fp16 HMMA + FADD; native only on 8.9 and 12.x)"
+                         + ("; fp8 measured through wgmma e4m3 instead" if cc == 90 else ""))
         return notes
 
     def measure(self, spec: MeasurementSpec) -> dict | list:
         p = spec.params
         instruction = p.get("instruction", "mma.sync")
         if instruction == "wgmma":
-            r = self.ext.peak_wgmma(self.backend.index, p["num_reps"], NUM_WARMUP, p["target_s"])
+            r = self.ext.peak_wgmma(self.backend.index, p["num_reps"], NUM_WARMUP, p["target_s"], dtype=p["dtype"])
         else:
             r = self.ext.peak(self.backend.index, p["dtype"], p["num_reps"], NUM_WARMUP, p["target_s"])
         if not r.get("supported", 1):
