@@ -15,6 +15,7 @@ import numpy as np
 from common.errors import ConfigError
 from predictor import efficiency as eff
 from predictor.calibrate_compute import finite_or_none, fit_active, fit_duty, fit_duty_by_m, fit_gemm_fixed, is_finite, valid_rows
+from predictor.calibrate_kernels import fit_kernels
 from predictor.calibration_model import Calibration, Curve, Param, defaults, resolve, utc_now_iso  # noqa: F401 - resolve: re-exported
 from predictor.hardware import HardwareSpec
 
@@ -249,6 +250,8 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
                                          gemm_fixed.value if gemm_fixed is not None else 0.0)
     report.update(curve_report)
     _fit_launch(run, hw, params)
+    if hw.backend != "cpu":
+        fit_kernels(run, hw, params, report)
     cpu_ops = _fit_cpu_ops(run, report)
     report["warnings"] = sanity_warnings(params, hw, report, run)
     meta = {"created_utc": utc_now_iso(), "from": "run", "run_dir": str(run.run_dir),

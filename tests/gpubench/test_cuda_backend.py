@@ -197,7 +197,7 @@ def test_probes_run_in_the_order_that_keeps_headline_figures_when_cut_short():
     from gpubench.backends.cuda import CudaBackend
 
     b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
-    assert list(b.probes()) == ["stream", "peak", "launch", "gemm", "l2"]  # the long l2 sweep last
+    assert list(b.probes()) == ["stream", "peak", "launch", "gemm", "kernels", "l2"]  # the long l2 sweep last
 
 
 def test_peak_dtype_missing_from_the_build_is_skipped_not_failed(capsys):
@@ -653,3 +653,40 @@ def test_clocks_and_power_come_from_samples_taken_while_a_kernel_ran():
     assert out["telemetry_busy_samples"] == 2 and out["telemetry_samples"] == 3 and out["throttle_bits"] == 4
     # a source that cannot tell (no gpu_idle key, e.g. the CPU): every sample counts
     assert aggregate([{"clock_mhz": 1000.0}, {"clock_mhz": 2000.0}], None)["clock_mhz_mean"] == 1500.0
+
+
+# ------------------------------------------------------------------ kernels probe (tiny kernels, graph-timed attention)
+def test_kernels_probe_plans_floors_then_the_attention_grid_and_skips_without_a_cuda_torch(monkeypatch):
+    from gpubench.backends.cuda import CudaBackend
+    from gpubench.backends.cuda.probes import kernels
+
+    b = CudaBackend(0, ext=fakes.FakeCudaExt(), nvml=fakes.fake_pynvml())
+    probe = b.probes()["kernels"]
+    keys = [s.key for s in probe.plan(_cfg(b))]
+    floors = [k for k in keys if "_floor_" in k]
+    assert floors == [f"kernels_floor_{op}_{mode}" for op in ("add", "gemv", "reduce") for mode in ("eager", "graph")]
+    attn = [s for s in probe.plan(_cfg(b)) if s.params["kind"] == "attn_decode"]
+    assert {(s.params["batch"], s.params["context"]) for s in attn} == {
+        (bb, L) for bb in kernels.QUICK_ATTN_BATCHES for L in kernels.QUICK_ATTN_CONTEXTS}  # _cfg is --quick
+    assert min(s.params["context"] for s in attn) == 16  # the rows the attention floor is fitted from
+    assert probe.derive({"count": 256}, {"t_median_s": 256e-6, "t_min_s": 200e-6}) == pytest.approx(
+        {"per_kernel_s_median": 1e-6, "per_kernel_s_min": 200e-6 / 256, "per_kernel_us_median": 1.0})
+    monkeypatch.setattr(kernels, "cuda_torch_reason", lambda: "torch 2.13.0+cpu sees no CUDA device")
+    assert probe.supported(b) == (False, "torch 2.13.0+cpu sees no CUDA device")
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_floors_and_graph_timed_attention_are_validated():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA torch")
+    from gpubench.backends.cuda.probes.kernels import FLOOR_OPS, attention_times, floor_times
+
+    for op in FLOOR_OPS:
+        for mode in ("eager", "graph"):
+            r = floor_times(0, op, mode, 16, 3, 1.5e6)
+            assert r["valid"], (op, mode, r["check"])
+            assert len(r["times_s"]) == 3 and min(r["times_s"]) > 0
+    r = attention_times(0, 2, 64, 3, 50 * 2**20)
+    assert r["valid"], r["check"]
+    assert r["calls"] >= r["copies"] >= 1 and min(r["times_s"]) > 0

@@ -83,7 +83,21 @@ def write_gpu_run(root, rng, *, with_clock=True, probes=("stream", "l2", "launch
                 w.append("gemm", {**_row("gemm", f"gemm_bf16_{m}_{n}_{kk}", t, rng), "dtype": "bf16", "m": m, "n": n,
                                   "k": kk, "flops": flops, "bytes": nbytes, "tflops_median": flops / t / 1e12,
                                   "tflops_best": flops / t / 1e12, "library": "cublas", **clock})
+    if "kernels" in probes:
+        for op, eager, graph in (("add", 2.6e-6, 1.6e-6), ("gemv", 3.4e-6, 2.5e-6), ("reduce", 3.0e-6, 2.1e-6)):
+            for mode, per in (("eager", eager), ("graph", graph)):
+                w.append("kernels", {**_row("kernels", f"kernels_floor_{op}_{mode}", per * 256, rng), "kind": "floor",
+                                     "op": op, "mode": mode, "count": 256})
+        for b in (1, 4, 16, 64):
+            for ctx in (16, 1024, 4096):
+                nbytes = 2 * b * 8 * ctx * 128 * 2 + 2 * b * 32 * 128 * 2
+                t = (K_ATTN["fixed"] + K_ATTN["seq"] * b + nbytes / (k["bw"] * k["eta_max"]) + k["graph"])
+                w.append("kernels", {**_row("kernels", f"kernels_attn_decode_bf16_b{b}_l{ctx}", t, rng),
+                                     "kind": "attn_decode", "batch": b, "context": ctx, "bytes": nbytes, "count": 1})
     return w.run_dir
+
+
+K_ATTN = dict(fixed=4.8e-6, seq=0.06e-6)  # decode attention's floor and time per sequence (kernels probe)
 
 
 def write_cpu_run(root, rng, *, dispatch_kind="torch_dispatch", clock_ratio=None):
@@ -161,6 +175,23 @@ def test_fit_gpu_run_recovers_every_parameter(tmp_path):
     assert cal.host_residual["s_floor_ms"].tier == "published"
     assert cal.meta["fit"]["gemm_identity_mape"] < 0.05
     assert cal.meta["fit"]["warnings"] == []
+
+
+def test_fit_takes_decode_attentions_floor_and_per_sequence_time_from_the_kernels_probe(tmp_path):
+    """From probes alone (no kernel tables): the attention floor and per-sequence time the step model
+    charges, net of the bytes at the fitted streaming rate and one graph-node interval; the tiny
+    kernels' floors go to the report beside the empty graph node."""
+    run = write_gpu_run(tmp_path, np.random.default_rng(5), probes=("stream", "l2", "launch", "peak", "gemm", "kernels"))
+    cal = fit_run(run)
+    p = cal.params
+    assert p["t_attn_fixed_s"].value == pytest.approx(K_ATTN["fixed"], rel=0.1)
+    assert p["t_attn_seq_s"].value == pytest.approx(K_ATTN["seq"], rel=0.25)
+    assert p["t_attn_fixed_s"].tier == "measured" and "kernels probe" in p["t_attn_fixed_s"].source
+    floors = cal.meta["fit"]["kernel_floor_us"]
+    assert floors["gemv graph"] == pytest.approx(2.5, rel=0.05) and floors["add eager"] == pytest.approx(2.6, rel=0.05)
+    assert cal.meta["fit"]["kernel_floor_over_interval"]["add"] == pytest.approx(1.6e-6 / H100["graph"], rel=0.05)
+    plain = fit_run(write_gpu_run(tmp_path / "plain", np.random.default_rng(5)))
+    assert "t_attn_fixed_s" not in plain.params or plain.params["t_attn_fixed_s"].tier != "measured"
 
 
 def test_fit_of_two_runs_takes_each_probe_from_the_run_that_measured_it(tmp_path, capsys):

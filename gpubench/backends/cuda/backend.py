@@ -9,6 +9,7 @@ from gpubench.backends.base import Backend, Probe
 from gpubench.backends.cuda.extension import Extension, load_extension
 from gpubench.backends.cuda.probes import L2Probe, LaunchProbe, PeakProbe, StreamProbe
 from gpubench.backends.cuda.probes.gemm import GemmProbe
+from gpubench.backends.cuda.probes.kernels import KernelsProbe
 
 _INT_PROPS = ("sm_count", "l2_bytes", "cc_major", "cc_minor", "clock_khz", "mem_clock_khz", "bus_width_bits",
               "max_threads_per_sm", "shared_mem_per_sm_bytes", "total_mem_bytes", "free_mem_bytes")
@@ -65,9 +66,10 @@ class CudaBackend(Backend):
 
     def probes(self) -> dict[str, Probe]:
         # Run order: the short probes and the GEMM (which carries MAMF and clock droop) before the
-        # long L2 sweep, so a run cut short by a time limit keeps the headline figures.
+        # long L2 sweep, so a run cut short by a time limit keeps the headline figures; the kernel
+        # floors and graph-timed attention (torch) before L2 too.
         return {p.name: p for p in (StreamProbe(self), PeakProbe(self), LaunchProbe(self), GemmProbe(self),
-                                    L2Probe(self))}
+                                    KernelsProbe(self), L2Probe(self))}
 
     def default_sku(self) -> str:
         """The detected SKU; an unknown GPU gets ``cuda-<name>`` (no spec peaks, and --sku must be given)."""
