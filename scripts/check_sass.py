@@ -5,7 +5,7 @@ does not run on the unit its row claims.
 A peak row divides counted FLOPs by time. If ptxas emulates the instruction (fp8 mma.sync on
 Hopper becomes unpack + fp16 HMMA + FADD), hoists the product out of the loop, or moves an FMA
 chain to the uniform datapath (UFFMA: one lane's work per warp), the row reports work the device
-never did. This compiles csrc/cuda/{peak,wgmma,stream}.cu for every architecture the build ships,
+never did. This compiles csrc/cuda/{peak,wgmma,stream,l2}.cu for every architecture the build ships,
 disassembles them (cuobjdump + nvdisasm: the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels
 of the dev extra, or a toolkit's), counts opcodes per kernel and checks:
 
@@ -16,6 +16,8 @@ of the dev extra, or a toolkit's), counts opcodes per kernel and checks:
   wgmma_loop_k<bf16>          >= 16 HGMMA                                         sm_90a
   wgmma_loop_k<fp8>           >= 16 QGMMA (fp8's only native path on Hopper)      sm_90a
   stream copy/triad           128-bit loads and stores (LDG.E.128 / STG.E.128)     every arch
+  l2 read_k                   4 loads in flight: 4 LDG.128 issued before a DADD    every arch
+                              reads one (without launch bounds ptxas kept two)
 
 Usage: scripts/check_sass.py [--archs 80,86,89,90a,100,120] [--json]
 Exit status 0 when every check holds, 1 otherwise, 2 when the tools are missing.
@@ -36,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ARCHS = ("80", "86", "89", "90a", "100", "120")
-FILES = ("peak.cu", "wgmma.cu", "stream.cu")
+FILES = ("peak.cu", "wgmma.cu", "stream.cu", "l2.cu")
 # peak.cu's template argument -> dtype (enum Dtype { BF16, FP16, TF32, FP8, FP32 })
 MMA_DTYPES = {"0": "bf16", "1": "fp16", "2": "tf32", "3": "fp8"}
 _FUNC_RE = re.compile(r"Function : (\S+)")
@@ -81,10 +83,12 @@ def disassemble(cu: str, arch: str, nvcc: str, cuobjdump: str, tmp: Path) -> dic
     sass = subprocess.run([cuobjdump, "-sass", str(obj)], check=True, capture_output=True, text=True, env=env).stdout
     kernels: dict[str, Counter] = {}
     current = None
+    run = 0  # global loads issued since the last floating-point add read a register
     for line in sass.splitlines():
         m = _FUNC_RE.search(line)
         if m:
             current = kernels.setdefault(m.group(1), Counter())
+            run = 0
             continue
         if current is None:
             continue
@@ -94,6 +98,10 @@ def disassemble(cu: str, arch: str, nvcc: str, cuobjdump: str, tmp: Path) -> dic
             current[op] += 1
             if op in ("LDG", "STG") and ".128" in mods:
                 current[op + ".128"] += 1
+            # loads in flight: the longest run of LDGs with no DADD/FADD between them (a sum that
+            # reads a load's register makes the thread wait for it)
+            run = run + 1 if op == "LDG" else (0 if op in ("DADD", "FADD") else run)
+            current["LDG_RUN"] = max(current["LDG_RUN"], run)
     return kernels
 
 
@@ -131,6 +139,9 @@ def check(arch: str, per_file: dict[str, dict[str, Counter]]) -> list[tuple[str,
             c = find("wgmma.cu", f"wgmma_loop_kINS0_{len(tag)}{tag}E")
             out.append((arch, f"wgmma_loop_k<{dtype}>", c is not None and c[op] >= 16,
                         f"{op} {c[op]}" if c is not None else "kernel not found"))
+    c = find("l2.cu", "read_k")
+    out.append((arch, "l2 read_k", c is not None and c["LDG_RUN"] >= 4 and c["LDG.128"] >= 4,
+                f"longest LDG run {c['LDG_RUN']}, LDG.128 {c['LDG.128']}" if c is not None else "kernel not found"))
     for kernel in ("copy_k", "triad_k"):
         c = find("stream.cu", kernel)
         out.append((arch, f"stream {kernel}", c is not None and c["LDG.128"] >= 1 and c["STG.128"] >= 1,

@@ -58,6 +58,7 @@ def test_peak_loops_compile_to_the_units_their_rows_count():
     assert {a for a, _ in by} == {"80", "86", "89", "90a", "100", "120"}
     assert ("90a", "wgmma_loop_k<bf16>") in by and ("89", "mma_loop_k<fp8>") in by and ("120", "mma_loop_k<fp8>") in by
     assert "QGMMA" in by[("90a", "wgmma_loop_k<fp8>")]["counted"]  # Hopper's native fp8: wgmma e4m3
+    assert all(by[(a, "l2 read_k")]["ok"] for a in ("80", "90a", "100"))  # four loads in flight, every arch
     assert ("90a", "mma_loop_k<fp8> (emulated: skipped at run time)") in by  # the emulation is seen and avoided
     assert "UFFMA 0" in by[("120", "fma_loop_k")]["counted"]
 
