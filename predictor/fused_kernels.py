@@ -48,9 +48,20 @@ def triton_runs_on(device: torch.device) -> bool:
 
 
 def choose(implementation: str, device: torch.device) -> "Kernels":
-    """``auto``: Triton where it runs on ``device``, else torch; a named one is taken as asked."""
+    """``auto``: Triton where it runs on ``device`` and agrees with torch on a self-check, else torch
+    (with the reason in ``fallback_reason``); a named one is taken as asked."""
     if implementation == "auto":
-        implementation = "triton" if device.type == "cuda" and triton_runs_on(device) else "torch"
+        if device.type != "cuda" or not triton_runs_on(device):
+            fallback = TorchKernels()
+            fallback.fallback_reason = ("Triton is not installed" if not triton_importable() else
+                                        f"Triton kernels compile for CUDA devices (this is {device.type})")
+            return fallback
+        why = self_check(TritonKernels(), device)
+        if why:
+            fallback = TorchKernels()
+            fallback.fallback_reason = why
+            return fallback
+        implementation = "triton"
     if implementation == "triton":
         if not triton_runs_on(device):
             from common.errors import ConfigError
@@ -69,6 +80,7 @@ class Kernels:
     """The four fused operations (see the module docstring for each contract)."""
 
     name = "?"
+    fallback_reason = ""  # why ``auto`` did not take Triton ("" when it did, or when asked by name)
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         raise NotImplementedError
@@ -151,3 +163,39 @@ class TritonKernels(Kernels):
 
     def write_kv_(self, k, v, k_cache, v_cache, slot_mapping):
         self._k.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def self_check(kernels: Kernels, device: torch.device) -> str:
+    """"" when ``kernels`` computes what the torch fallbacks compute on small inputs, else why not
+    (an exception while compiling or running counts: the engine then runs the fallbacks)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dt)
+
+    try:
+        ref, got = TorchKernels(), kernels
+        x, res, w = rand(3, 64), rand(3, 64), rand(64)
+        pairs = [(ref.rms_norm(x, w, 1e-5), got.rms_norm(x, w, 1e-5))]
+        r1, r2 = res.clone(), res.clone()
+        pairs += [(ref.add_rms_norm(x, r1, w, 1e-5), got.add_rms_norm(x, r2, w, 1e-5)), (r1, r2)]
+        gu = rand(3, 96)
+        pairs.append((ref.silu_and_mul(gu), got.silu_and_mul(gu)))
+        qkv, pos = rand(3, 8 * 16), torch.tensor([0, 5, 9], device=device)
+        cos, sin = rand(16, 8), rand(16, 8)
+        a, b = qkv.clone(), qkv.clone()
+        ref.rope_(a[:, :64].view(3, 4, 16), a[:, 64:96].view(3, 2, 16), pos, cos, sin)
+        got.rope_(b[:, :64].view(3, 4, 16), b[:, 64:96].view(3, 2, 16), pos, cos, sin)
+        pairs.append((a, b))
+        kc1, vc1 = torch.zeros(8, 2, 16, device=device, dtype=dt), torch.zeros(8, 2, 16, device=device, dtype=dt)
+        kc2, vc2 = kc1.clone(), vc1.clone()
+        slots = torch.tensor([6, 1, 3], device=device)
+        k, v = qkv[:, 64:96].view(3, 2, 16), qkv[:, 96:].view(3, 2, 16)
+        ref.write_kv_(k, v, kc1, vc1, slots)
+        got.write_kv_(k, v, kc2, vc2, slots)
+        pairs += [(kc1, kc2), (vc1, vc2)]
+        err = max(float((p.float() - q.float()).abs().max()) for p, q in pairs)
+    except Exception as e:  # a kernel that does not compile or run here means: use the fallbacks
+        return f"{kernels.name} kernels failed their self-check ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return "" if err <= 5e-2 else f"{kernels.name} kernels disagree with torch on their self-check (max |diff| {err:.3g})"

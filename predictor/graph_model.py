@@ -92,10 +92,12 @@ class GraphCausalLM:
 
     def __init__(self, eager: TorchCausalLM, cache: PagedKVCache, *, max_tokens: int, max_seqs: int,
                  max_positions: int | None = None, kernels: str = "auto", attention: str = "auto",
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, free_unfused: bool = False):
         """Buffers for steps of up to ``max_tokens`` tokens over ``max_seqs`` sequences, RoPE tables
         for ``max_positions`` (default: what the cache holds per sequence when split ``max_seqs``
-        ways, which is also the first layout)."""
+        ways, which is also the first layout). ``free_unfused``: drop the q/k/v and gate/up tensors the
+        fused ones copy from ``eager``'s parameters (an 8B model's fused copies are ~10 GB more; the
+        eager model cannot run after that)."""
         cfg, P = eager.cfg, eager.params
         if cache.num_slots < max_seqs * cache.block_size:
             raise ConfigError(f"KV cache of {cache.num_slots} slots cannot give {max_seqs} sequences a block each")
@@ -114,6 +116,11 @@ class GraphCausalLM:
                 gate_up=torch.cat([P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"]]),
                 down=P[p + "mlp.down_proj.weight"], in_norm=P[p + "input_layernorm.weight"],
                 post_norm=P[p + "post_attention_layernorm.weight"]))
+        if free_unfused:
+            for i in range(cfg.num_layers):
+                for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+                    for kind in ("weight", "bias"):
+                        P.pop(f"model.layers.{i}.{name}.{kind}", None)
         self.embed, self.final_norm, self.lm_head = P["model.embed_tokens.weight"], P["model.norm.weight"], eager.lm_head()
         inv = eager._inv_freq
         self.max_positions = max_positions or self.blocks_per_seq * cache.block_size

@@ -291,7 +291,7 @@ def _open_session(cfg: ModelConfig, pc: ProfileConfig, dev, dtype: str, points: 
     sess = _Session(cfg, TorchCausalLM(cfg, dtype=dtype, device=str(dev), seed=pc.seed),
                     KVCache(cfg, capacity_tokens=cap, dtype=DTYPES[dtype], device=str(dev), seed=pc.seed), dev, rng)
     return sess, {"engine": "torch", "timer": "perf_counter", "cuda_graphs": False, "attention_backend": "sdpa",
-                  "attention_fallback": "", "kernels": "torch"}
+                  "attention_fallback": "", "kernels": "torch", "kernels_fallback": ""}
 
 
 def _measure_point(sess: _Session, pc: ProfileConfig, spec, p: GridPoint, *, profile_ops_here: bool) -> dict:

@@ -55,7 +55,7 @@ def build_engine(cfg, points: list[GridPoint], *, dtype: str, device: str, seed:
     return GraphCausalLM(eager, cache, max_tokens=max(sum(n for n, _ in p.batch) for p in points),
                          max_seqs=max(len(p.batch) for p in points),
                          max_positions=max(n + c for p in points for n, c in p.batch) + 1, kernels=kernels,
-                         attention=attention)
+                         attention=attention, free_unfused=True)
 
 
 def engine_fields(engine) -> dict:
@@ -63,7 +63,8 @@ def engine_fields(engine) -> dict:
     cuda = engine.device.type == "cuda"
     return {"engine": "torch-graph", "timer": "cuda-event+perf_counter" if cuda else "perf_counter",
             "cuda_graphs": engine.use_graphs, "attention_backend": engine.attention.name,
-            "attention_fallback": engine.attention.fallback_reason, "kernels": engine.kernels.name}
+            "attention_fallback": engine.attention.fallback_reason, "kernels": engine.kernels.name,
+            "kernels_fallback": engine.kernels.fallback_reason}
 
 
 def time_graph_step(engine, point: GridPoint, ids: list[list[int]], *, num_warmup: int, num_repeats: int,

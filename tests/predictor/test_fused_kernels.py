@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from predictor.fused_kernels import Kernels, TorchKernels, choose
+from predictor.fused_kernels import Kernels, TorchKernels, choose, self_check
 from predictor.torch_model import TorchCausalLM
 
 HQ, HKV, D = 4, 2, 16
@@ -124,9 +124,30 @@ def test_write_kv_puts_each_token_in_its_slot_and_nowhere_else(triton_out, torch
         assert not out["k_cache"][others].any() and not out["v_cache"][others].any()
 
 
+def test_the_self_check_passes_triton_and_catches_a_wrong_or_failing_kernel(triton_out):
+    assert triton_out["self_check"] == ""  # Triton's kernels (interpreted) against the fallbacks
+
+    class OffByOne(TorchKernels):
+        name = "off-by-one"
+
+        def silu_and_mul(self, gate_up):
+            return super().silu_and_mul(gate_up) + 1
+
+    class Broken(TorchKernels):
+        name = "broken"
+
+        def rope_(self, q, k, positions, cos, sin):
+            raise RuntimeError("no kernel image is available for execution on the device\nmore")
+
+    assert "disagree with torch" in self_check(OffByOne(), torch.device("cpu"))
+    assert self_check(Broken(), torch.device("cpu")) == ("broken kernels failed their self-check (RuntimeError: no "
+                                                         "kernel image is available for execution on the device)")
+
+
 def test_choose_takes_torch_on_the_cpu_and_refuses_triton_where_it_cannot_run(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert choose("auto", torch.device("cpu")).name == "torch"
+    auto = choose("auto", torch.device("cpu"))
+    assert auto.name == "torch" and auto.fallback_reason == "Triton kernels compile for CUDA devices (this is cpu)"
     with pytest.raises(ConfigError, match="Triton does not run on cpu"):
         choose("triton", torch.device("cpu"))
     with pytest.raises(ConfigError, match="use auto"):
@@ -136,4 +157,5 @@ def test_choose_takes_torch_on_the_cpu_and_refuses_triton_where_it_cannot_run(mo
 if __name__ == "__main__":  # the child process of triton_out: TRITON_INTERPRET=1 is set before Triton loads
     from predictor.fused_kernels import TritonKernels
 
-    torch.save(_apply(TritonKernels(), _cases()), sys.argv[1])
+    torch.save({**_apply(TritonKernels(), _cases()), "self_check": self_check(TritonKernels(), torch.device("cpu"))},
+               sys.argv[1])

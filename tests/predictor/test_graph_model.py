@@ -77,6 +77,16 @@ def test_with_the_triton_kernels_under_the_interpreter_too(tmp_path):
         torch.testing.assert_close(got, eager.step_logits(ids, cached, cache), atol=1e-4, rtol=1e-4)
 
 
+def test_freeing_the_unfused_weights_keeps_the_engine_exact():
+    eager, cache, _ = _engines("qwen2-bias-untied")
+    ids, cached = STEPS[0]
+    want = eager.step_logits(ids, cached, cache)
+    paged = PagedKVCache(eager.cfg, num_blocks=SEQS * BLOCKS_PER_SEQ, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    graph = GraphCausalLM(eager, paged, max_tokens=64, max_seqs=SEQS, free_unfused=True)
+    assert not any(n.endswith(("q_proj.weight", "up_proj.weight", "v_proj.bias")) for n in eager.params)
+    torch.testing.assert_close(graph.step_logits(ids, cached), want, atol=1e-4, rtol=1e-4)
+
+
 def test_a_decode_shape_is_one_graph_key_whatever_the_tokens():
     _, _, graph = _engines("tiny-llama")
     a, _ = graph.prepare([[5], [6]], [10, 10])

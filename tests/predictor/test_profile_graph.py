@@ -29,6 +29,7 @@ def test_graph_rows_carry_engine_timer_steps_backend_and_kernels_and_resume(tmp_
         assert r.host_step_s == r.wall_s and r.wall_min_s <= r.wall_s <= r.wall_max_s
         assert math.isnan(r.device_step_s)  # no device clock apart from the host's
         assert r.attention_backend == "sdpa" and "CUDA" in r.attention_fallback and r.kernels == "torch"
+        assert r.kernels_fallback == "Triton kernels compile for CUDA devices (this is cpu)"
         assert 0 < r.prep_s < r.wall_s and r.num_repeats >= 5
     prof = df[df.ops_profiled]
     assert len(prof) == 2 and (prof.kernels_per_step > 0).all()
