@@ -27,10 +27,11 @@ __global__ void fill_k(double2* __restrict__ p, long long n2, double value) {
 }
 
 // Launch bounds: without them ptxas budgets registers for 1,024-thread blocks, reuses the first
-// loads' registers and keeps only two loads in flight (SASS: LDG, DADD, LDG, DADD, LDG, LDG), which
-// held the warm-L2 plateau under published figures. With them (42 registers, 5 blocks of 256 a
-// SM) all four loads issue before any sum reads one; scripts/check_sass.py checks it on every arch.
-__global__ void __launch_bounds__(kBlock, 5) read_k(const double2* __restrict__ p, long long n2, long long total,
+// loads' registers and keeps only two loads in flight (SASS: LDG, DADD, LDG, DADD, LDG, LDG), a
+// suspect for the warm-L2 plateau reading under published figures (not yet measured on a GPU). With
+// them (42-64 registers, 4 or more blocks of 256 a SM, no spills) all four loads issue before any sum
+// reads one; scripts/check_sass.py checks it on every arch.
+__global__ void __launch_bounds__(kBlock, 4) read_k(const double2* __restrict__ p, long long n2, long long total,
                                                     double* sum) {
     const long long T = (long long)gridDim.x * blockDim.x;
     const long long step = T % n2;
