@@ -39,7 +39,7 @@ def _register_eval(kv_sub) -> None:
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated task names")
     p.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
-                   help="comma-separated protocols; kv-blend and kv-reencoded+blend take one run per --ratio value, "
+                   help="comma-separated protocols; kv-blend and remote-prefill+blend take one run per --ratio value, "
                         "kv-rerotated+boundary and kv-anchored+boundary one per --boundary-k value")
     p.add_argument("--n", type=argtypes.positive_int, default=200, help="examples per task")
     p.add_argument("--out", required=True, type=Path, help="run directory, e.g. results/kvcomm/NAME/")
@@ -202,8 +202,9 @@ def cmd_eval(args) -> int:
         def num(v):
             return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else (None if isinstance(v, float) else v)
 
-        cols = ("task", "protocol", "n", "em", "rel_em", "rel_em_lo", "rel_em_hi", "mcnemar_p", "kl_median",
-                "agree_text", "speedup_median", "recompute_fraction", "goal")
+        cols = ("task", "protocol", "n", "em", "retention", "retention_lo", "retention_hi", "num_text_right",
+                "agree_text", "agree_lo", "agree_hi", "ci_level", "rel_em", "rel_em_lo", "rel_em_hi", "mcnemar_p",
+                "kl_median", "text_above_chance", "speedup_median", "recompute_fraction", "goal")
         doc = {"out_dir": str(args.out),
                "files": [str(args.out / n) for n in ("results.jsonl", "summary.csv", "summary.md", "summary.png", "COMMAND")],
                "num_rows": int(len(rows)),
@@ -211,7 +212,7 @@ def cmd_eval(args) -> int:
         print(json.dumps(doc, indent=2, allow_nan=False))
         return 0
     # plain print: a rich Console wraps wide tables at 80 columns when stdout is not a terminal
-    print(summary[["task", "protocol", "n", "em", "rel_em", "rel_em_lo", "mcnemar_p", "kl_median", "agree_text",
+    print(summary[["task", "protocol", "n", "em", "retention", "retention_lo", "agree_text", "mcnemar_p", "kl_median",
                    "speedup_median", "recompute_fraction", "goal"]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {args.out}/summary.md, summary.csv, summary.png, COMMAND")
     return 0

@@ -39,7 +39,11 @@ from common.jsonio import iter_jsonl
 from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
-from kvcomm.names import ANCHOR_SEED_OFFSET  # noqa: F401 - the offset is imported from here too
+from kvcomm.names import (
+    ANCHOR_SEED_OFFSET,  # noqa: F401 - the offset is imported from here too
+    canonical,
+    canonical_label,
+)
 from kvcomm.protocols import ProtocolSpec, answer, receive
 from kvcomm.tasks import check_task, extract_answer, generate, score
 
@@ -103,7 +107,7 @@ def _read_done(path: Path) -> set[tuple[str, int, str]]:
     # a run killed mid-write leaves at most a torn last line (no newline); anything else is corruption
     for line_no, row in iter_jsonl(path, error=KVCommError, objects_only=True, torn_tail_ok=True):
         try:
-            done.add((row["task"], int(row["index"]), row["protocol"]))
+            done.add((row["task"], int(row["index"]), canonical_label(row["protocol"])))
         except (KeyError, TypeError, ValueError):
             raise KVCommError(f"{path}:{line_no}: malformed result row (needs task, index and protocol)") from None
     return done
@@ -300,4 +304,9 @@ def load_rows(out_dir: Path) -> pd.DataFrame:
     path = Path(out_dir) / RESULTS_FILE
     if not path.exists():
         raise KVCommError(f"no {RESULTS_FILE} in {out_dir}")
-    return pd.DataFrame([row for _, row in iter_jsonl(path, error=KVCommError, objects_only=True, torn_tail_ok=True)])
+    rows = pd.DataFrame([row for _, row in iter_jsonl(path, error=KVCommError, objects_only=True, torn_tail_ok=True)])
+    if "protocol" in rows:  # rows written under a protocol's old name read under its current one
+        rows["protocol"] = rows["protocol"].map(canonical_label)
+        if "name" in rows:
+            rows["name"] = rows["name"].map(canonical)
+    return rows

@@ -49,7 +49,7 @@ class SenderState:
     """A sender's exported message: its token ids and the KV of exactly that span.
 
     ``reencoded``: the same span encoded again in B's frame (``reencode_in_receiver_frame``), what
-    ``kv-reencoded`` ships; ``reencode_s`` the sender's time for that extra prefill.
+    ``remote-prefill`` ships; ``reencode_s`` the sender's time for that extra prefill.
     """
 
     agent: str

@@ -12,9 +12,20 @@ Every protocol answers the very same examples as ``text``, so the comparisons he
   stays the same, which exact match needs hundreds of examples to see.
 - ``median_ci``: the median of per-example KLs with a bootstrap interval (KL is heavy-tailed: a few
   broken examples would dominate a mean).
-- ``goal_verdict``: "yes" only when the interval's lower bound clears the goal and text was right
-  often enough that an exact bound could (``min_text_right_to_pass``), "no" when the whole interval
-  is below it, and "n too small to decide" in between, instead of reading a point estimate.
+- ``retention_ci``: the share of text's right answers the protocol also gets right (both right /
+  text right). Unlike the ratio of summed accuracies (``relative_ci``, still reported), a lucky gain
+  cannot cancel a real loss: 54 right under text and 43 of them kept reads 0.80, however many of
+  text's wrong answers the protocol happened to get right.
+- ``simultaneous_level``: Bonferroni: with m protocols compared against text in one table, each
+  interval the verdict reads is taken at 1 - 0.05 / m, so all m hold together at 95 %.
+- ``above_chance``: text's accuracy must beat the task's chance rate by its exact (Clopper-Pearson)
+  one-sided 95 % bound before any protocol is judged against it (a protocol cannot "keep" answers
+  text got by luck).
+- ``goal_verdict``: "yes" only when retention is at least the goal (0.95), its simultaneous lower
+  bound at least the bound goal (0.90), text right often enough that such a bound could be shown
+  (``min_text_right_to_pass``), at most 15 % of imported tokens recomputed, and text above chance;
+  "no" when too much is recomputed or the whole simultaneous interval lies below the goal; "n too
+  small to decide" otherwise, instead of reading a point estimate.
 """
 from __future__ import annotations
 
@@ -24,9 +35,11 @@ import numpy as np
 from scipy.stats import binom
 
 NUM_BOOTSTRAP = 2000
-GOAL_RELATIVE_ACCURACY = 0.95
-GOAL_RECOMPUTE_FRACTION = 0.30
+GOAL_RELATIVE_ACCURACY = 0.95   # retention the goal asks for (point)
+GOAL_LOWER_BOUND = 0.90         # ... and its simultaneous lower bound (stretch: 0.95)
+GOAL_RECOMPUTE_FRACTION = 0.15  # at most this share of the imported tokens recomputed
 UNDECIDED = "n too small to decide"
+NOT_ABOVE_CHANCE = "text not above chance"
 
 
 def min_text_right_to_pass(goal: float = GOAL_RELATIVE_ACCURACY, confidence: float = 0.95) -> int:
@@ -64,18 +77,20 @@ def mcnemar_exact(text_only: int, protocol_only: int) -> float:
     return float(min(1.0, 2.0 * binom.cdf(min(text_only, protocol_only), total, 0.5)))
 
 
-def bootstrap_ci(values, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its 95 % percentile-bootstrap interval."""
+def bootstrap_ci(values, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its percentile-bootstrap interval at ``level`` (95 %)."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(num_resamples, x.size))].mean(axis=1)
-    return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    tail = 50.0 * (1.0 - level)
+    return float(x.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100.0 - tail))
 
 
-def relative_ci(num, den, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """sum(num) / sum(den) with a paired bootstrap interval (examples resampled jointly).
+def relative_ci(num, den, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0,
+                level: float = 0.95) -> tuple[float, float, float]:
+    """sum(num) / sum(den) with a paired bootstrap interval at ``level`` (examples resampled jointly).
 
     Resamples in which the denominator is 0 have no ratio and are left out of the percentiles.
     """
@@ -86,7 +101,33 @@ def relative_ci(num, den, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) 
     idx = rng.integers(0, a.size, size=(num_resamples, a.size))
     sa, sb = a[idx].sum(axis=1), b[idx].sum(axis=1)
     ratios = np.divide(sa, sb, out=np.full_like(sa, np.nan), where=sb > 0)
-    return float(a.sum() / b.sum()), float(np.nanpercentile(ratios, 2.5)), float(np.nanpercentile(ratios, 97.5))
+    tail = 50.0 * (1.0 - level)
+    return float(a.sum() / b.sum()), float(np.nanpercentile(ratios, tail)), float(np.nanpercentile(ratios, 100.0 - tail))
+
+
+def retention_ci(protocol_correct, text_correct, **kw) -> tuple[float, float, float]:
+    """(kept, low, high): the share of text's right answers the protocol also got right, with a paired
+    bootstrap interval (``relative_ci`` of both-right over text-right; ``level`` etc. pass through)."""
+    p = np.asarray(protocol_correct, dtype=np.float64) > 0.5
+    t = np.asarray(text_correct, dtype=np.float64) > 0.5
+    return relative_ci((p & t).astype(float), t.astype(float), **kw)
+
+
+def simultaneous_level(num_compared: int, family: float = 0.95) -> float:
+    """Each interval's level so that ``num_compared`` of them hold together at ``family`` (Bonferroni)."""
+    return 1.0 - (1.0 - family) / max(1, num_compared)
+
+
+def above_chance(num_right: int, n: int, chance: float | None, confidence: float = 0.95) -> bool:
+    """Whether ``num_right`` of ``n`` beats ``chance`` by the exact one-sided lower bound (True when the
+    task has no chance rate, e.g. free text scored by ROUGE-L)."""
+    if chance is None:
+        return True
+    if n <= 0 or num_right <= 0:
+        return False
+    from scipy.stats import beta
+
+    return float(beta.ppf(1.0 - confidence, num_right, n - num_right + 1)) > chance
 
 
 def median_ci(values, *, num_resamples: int = NUM_BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
@@ -125,22 +166,26 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - math.log(np.exp(shifted).sum())
 
 
-def goal_verdict(rel_lo: float, rel_hi: float, recompute_fraction: float, *, num_text_right: int,
-                 goal: float = GOAL_RELATIVE_ACCURACY, max_recompute: float = GOAL_RECOMPUTE_FRACTION) -> str:
-    """"yes", "no" or ``UNDECIDED`` for one protocol's relative-accuracy interval [rel_lo, rel_hi].
+def goal_verdict(kept: float, lo: float, hi: float, recompute_fraction: float, *, num_text_right: int,
+                 text_above_chance: bool = True, goal: float = GOAL_RELATIVE_ACCURACY,
+                 bound: float = GOAL_LOWER_BOUND, max_recompute: float = GOAL_RECOMPUTE_FRACTION) -> str:
+    """"yes", "no", ``UNDECIDED`` or ``NOT_ABOVE_CHANCE`` for one protocol's retention ``kept`` with its
+    simultaneous interval [lo, hi] (see the module docstring).
 
-    yes: the interval's lower bound is >= goal, at most ``max_recompute`` of the imported tokens
-    recomputed, and text right on at least ``min_text_right_to_pass(goal)`` of the paired examples;
-    no: recomputes too much, or the whole interval lies below the goal; otherwise (the interval
-    straddles the goal, too few examples to pass, or no interval because text answered nothing
-    right) the data cannot decide.
+    yes: kept >= goal and lo >= bound, at most ``max_recompute`` of the imported tokens recomputed, and
+    text right on at least ``min_text_right_to_pass(bound)`` of the paired examples (fewer could not
+    show the bound even if every answer were kept); no: recomputes too much, or the whole interval
+    lies below the goal; otherwise the data cannot decide. Nothing is judged when text itself does
+    not beat chance.
     """
+    if not text_above_chance:
+        return NOT_ABOVE_CHANCE
     if recompute_fraction > max_recompute:
         return "no"
-    if not (math.isfinite(rel_lo) and math.isfinite(rel_hi)):
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         return UNDECIDED
-    if rel_lo >= goal:
-        return "yes" if num_text_right >= min_text_right_to_pass(goal) else UNDECIDED
-    if rel_hi < goal:
+    if kept >= goal and lo >= bound:
+        return "yes" if num_text_right >= min_text_right_to_pass(bound) else UNDECIDED
+    if hi < goal:
         return "no"
     return UNDECIDED

@@ -3,8 +3,25 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 
 from dataclasses import dataclass
 
-PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "kv-reencoded", "kv-blend",
-             "kv-reencoded+blend", "kv-anchored", "kv-anchored+boundary")
+PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "remote-prefill", "kv-blend",
+             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary")
+# What ``remote-prefill`` was called until 2026-12-06. It ships K/V the sender computed by prefilling the
+# message again in B's frame: a function of the message text and B's frame only, so B's prompt gives
+# exactly text's answers. That is a remote prefill, not reuse of the sender's cache: it is reported
+# as a reference row and never judged against the goal. The old names are still accepted, and rows
+# written under them are read under the new ones.
+OLD_NAMES = {"kv-reencoded": "remote-prefill", "kv-reencoded+blend": "remote-prefill+blend"}
+
+
+def canonical(name: str) -> str:
+    """A protocol name under its current spelling (``kv-reencoded`` -> ``remote-prefill``)."""
+    return OLD_NAMES.get(name, name)
+
+
+def canonical_label(label: str) -> str:
+    """A result row's protocol label (name and parameters) under the current name."""
+    name, sep, params = label.partition(" ")
+    return canonical(name) + sep + params
 
 
 @dataclass(frozen=True)
@@ -14,7 +31,8 @@ class ProtocolFeatures:
     Attributes:
         ships_kv: the sender hands over K/V of its message span (False: the text, which B prefills).
         reencoded: the shipped span was re-encoded by the sender in B's frame (kvcomm.protocols.
-            reencode_in_receiver_frame): ``kv-reencoded``, ``kv-anchored`` and their variants.
+            reencode_in_receiver_frame): ``remote-prefill``, ``kv-anchored`` and their variants. Such
+            K/V are not the sender's own cache: judged as references, never against the goal.
         repositions: B rotates the span's keys to the positions it takes in B's prompt (all but
             ``kv-verbatim``, which imports the keys as they were).
         anchored: anchor offsets estimated from other examples are added to a later sender's
@@ -32,6 +50,12 @@ class ProtocolFeatures:
     boundary: bool = False
     blend: bool = False
 
+    @property
+    def reference(self) -> bool:
+        """A reference row, never judged against the goal: the shipped K/V were computed by an extra
+        prefill in B's frame, not taken from the sender's own cache."""
+        return self.ships_kv and self.reencoded
+
     def recomputes_head(self, sender_index: int) -> bool:
         """Whether B recomputes the head of sender ``sender_index``'s span."""
         return self.boundary and (not self.reencoded or sender_index > 0)
@@ -44,11 +68,12 @@ _SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
 
 def protocol_features(name: str) -> ProtocolFeatures:
     """The features of a protocol named in PROTOCOLS (KeyError for any other name)."""
+    name = canonical(name)
     if name not in PROTOCOLS:
         raise KeyError(name)
     if name == "text":
         return ProtocolFeatures(ships_kv=False)
-    base, _, suffix = name.removeprefix("kv-").partition("+")
+    base, _, suffix = name.removeprefix("kv-").replace("remote-prefill", "reencoded").partition("+")
     return ProtocolFeatures(ships_kv=True, **_BASES[base], **_SUFFIXES[suffix])
 
 
@@ -58,3 +83,8 @@ DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool: examples of another seed, ne
 # Anchor examples come from the run's seed plus this offset, so they are never among the scored examples.
 ANCHOR_SEED_OFFSET = 1_000_003
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")
+# Chance per task: the share a receiver would get right picking uniformly among the answers its notes
+# offer (kvcomm.tasks says which); None for free text scored by ROUGE-L. Text must beat it (by its
+# exact one-sided bound) before any protocol is judged against text (kvcomm.metrics.above_chance).
+TASK_CHANCE: dict[str, float | None] = {"keycode": 1 / 4, "twoagent": 1 / 6, "drift": 1 / 4, "drift3": 1 / 6,
+                                        "multihop": 1 / 3, "summary": None}

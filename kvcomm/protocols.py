@@ -15,16 +15,20 @@ anchored, boundary-recomputed or blended:
 - ``kv-rerotated+boundary``: as kv-rerotated, but the first ``boundary_k`` tokens of each imported
   chunk are recomputed by B (the seam with B's prompt and the chunk's attention-sink tokens); with
   ``boundary_k`` >= the chunk length this is exactly ``text``.
-- ``kv-reencoded``: cross-context re-encoding on the sender's side. After writing its message, the
+- ``remote-prefill`` (called ``kv-reencoded`` until 2026-12-06; the old name is still accepted):
+  cross-context re-encoding on the sender's side. After writing its message, the
   sender encodes the message once more in B's frame -- B's system prompt and the header its notes go
   under, which agents of one framework share, but not the other senders' messages, which it cannot
   know -- and ships that KV; B re-rotates it into place as for kv-rerotated. The message K/V then
   attended to what B's own prefill would attend to, not to the sender's log. For the first sender
   this is B's own prefill exactly; a later sender's chunk misses the earlier chunks. The sender pays
-  one more prefill of frame + message (``SenderState.reencode_s``), off B's critical path.
-- ``kv-reencoded+blend``: CacheBlend over the re-encoded spans: a later sender's chunk, the one that
+  one more prefill of frame + message (``SenderState.reencode_s``), off B's critical path. The K/V it
+  ships are a function of the message text and B's frame only: B's prefill done by the sender, not
+  reuse of the sender's own cache, so its agreement with text is an identity and it is reported as
+  a reference row, never judged against the goal (``ProtocolFeatures.reference``).
+- ``remote-prefill+blend`` (was ``kv-reencoded+blend``): CacheBlend over the re-encoded spans: a later sender's chunk, the one that
   missed the earlier chunks, is where the deviation is and what the recompute goes to.
-- ``kv-anchored``: kv-reencoded plus KVComm-style anchor offsets (``kvcomm.anchors``): a later
+- ``kv-anchored``: remote-prefill plus KVComm-style anchor offsets (``kvcomm.anchors``): a later
   sender's span gets the deviation that its k nearest anchor tokens (from examples never scored)
   showed between their re-encoded K/V and B's exact prefill, estimated by B at import time.
 - ``kv-anchored+boundary``: kv-anchored, and B recomputes the first ``boundary_k`` tokens of each
@@ -48,7 +52,15 @@ from common.errors import KVCommError, suggest
 from kvcomm.anchors import anchored_span
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.layout import Layout, SenderState
-from kvcomm.names import DEFAULT_ANCHOR_EXAMPLES, DEFAULT_BOUNDARY_K, DEFAULT_RATIO, PROTOCOLS, ProtocolFeatures, protocol_features  # noqa: F401 - defined there, imported from here too
+from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
+    DEFAULT_ANCHOR_EXAMPLES,
+    DEFAULT_BOUNDARY_K,
+    DEFAULT_RATIO,
+    PROTOCOLS,
+    ProtocolFeatures,
+    canonical,
+    protocol_features,
+)
 from kvcomm.rope import reposition
 
 
@@ -63,6 +75,7 @@ class ProtocolSpec:
     anchor_examples: int = DEFAULT_ANCHOR_EXAMPLES  # kv-anchored: examples its anchor pool is built from
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", canonical(self.name))  # kv-reencoded -> remote-prefill
         if self.name not in PROTOCOLS:
             raise KVCommError(f"unknown protocol '{self.name}'{suggest(self.name, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}")
         if self.boundary_k < 0:
@@ -114,7 +127,7 @@ class _Span:
 
 def _shipped_span(spec: ProtocolSpec, sender: SenderState) -> KVCache:
     """The K/V a sender ships under ``spec``: its message span as encoded in its own chat, or (the
-    kv-reencoded protocols) as re-encoded in B's frame."""
+    remote-prefill protocols) as re-encoded in B's frame."""
     if not spec.ships_reencoded:
         return sender.cache
     if sender.reencoded is None:

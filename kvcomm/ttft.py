@@ -8,12 +8,12 @@ taking in the message and the question, under each protocol:
 - ``text``: B prefills the message's tokens and the question;
 - ``kv-rerotated``: B appends the sender's KV re-rotated to its positions, prefills the question;
 - ``kv-rerotated+boundary k``: the same, recomputing the first k message tokens;
-- ``kv-reencoded``: as kv-rerotated, with the span the sender re-encoded in B's frame;
+- ``remote-prefill`` (was ``kv-reencoded``): as kv-rerotated, with the span the sender re-encoded in B's frame;
 - ``kv-blend r``: CacheBlend, recomputing the share r of imported tokens that deviate most;
 - ``kv-anchored`` (``+boundary k``), with ``--senders S`` > 1: the length split over S senders, each
   later sender's re-encoded span offset from a pool of ``--anchor-examples`` exchanges of the same
   shape and another seed (built before the rounds; the neighbour search is B's time), the first k
-  tokens of each later span recomputed. With one sender every reencoded protocol is kv-reencoded.
+  tokens of each later span recomputed. With one sender every reencoded protocol is remote-prefill.
 
 Repetitions are interleaved (every protocol once per round, in a rotated order, after an untimed
 warm-up round), and the speedup is the median over rounds of TTFT(text) / TTFT(protocol) taken in

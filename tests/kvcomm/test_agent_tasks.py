@@ -132,7 +132,7 @@ def test_kvcomm_eval_scores_the_summary_task_by_rouge_l_with_its_own_decode_budg
     cfg = EvalConfig(model="tiny", tasks=("summary", "drift3"), n=2, out_dir=tmp_path, max_new_tokens=2,
                      protocols=(ProtocolSpec("text"), ProtocolSpec("kv-rerotated"), ProtocolSpec("kv-reencoded")))
     rows = run_eval(cfg, model, tok, progress=False)
-    reenc = rows[rows["protocol"] == "kv-reencoded"]
+    reenc = rows[rows["protocol"] == "remote-prefill"]  # asked for by its old name, kv-reencoded
     assert len(reenc) == 4 and all(e["sender_reencode_s"] > 0 for e in reenc["extra"])
     # one sender (summary): the span re-encoded in B's frame is B's own prefill, so B's first answer
     # token has text's distribution

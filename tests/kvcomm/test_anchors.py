@@ -26,13 +26,13 @@ def test_a_pool_holding_the_example_itself_gives_texts_cache_and_logits(tiny_mod
     pool = pool_from_spans(span_deviations(tiny_model, layout, senders, rope), 1, neighbours=1)
     text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
     got = receive(tiny_model, ProtocolSpec("kv-anchored"), layout, senders, prefix, rope, pool)
-    reenc = receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, senders, prefix)
+    reenc = receive(tiny_model, ProtocolSpec("remote-prefill"), layout, senders, prefix)
     assert got.num_recomputed == 0 and torch.equal(got.cache.positions, torch.arange(len(layout.ids)))
     for layer in range(tiny_model.config.num_hidden_layers):
         torch.testing.assert_close(got.cache.keys[layer], text.cache.keys[layer], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(got.cache.values[layer], text.cache.values[layer], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(got.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
-    # and kv-reencoded, which this corrects, is not text's
+    # and remote-prefill, which this corrects, is not text's
     assert float((reenc.last_logits - text.last_logits).abs().max()) > 1e-3
 
 
@@ -69,15 +69,15 @@ def test_kvcomm_eval_builds_the_pool_from_unscored_examples(tiny_chat_model, tmp
 
     model, tok = tiny_chat_model
     cfg = EvalConfig(model="tiny", tasks=("multihop", "summary"), n=2, out_dir=tmp_path, max_new_tokens=2,
-                     protocols=(ProtocolSpec("text"), ProtocolSpec("kv-reencoded"), ProtocolSpec("kv-anchored", anchor_examples=3)))
+                     protocols=(ProtocolSpec("text"), ProtocolSpec("remote-prefill"), ProtocolSpec("kv-anchored", anchor_examples=3)))
     rows = run_eval(cfg, model, tok, progress=False)
     anch = rows[rows["protocol"] == "kv-anchored a=3"]
     assert len(anch) == 4
     multihop = anch[anch["task"] == "multihop"]
     assert all(e["anchor_pool"]["examples"] == 3 and e["anchor_pool"]["tokens"] > 0 for e in multihop["extra"])
-    # one sender (summary): nothing to offset, so it is kv-reencoded exactly, with no pool
+    # one sender (summary): nothing to offset, so it is remote-prefill exactly, with no pool
     summary = rows[rows["task"] == "summary"].sort_values("index")
-    anchored, reencoded = (summary[summary["protocol"] == p] for p in ("kv-anchored a=3", "kv-reencoded"))
+    anchored, reencoded = (summary[summary["protocol"] == p] for p in ("kv-anchored a=3", "remote-prefill"))
     assert len(anchored) == 2 and not any("anchor_pool" in e for e in anchored["extra"])
     assert anchored["generated"].tolist() == reencoded["generated"].tolist()
     assert anchored["kl_text"].tolist() == pytest.approx(reencoded["kl_text"].tolist(), abs=1e-9)

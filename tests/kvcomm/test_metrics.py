@@ -10,7 +10,10 @@ import torch
 
 from kvcomm.eval_report import markdown_table, summarize
 from kvcomm.metrics import (
+    GOAL_LOWER_BOUND,
+    NOT_ABOVE_CHANCE,
     UNDECIDED,
+    above_chance,
     discordant_counts,
     first_token_kl,
     goal_verdict,
@@ -18,6 +21,8 @@ from kvcomm.metrics import (
     median_ci,
     min_text_right_to_pass,
     relative_ci,
+    retention_ci,
+    simultaneous_level,
 )
 
 
@@ -76,40 +81,60 @@ def test_ratio_ci_covers_the_true_ratio_at_about_95_percent():
     assert 0.88 <= covered / trials <= 0.99
 
 
-def test_ratio_ci_excludes_a_ratio_it_should_and_the_goal_follows():
+def test_retention_excludes_a_rate_it_should_and_the_goal_follows():
     rng = np.random.default_rng(1)
     proto, text = _paired_outcomes(rng, 2000, 0.7, 0.80)
-    rel, lo, hi = relative_ci(proto, text)
-    assert lo <= 0.80 <= hi and hi < 0.95  # true ratio inside, the goal (and 1.0) excluded
-    assert goal_verdict(lo, hi, 0.1, num_text_right=100) == "no"
+    kept, lo, hi = retention_ci(proto, text)
+    assert lo <= 0.80 <= hi and hi < 0.95  # true rate inside, the goal (and 1.0) excluded
+    assert goal_verdict(kept, lo, hi, 0.1, num_text_right=100) == "no"
     same, same_text = _paired_outcomes(rng, 2000, 0.7, 1.0)
-    assert goal_verdict(*relative_ci(same, same_text)[1:], 0.1, num_text_right=int(same_text.sum())) == "yes"
+    assert goal_verdict(*retention_ci(same, same_text), 0.1, num_text_right=int(same_text.sum())) == "yes"
     small, small_text = _paired_outcomes(np.random.default_rng(3), 20, 0.7, 0.9)
-    lo, hi = relative_ci(small, small_text)[1:]
-    assert lo < 0.95 <= hi and goal_verdict(lo, hi, 0.1, num_text_right=100) == UNDECIDED
+    kept, lo, hi = retention_ci(small, small_text)
+    assert lo < 0.90 and hi >= 0.95 and goal_verdict(kept, lo, hi, 0.1, num_text_right=100) == UNDECIDED
+
+
+def test_retention_is_not_fooled_by_lucky_gains_as_the_ratio_of_sums_is():
+    """54 right under text, 43 of them kept, 11 lucky gains elsewhere: the sums' ratio reads 1.0."""
+    text = np.array([1] * 54 + [0] * 46, dtype=float)
+    proto = np.array([1] * 43 + [0] * 11 + [1] * 11 + [0] * 35, dtype=float)
+    assert relative_ci(proto, text)[0] == pytest.approx(1.0)
+    assert retention_ci(proto, text)[0] == pytest.approx(43 / 54)
 
 
 def test_goal_verdict_cases():
-    enough = min_text_right_to_pass()
-    assert goal_verdict(0.96, 1.02, 0.2, num_text_right=enough) == "yes"
-    assert goal_verdict(0.95, 1.0, 0.3, num_text_right=enough) == "yes"  # bounds inclusive, as the issue states them
-    assert goal_verdict(0.80, 0.94, 0.0, num_text_right=enough) == "no"
-    assert goal_verdict(0.90, 1.05, 0.0, num_text_right=enough) == UNDECIDED
-    assert goal_verdict(0.99, 1.00, 0.31, num_text_right=enough) == "no"  # too much recomputed, whatever the accuracy
-    assert goal_verdict(float("nan"), float("nan"), 0.0, num_text_right=0) == UNDECIDED  # text never right: no ratio
+    enough = min_text_right_to_pass(GOAL_LOWER_BOUND)
+    assert enough == 29  # perfect retention's exact one-sided 95 % bound first reaches 0.90 at 29
+    assert goal_verdict(0.97, 0.91, 1.0, 0.1, num_text_right=enough) == "yes"
+    assert goal_verdict(0.95, 0.90, 1.0, 0.15, num_text_right=enough) == "yes"  # bounds inclusive
+    assert goal_verdict(0.97, 0.91, 1.0, 0.1, num_text_right=enough - 1) == UNDECIDED
+    assert goal_verdict(0.94, 0.91, 0.99, 0.0, num_text_right=enough) == UNDECIDED  # point under the goal
+    assert goal_verdict(0.85, 0.80, 0.94, 0.0, num_text_right=enough) == "no"  # the whole interval below 0.95
+    assert goal_verdict(0.99, 0.98, 1.00, 0.16, num_text_right=enough) == "no"  # too much recomputed
+    assert goal_verdict(1.0, 1.0, 1.0, 0.0, num_text_right=99, text_above_chance=False) == NOT_ABOVE_CHANCE
+    assert goal_verdict(float("nan"), float("nan"), float("nan"), 0.0, num_text_right=0) == UNDECIDED
 
 
 def test_a_handful_of_agreeing_examples_cannot_pass():
-    # text and the protocol both right on the same 3 of 3: every bootstrap resample has ratio 1,
-    # so the interval is the point [1, 1]; that is not evidence of keeping 95 % of text
-    lo, hi = relative_ci([1, 1, 1], [1, 1, 1])[1:]
-    assert lo == hi == 1.0
-    assert goal_verdict(lo, hi, 0.0, num_text_right=3) == UNDECIDED
-    # the floor is where perfect retention's exact one-sided 95 % bound first reaches 0.95
-    k = min_text_right_to_pass()
-    assert k == 59 and 0.05 ** (1 / k) >= 0.95 > 0.05 ** (1 / (k - 1))
-    assert goal_verdict(lo, hi, 0.0, num_text_right=k - 1) == UNDECIDED
-    assert goal_verdict(lo, hi, 0.0, num_text_right=k) == "yes"
+    # text and the protocol both right on the same 3 of 3: every bootstrap resample keeps all, so the
+    # interval is the point [1, 1]; that is not evidence of keeping 90 % of text
+    kept, lo, hi = retention_ci([1, 1, 1], [1, 1, 1])
+    assert lo == hi == kept == 1.0
+    assert goal_verdict(kept, lo, hi, 0.0, num_text_right=3) == UNDECIDED
+    k = min_text_right_to_pass(GOAL_LOWER_BOUND)
+    assert 0.05 ** (1 / k) >= 0.90 > 0.05 ** (1 / (k - 1))
+    assert goal_verdict(kept, lo, hi, 0.0, num_text_right=k) == "yes"
+    assert min_text_right_to_pass() == 59  # the stretch goal's (0.95) floor
+
+
+def test_simultaneous_level_and_the_chance_guard():
+    assert simultaneous_level(1) == pytest.approx(0.95) and simultaneous_level(5) == pytest.approx(0.99)
+    narrow = retention_ci(*_paired_outcomes(np.random.default_rng(4), 300, 0.7, 0.9), level=0.95)
+    wide = retention_ci(*_paired_outcomes(np.random.default_rng(4), 300, 0.7, 0.9), level=simultaneous_level(5))
+    assert wide[1] < narrow[1] and wide[2] >= narrow[2]  # more protocols, wider intervals
+    # 1/4 chance: 14 of 40 (0.35) is not above it by its one-sided 95 % bound; 20 of 40 is
+    assert not above_chance(14, 40, 0.25) and above_chance(20, 40, 0.25)
+    assert above_chance(0, 10, None)  # free text: no chance rate to beat
 
 
 def test_median_ci():
@@ -160,5 +185,47 @@ def test_a_free_text_task_is_judged_on_rouge_l_kept():
     s = summarize(_rouge_rows(60, 0.6)).set_index("protocol")
     assert s.loc["kv-a", "goal_metric"] == "rouge_l" and s.loc["kv-a", "goal"] == "yes"
     assert summarize(_rouge_rows(60, 0.3)).set_index("protocol").loc["kv-a", "goal"] == "no"  # half of it kept
-    assert summarize(_rouge_rows(30, 0.6)).set_index("protocol").loc["kv-a", "goal"] == UNDECIDED  # too few
+    assert summarize(_rouge_rows(20, 0.6)).set_index("protocol").loc["kv-a", "goal"] == UNDECIDED  # too few (< 29)
     assert "yes (on ROUGE-L)" in markdown_table(summarize(_rouge_rows(60, 0.6)))
+
+
+def test_summary_judges_retention_simultaneously_and_nothing_when_text_is_at_chance():
+    rows = []
+    for i in range(120):
+        text_right = i % 2 == 0  # keycode (chance 1/4): text right on 60 of 120
+        for proto, em in (("text", float(text_right)), ("kv-a", float(text_right and i % 10 != 0)),
+                          ("kv-b", float(text_right or i % 4 == 1))):  # kv-b keeps all and gains 30 lucky ones
+            rows.append(dict(task="keycode", index=i, protocol=proto, em=em, f1=em, prefill_s=1.0,
+                             prediction=str(int(em)) + str(i), num_imported=10, num_recomputed=0, kl_text=0.0))
+    s = summarize(pd.DataFrame(rows)).set_index("protocol")
+    assert s.loc["kv-a", "retention"] == pytest.approx(48 / 60) and s.loc["kv-a", "num_text_right"] == 60
+    assert s.loc["kv-b", "retention"] == 1.0 and s.loc["kv-b", "rel_em"] == pytest.approx(1.5)  # the sums flatter
+    assert s.loc["kv-a", "num_compared"] == 2 and s.loc["kv-a", "ci_level"] == pytest.approx(0.975)
+    assert s.loc["kv-a", "goal"] == "no" and s.loc["kv-b", "goal"] == "yes"
+    assert bool(s.loc["text", "text_above_chance"]) and s.loc["text", "chance"] == pytest.approx(0.25)
+    at_chance = pd.DataFrame(rows)
+    at_chance.loc[(at_chance.protocol == "text") & (at_chance.index % 4 == 0), "em"] = 0.0  # text right 30 of 120
+    judged = summarize(at_chance).set_index("protocol")
+    assert judged.loc["kv-b", "goal"] == NOT_ABOVE_CHANCE and not judged.loc["text", "text_above_chance"]
+    assert "0.25: NOT above" in markdown_table(summarize(at_chance))
+
+
+def test_end_to_end_charges_the_senders_extra_prefill_and_the_move():
+    """remote-prefill's B is fast, but the sender prefilled again and the K/V cross a link: the end-to-end
+    ratio reads what the receiver-only speedup hides."""
+    from kvcomm.eval_report import E2E_LINK_GBS
+
+    rows = []
+    moved = {"text_utf8": 100, "fp32": 4e6, "bf16": 2e6, "int8": 1e6}
+    for i in range(40):
+        rows.append(dict(task="keycode", index=i, protocol="text", em=1.0, f1=1.0, prefill_s=0.4, prediction="1",
+                         num_imported=10, num_recomputed=10, extra={}, transfer_bytes=moved))
+        rows.append(dict(task="keycode", index=i, protocol="remote-prefill", em=1.0, f1=1.0, prefill_s=0.1,
+                         prediction="1", num_imported=10, num_recomputed=0, extra={"sender_reencode_s": 0.5},
+                         transfer_bytes=moved))
+    s = summarize(pd.DataFrame(rows)).set_index("protocol")
+    e2e_text = 0.4 + 100 / (E2E_LINK_GBS * 1e9)
+    e2e_remote = 0.1 + 0.5 + 2e6 / (E2E_LINK_GBS * 1e9)
+    assert s.loc["remote-prefill", "speedup_median"] == pytest.approx(4.0)
+    assert s.loc["remote-prefill", "e2e_speedup_median"] == pytest.approx(e2e_text / e2e_remote)
+    assert s.loc["remote-prefill", "goal"].startswith("reference")

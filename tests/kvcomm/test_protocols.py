@@ -143,10 +143,10 @@ def test_reencoded_first_sender_is_text_exactly_and_a_later_one_misses_the_earli
     layout, senders, prefix = _two_sender_setup(tiny_model)
     text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
     with pytest.raises(KVCommError, match="re-encoded spans"):
-        receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, senders, prefix)
+        receive(tiny_model, ProtocolSpec("remote-prefill"), layout, senders, prefix)
     again = reencode_in_receiver_frame(tiny_model, layout, senders)
     assert all(s.reencode_s > 0 and s.cache is o.cache for s, o in zip(again, senders))  # the original span kept
-    got = receive(tiny_model, ProtocolSpec("kv-reencoded"), layout, again, prefix)
+    got = receive(tiny_model, ProtocolSpec("remote-prefill"), layout, again, prefix)
     rer = receive(tiny_model, ProtocolSpec("kv-rerotated"), layout, senders, prefix)
     assert got.num_recomputed == 0 and torch.equal(got.cache.positions, torch.arange(len(layout.ids)))
     # sender A's span, encoded after B's own opening segment: B's own prefill of it, every layer
@@ -168,7 +168,7 @@ def test_reencoded_single_sender_gives_texts_logits(tiny_model):
     layout, senders, prefix = _two_sender_setup(tiny_model)
     one = Layout(segments=layout.segments[:2] + layout.segments[-1:], seam_aligned=True)
     text = receive(tiny_model, ProtocolSpec("text"), one, senders[:1], prefix)
-    got = receive(tiny_model, ProtocolSpec("kv-reencoded"), one, reencode_in_receiver_frame(tiny_model, one, senders[:1]), prefix)
+    got = receive(tiny_model, ProtocolSpec("remote-prefill"), one, reencode_in_receiver_frame(tiny_model, one, senders[:1]), prefix)
     torch.testing.assert_close(got.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
 
 
@@ -178,18 +178,20 @@ def test_reencoded_blend_recomputes_where_the_reencoded_spans_still_deviate(tiny
     layout, senders, prefix = _two_sender_setup(tiny_model)
     again = reencode_in_receiver_frame(tiny_model, layout, senders)
     text = receive(tiny_model, ProtocolSpec("text"), layout, senders, prefix)
-    full = receive(tiny_model, ProtocolSpec("kv-reencoded+blend", ratio=1.0), layout, again, prefix)
+    full = receive(tiny_model, ProtocolSpec("remote-prefill+blend", ratio=1.0), layout, again, prefix)
     torch.testing.assert_close(full.last_logits, text.last_logits, atol=1e-4, rtol=1e-4)
-    assert ProtocolSpec("kv-reencoded+blend", ratio=0.25).label == "kv-reencoded+blend r=0.25"
+    assert ProtocolSpec("remote-prefill+blend", ratio=0.25).label == "remote-prefill+blend r=0.25"
+    # its old name is still taken, under the new one
+    assert ProtocolSpec("kv-reencoded+blend", ratio=0.25).label == "remote-prefill+blend r=0.25"
     # A's re-encoded span is B's own prefill (no deviation); C's missed A's message: the recompute
     # goes to C's chunk, where kv-blend over the senders' own spans spreads it over both
-    part = receive(tiny_model, ProtocolSpec("kv-reencoded+blend", ratio=0.25), layout, again, prefix)
+    part = receive(tiny_model, ProtocolSpec("remote-prefill+blend", ratio=0.25), layout, again, prefix)
     a_share, c_share = part.extra["recomputed_per_sender"]
     assert a_share == 0 and c_share > 0
     own = receive(tiny_model, ProtocolSpec("kv-blend", ratio=0.25), layout, senders, prefix)
     assert own.extra["recomputed_per_sender"][0] > 0
     with pytest.raises(KVCommError, match="re-encoded spans"):
-        receive(tiny_model, ProtocolSpec("kv-reencoded+blend"), layout, senders, prefix)
+        receive(tiny_model, ProtocolSpec("remote-prefill+blend"), layout, senders, prefix)
 
 
 def test_protocols_are_described_by_features_read_off_their_names():
@@ -201,9 +203,9 @@ def test_protocols_are_described_by_features_read_off_their_names():
     f = {name: protocol_features(name) for name in PROTOCOLS}
     assert not f["text"].ships_kv and all(f[n].ships_kv for n in PROTOCOLS if n != "text")
     assert [n for n in PROTOCOLS if not f[n].repositions and not f[n].blend] == ["text", "kv-verbatim"]
-    assert [n for n in PROTOCOLS if f[n].reencoded] == ["kv-reencoded", "kv-reencoded+blend", "kv-anchored",
+    assert [n for n in PROTOCOLS if f[n].reencoded] == ["remote-prefill", "remote-prefill+blend", "kv-anchored",
                                                          "kv-anchored+boundary"]
-    assert [n for n in PROTOCOLS if f[n].blend] == ["kv-blend", "kv-reencoded+blend"]
+    assert [n for n in PROTOCOLS if f[n].blend] == ["kv-blend", "remote-prefill+blend"]
     assert [n for n in PROTOCOLS if f[n].boundary] == ["kv-rerotated+boundary", "kv-anchored+boundary"]
     # a boundary recomputes every span's head, except the first sender's exact re-encoded span
     assert f["kv-rerotated+boundary"].recomputes_head(0) and f["kv-rerotated+boundary"].recomputes_head(1)
@@ -211,8 +213,8 @@ def test_protocols_are_described_by_features_read_off_their_names():
     assert not f["kv-anchored"].recomputes_head(1)
     labels = [s.label for s in parse_protocols(",".join(PROTOCOLS), "0.1,0.3", "4,8", 20)]
     assert labels == ["text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-rerotated+boundary k=8",
-                      "kv-reencoded", "kv-blend r=0.1", "kv-blend r=0.3", "kv-reencoded+blend r=0.1",
-                      "kv-reencoded+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
+                      "remote-prefill", "kv-blend r=0.1", "kv-blend r=0.3", "remote-prefill+blend r=0.1",
+                      "remote-prefill+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
                       "kv-anchored+boundary a=20 k=8"]
     with pytest.raises(KVCommError, match="unknown protocol 'kv-magic'"):
         parse_protocols("text,kv-magic", "0.1", "4")

@@ -53,7 +53,7 @@ def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later
     out = tmp_path / "ttft2"
     assert main(["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "33", "--repeats", "2",
                  "--senders", "3", "--anchor-examples", "2", "--boundary-k", "4",
-                 "--protocols", "text,kv-reencoded,kv-anchored,kv-anchored+boundary", "--out", str(out), "--no-progress"]) == 0
+                 "--protocols", "text,remote-prefill,kv-anchored,kv-anchored+boundary", "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert {r["num_imported"] for r in rows} == {33} and all(r["num_senders"] == 3 for r in rows)  # 11 + 11 + 11
@@ -61,7 +61,7 @@ def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later
     # two later senders' heads of 4 tokens; the first sender's re-encoded span is exact already
     assert by["kv-anchored+boundary a=2 k=4"]["num_recomputed"] == 8 and by["kv-anchored a=2"]["num_recomputed"] == 0
     # the pool: 2 exchanges of another seed, the two later spans of each (22 tokens apiece)
-    assert by["kv-anchored a=2"]["anchor_tokens"] == 2 * 22 and by["kv-reencoded"]["anchor_tokens"] == 0
+    assert by["kv-anchored a=2"]["anchor_tokens"] == 2 * 22 and by["remote-prefill"]["anchor_tokens"] == 0
     assert "--senders" in (out / "COMMAND").read_text().splitlines()[0]
 
 
