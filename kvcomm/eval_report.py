@@ -27,7 +27,7 @@ from kvcomm.metrics import (
     retention_ci,
     simultaneous_level,
 )
-from kvcomm.names import TASK_CHANCE, protocol_features
+from kvcomm.names import E2E_LINK_GBS, TASK_CHANCE, protocol_features
 
 
 def summarize(rows: pd.DataFrame, protocol_order: list[str] | None = None) -> pd.DataFrame:
@@ -115,9 +115,6 @@ def _summary_row(task, proto, prow, text, common, level, num_compared, chance, t
 
 
 REFERENCE = "reference (sender re-prefill, not its own K/V)"
-# The link the end-to-end time moves a message over: 100 Gb/s (12.5 GB/s), a datacenter NIC per GPU
-# class; K/V at bf16, the dtype a GPU engine would ship, text as UTF-8.
-E2E_LINK_GBS = 12.5
 
 
 def _end_to_end_s(prow: pd.DataFrame, label: str) -> pd.Series:

@@ -88,3 +88,6 @@ TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")
 # exact one-sided bound) before any protocol is judged against text (kvcomm.metrics.above_chance).
 TASK_CHANCE: dict[str, float | None] = {"keycode": 1 / 4, "twoagent": 1 / 6, "drift": 1 / 4, "drift3": 1 / 6,
                                         "multihop": 1 / 3, "summary": None}
+# The link an end-to-end time moves a message over: 100 Gb/s (12.5 GB/s), a datacenter NIC per GPU
+# class; K/V at bf16, the dtype a GPU engine would ship, text as UTF-8 (kvcomm eval and kvcomm ttft).
+E2E_LINK_GBS = 12.5

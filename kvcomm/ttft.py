@@ -35,6 +35,7 @@ from pathlib import Path
 
 from common.errors import KVCommError
 from kvcomm.load import LOAD_FLAG, load_flags
+from kvcomm.names import E2E_LINK_GBS
 
 ROWS_FILE = "rows.jsonl"
 QUESTION = "Which code was set last in the log above? Reply with the code only."
@@ -140,23 +141,40 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         specs = list(cfg.protocols)
         for spec in specs:  # warm-up round, untimed
             receive(model, spec, layout, senders, prefix, rope, anchors)
+        moved = _moved_bytes(tokenizer, senders)
         first_row = len(rows)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for rnd in range(cfg.repeats):
             order = specs[rnd % len(specs):] + specs[:rnd % len(specs)]
             load = os.getloadavg()[0]
+            sender_extra_s = 0.0
+            if any(p.ships_reencoded for p in specs):  # the senders' extra prefill, timed in every round
+                t0 = time.perf_counter()
+                senders = reencode_in_receiver_frame(model, layout, senders)
+                sender_extra_s = time.perf_counter() - t0
             for spec in order:
                 rec = receive(model, spec, layout, senders, prefix, rope, anchors)
+                extra = sender_extra_s if spec.ships_reencoded else 0.0
+                nbytes = moved["text_utf8" if spec.name == "text" else "bf16"]
                 rows.append({"num_imported": rec.num_imported, "round": rnd, "protocol": spec.label,
                              "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
                              "num_prompt_tokens": len(layout.ids), "loadavg_1m": load, "num_senders": cfg.num_senders,
-                             "anchor_tokens": anchors.num_tokens if anchors is not None and spec.features.anchored else 0})
+                             "anchor_tokens": anchors.num_tokens if anchors is not None and spec.features.anchored else 0,
+                             "sender_extra_s": extra, "moved_bytes": nbytes,
+                             "e2e_s": extra + nbytes / (E2E_LINK_GBS * 1e9) + rec.prefill_s})
         share = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
         for row in rows[first_row:]:
             row["cpu_share"] = share
         if progress is not None:
             progress(f"{layout.num_imported} imported tokens: {cfg.repeats} rounds, CPU share {share:.2f}")
     return rows
+
+
+def _moved_bytes(tokenizer, senders) -> dict:
+    """What the messages take on the wire: their K/V in bf16 and their text in UTF-8."""
+    elements = sum(t.numel() for snd in senders for t in (*snd.cache.keys, *snd.cache.values))
+    text = sum(len(tokenizer.decode(list(snd.message_ids)).encode("utf-8")) for snd in senders)
+    return {"bf16": 2 * elements, "text_utf8": text}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -171,9 +189,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             ratios = [text[r["round"]] / r["ttft_s"] for r in mine if r["round"] in text and r["ttft_s"] > 0]
             q = statistics.quantiles(ttft, n=4) if len(ttft) > 1 else [ttft[0]] * 3
             rq = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            e2e_text = {r["round"]: r["e2e_s"] for r in at if r["protocol"] == "text" and "e2e_s" in r}
+            e2e = [e2e_text[r["round"]] / r["e2e_s"] for r in mine if r["round"] in e2e_text and r.get("e2e_s")]
             out.append({"num_imported": length, "protocol": label, "rounds": len(mine),
                         "ttft_median_s": statistics.median(ttft), "ttft_p25_s": q[0], "ttft_p75_s": q[2],
                         "speedup_median": statistics.median(ratios), "speedup_p25": rq[0], "speedup_p75": rq[2],
+                        "e2e_speedup_median": statistics.median(e2e) if e2e else None,
                         "recompute_fraction": sum(r["num_recomputed"] for r in mine) / max(1, length * len(mine)),
                         "loadavg_1m_max": max(r["loadavg_1m"] for r in mine),
                         "cpu_share": mine[0].get("cpu_share")})
@@ -186,7 +207,8 @@ def markdown_table(summary: list[dict]) -> str:
     from common.mdtable import markdown_table as layout
 
     header = ["imported tokens", "protocol", "rounds", "B's TTFT median ms [IQR]", "speedup vs text, median [IQR]",
-              "recomputed / imported", "load avg max", "CPU share"]
+              f"end to end vs text, median ({E2E_LINK_GBS:g} GB/s link)", "recomputed / imported", "load avg max",
+              "CPU share"]
     rows = []
     for s in summary:
         mark = " *" if s.get("flagged") else ""
@@ -194,6 +216,7 @@ def markdown_table(summary: list[dict]) -> str:
         rows.append([s["num_imported"], s["protocol"], s["rounds"],
                      f"{1e3 * s['ttft_median_s']:.1f} [{1e3 * s['ttft_p25_s']:.1f}, {1e3 * s['ttft_p75_s']:.1f}]{mark}",
                      f"{s['speedup_median']:.2f}x [{s['speedup_p25']:.2f}, {s['speedup_p75']:.2f}]{mark}",
+                     "not recorded" if s.get("e2e_speedup_median") is None else f"{s['e2e_speedup_median']:.2f}x{mark}",
                      f"{s['recompute_fraction']:.3f}", f"{s['loadavg_1m_max']:.2f}",
                      "-" if share is None else f"{share:.2f}"])
     return layout(header, rows) + "\n"

@@ -37,6 +37,11 @@ def test_continue_from_equals_one_prefill(tiny_model):
     assert torch.equal(joined.positions, full.positions) and torch.equal(joined.token_ids, ids)
     # the input cache is not modified
     assert head.num_tokens == 17 and _max_diff(head.keys, head_copy.keys) == 0.0
+    # last_only: the last row alone (what a receiver's prefill needs), the same cache
+    last, last_logits = continue_from(tiny_model, head, ids[17:], last_only=True)
+    assert last_logits.shape == (1, 1, full_logits.shape[-1])
+    torch.testing.assert_close(last_logits[0, 0], full_logits[0, -1], atol=1e-5, rtol=1e-5)
+    assert _max_diff(last.keys, joined.keys) == 0.0
 
 
 def test_slice_concat_round_trip(tiny_llama):

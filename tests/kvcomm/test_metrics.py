@@ -213,7 +213,7 @@ def test_summary_judges_retention_simultaneously_and_nothing_when_text_is_at_cha
 def test_end_to_end_charges_the_senders_extra_prefill_and_the_move():
     """remote-prefill's B is fast, but the sender prefilled again and the K/V cross a link: the end-to-end
     ratio reads what the receiver-only speedup hides."""
-    from kvcomm.eval_report import E2E_LINK_GBS
+    from kvcomm.names import E2E_LINK_GBS
 
     rows = []
     moved = {"text_utf8": 100, "fp32": 4e6, "bf16": 2e6, "int8": 1e6}

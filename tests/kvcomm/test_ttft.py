@@ -62,6 +62,18 @@ def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later
     assert by["kv-anchored+boundary a=2 k=4"]["num_recomputed"] == 8 and by["kv-anchored a=2"]["num_recomputed"] == 0
     # the pool: 2 exchanges of another seed, the two later spans of each (22 tokens apiece)
     assert by["kv-anchored a=2"]["anchor_tokens"] == 2 * 22 and by["remote-prefill"]["anchor_tokens"] == 0
+    # end to end: the re-encoding senders' extra prefill (timed in the round) and the K/V's move count;
+    # text moves its UTF-8 bytes, the others the K/V in bf16
+    from kvcomm.names import E2E_LINK_GBS
+
+    for label in ("remote-prefill", "kv-anchored a=2"):
+        r = by[label]
+        assert r["sender_extra_s"] > 0 and r["moved_bytes"] > 100 * by["text"]["moved_bytes"]
+        assert r["e2e_s"] == pytest.approx(r["sender_extra_s"] + r["moved_bytes"] / (E2E_LINK_GBS * 1e9) + r["ttft_s"])
+    assert by["text"]["sender_extra_s"] == 0.0
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    remote = next(s for s in summary if s["protocol"] == "remote-prefill")
+    assert remote["e2e_speedup_median"] < remote["speedup_median"]
     assert "--senders" in (out / "COMMAND").read_text().splitlines()[0]
 
 
@@ -135,7 +147,7 @@ def test_flagged_rows_are_marked_in_the_table_printed_and_in_summary_md(tiny_cha
     assert doc["flagged"] and doc["contention"]["flagged_rows"] == 2
     for text in (printed, (out / "summary.md").read_text()):
         rows = [line for line in text.splitlines() if line.startswith(("| 16 |", "| 24 |"))]
-        assert [row.count(" *") for row in rows] == [0, 0, 2, 2]  # TTFT and speedup of the loaded rows
+        assert [row.count(" *") for row in rows] == [0, 0, 3, 3]  # TTFT, speedup and end to end of the loaded rows
         assert "| 9.00 |" in rows[3] and "| 0.30 |" in rows[0]
         assert "FLAGGED, not for quoting: load average up to 9.00 during the run" in text
         assert "2 of 4 rows flagged (marked *)" in text
