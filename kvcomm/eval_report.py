@@ -72,6 +72,8 @@ def _summary_row(task, proto, prow, text, common, level, num_compared, chance, t
     text_only, proto_only = discordant_counts(p_em, t_em) if paired else (0, 0)
     kl = prow["kl_text"] if "kl_text" in prow else pd.Series(np.nan, index=prow.index)
     kl_med, kl_lo, kl_hi = median_ci(kl)
+    kla = prow["kl_answer"] if "kl_answer" in prow else pd.Series(np.nan, index=prow.index)
+    kla_med, kla_lo, kla_hi = median_ci(kla)
     speedup = (text.loc[common, "prefill_s"] / prow.loc[common, "prefill_s"]) if paired else pd.Series(dtype=float)
     e2e = _end_to_end_s(prow, str(proto))
     e2e_speedup = (_end_to_end_s(text, "text").loc[common] / e2e.loc[common]) if paired else pd.Series(dtype=float)
@@ -100,6 +102,7 @@ def _summary_row(task, proto, prow, text, common, level, num_compared, chance, t
         "text_only_right": text_only, "protocol_only_right": proto_only,
         "mcnemar_p": mcnemar_exact(text_only, proto_only),
         "kl_median": kl_med, "kl_lo": kl_lo, "kl_hi": kl_hi,
+        "kl_answer_median": kla_med, "kl_answer_lo": kla_lo, "kl_answer_hi": kla_hi,
         "ttft_median_s": float(prow["prefill_s"].median()),
         "ttft_p20_s": float(prow["prefill_s"].quantile(0.2)), "ttft_p80_s": float(prow["prefill_s"].quantile(0.8)),
         "speedup_median": float(speedup.median()) if len(speedup) else np.nan,
@@ -171,10 +174,11 @@ def _goal_note(r) -> str:
     return " (on ROUGE-L)" if r.goal_metric == "rouge_l" and r.goal != "-" else ""
 
 
-def _kl_cell(r) -> str:
-    if not np.isfinite(r.kl_median):
+def _kl_cell(r, prefix: str = "kl") -> str:
+    med, lo, hi = (getattr(r, f"{prefix}_{k}") for k in ("median", "lo", "hi"))
+    if not np.isfinite(med):
         return "not recorded"
-    return f"{r.kl_median:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}]"
+    return f"{med:.3g} [{lo:.3g}, {hi:.3g}]"
 
 
 def _kept_cell(r) -> str:
@@ -197,14 +201,16 @@ def markdown_table(summary: pd.DataFrame) -> str:
 
     header = ["task", "protocol", "n", "EM [95% CI]", "F1 (summary: ROUGE-L)", "text's right answers kept [sim. CI] of N",
               "same answer as text [sim. CI]", "EM rel. text (sums) [95% CI]", "F1 rel. text [95% CI]",
-              "text-only / protocol-only right", "McNemar p", "KL to text, median [95% CI]", "chance: text",
+              "text-only / protocol-only right", "McNemar p", "KL to text, first token, median [95% CI]",
+              "KL to text at the answer's first digit, median [95% CI]", "chance: text",
               "receiver TTFT median ms", "speedup vs text", "end to end vs text", "recomputed / imported",
               "drift, tokens (mean)", "seams aligned",
               "moved per example, KiB (KV fp32 / bf16 / int8)", "goal"]
     rows = [[r.task, r.protocol, r.n, f"{r.em:.3f} [{r.em_lo:.3f}, {r.em_hi:.3f}]", f"{r.f1:.3f}", _kept_cell(r),
              f"{r.agree_text:.3f} [{r.agree_lo:.3f}, {r.agree_hi:.3f}]",
              f"{r.rel_em:.3f} [{r.rel_em_lo:.3f}, {r.rel_em_hi:.3f}]", f"{r.rel_f1:.3f} [{r.rel_f1_lo:.3f}, {r.rel_f1_hi:.3f}]",
-             f"{r.text_only_right} / {r.protocol_only_right}", f"{r.mcnemar_p:.3g}", _kl_cell(r), _chance_cell(r),
+             f"{r.text_only_right} / {r.protocol_only_right}", f"{r.mcnemar_p:.3g}", _kl_cell(r), _kl_cell(r, "kl_answer"),
+             _chance_cell(r),
              f"{1e3 * r.ttft_median_s:.1f}", f"{r.speedup_median:.2f}x", f"{r.e2e_speedup_median:.2f}x",
              f"{r.recompute_fraction:.3f}",
              "not recorded" if not np.isfinite(r.drift_mean) else f"{r.drift_mean:.0f}",

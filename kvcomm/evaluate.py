@@ -37,6 +37,7 @@ import torch
 from common.errors import KVCommError
 from common.jsonio import iter_jsonl
 from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
+from kvcomm.cache import continue_from
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
 from kvcomm.names import (
@@ -97,6 +98,10 @@ class Row:
     # (kvcomm.quant, scales and zero points included), and their text as UTF-8 (what `text` sends)
     transfer_bytes: dict = field(default_factory=dict)
     scoring: str = "exact"  # the task's: "exact" (goal on exact match) or "rouge_l" (goal on ROUGE-L)
+    # KL(text || this protocol) at the gold answer's first digit (or letter), teacher-forced: the first
+    # generated token is a space for every "is 4821" answer, so kl_text there says little; NaN for free text
+    kl_answer: float = float("nan")
+    gold_logprob: float = float("nan")  # log-probability this protocol gives that gold token, nats
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -243,11 +248,13 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
             rec.extra["anchor_pool"] = {"examples": anchors.num_examples, "tokens": anchors.num_tokens,
                                         "neighbours": anchors.neighbours, "build_s": anchors_s}
         if not spec.features.ships_kv:
-            text_logits = rec.last_logits
+            text_logits, text_answer = rec.last_logits, answer_token_logits(model, tokenizer, rec, ex)
             if (ex.task, ex.index, spec.label) in done:
                 continue  # recomputed only as the KL reference of a resumed example
         elif text_logits is None:
-            text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
+            text_rec = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope)
+            text_logits, text_answer = text_rec.last_logits, answer_token_logits(model, tokenizer, text_rec, ex)
+        mine = answer_token_logits(model, tokenizer, rec, ex)
         if spec.ships_reencoded:  # the senders' extra prefill, off B's critical path
             rec.extra["sender_reencode_s"] = sum(s.reencode_s for s in senders)
         generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
@@ -259,7 +266,25 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
                   kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra,
-                  transfer_bytes=transfer)
+                  transfer_bytes=transfer,
+                  kl_answer=first_token_kl(text_answer[0], mine[0]) if mine and text_answer else float("nan"),
+                  gold_logprob=float(torch.log_softmax(mine[0].double(), -1)[mine[1]]) if mine else float("nan"))
+
+
+def answer_token_logits(model, tokenizer, reception, ex) -> tuple | None:
+    """(logits over the gold answer's first digit or letter, that token's id), teacher-forced through
+    what comes before it in the gold continuation (the space SmolLM2 writes as its own token before
+    " 4821"); None for a free-text answer. B's cache is not modified."""
+    if ex.scoring != "exact":
+        return None
+    gold = tokenizer(" " + ex.answer, add_special_tokens=False)["input_ids"]
+    first = next((i for i, t in enumerate(gold) if any(c.isalnum() for c in tokenizer.decode([t]))), None)
+    if first is None:
+        return None
+    if first == 0:
+        return reception.last_logits, gold[0]
+    _, logits = continue_from(model, reception.cache, gold[:first], last_only=True)
+    return logits[0, -1], gold[first]
 
 
 def transfer_bytes(senders, texts: list[str]) -> dict:

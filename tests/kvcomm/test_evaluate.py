@@ -165,6 +165,21 @@ def test_rows_record_first_token_kl_against_text_also_on_resume(tiny_chat_model,
         assert rows.loc[(1, label), "kl_text"] == pytest.approx(first_token_kl(logits["text"], logits[label]), rel=1e-6)
     assert rows.loc[(1, "kv-verbatim"), "kl_text"] > 1e-4  # wrong positions move B's distribution
     assert (rows.xs("text", level="protocol")["kl_text"] == 0.0).all()
+    # the same KL at the gold answer's first digit, teacher-forced through the space before it
+    from kvcomm.evaluate import answer_token_logits
+
+    with torch.no_grad():
+        recs = {s.label: receive(model, s, layout, senders, prefix) for s in specs}
+        digit = {label: answer_token_logits(model, tok, r, ex) for label, r in recs.items()}
+    gold = tok(" " + ex.answer, add_special_tokens=False)["input_ids"]
+    assert tok.decode([gold[0]]) == " " and digit["text"][1] == gold[1]  # teacher-forced through the space
+    for label in ("kv-verbatim", "kv-rerotated"):
+        want = first_token_kl(digit["text"][0], digit[label][0])
+        assert rows.loc[(1, label), "kl_answer"] == pytest.approx(want, rel=1e-6)
+        assert rows.loc[(1, label), "gold_logprob"] == pytest.approx(
+            float(torch.log_softmax(digit[label][0].double(), -1)[gold[1]]), rel=1e-6)
+    assert (rows.xs("text", level="protocol")["kl_answer"] == 0.0).all()
+    assert (rows["gold_logprob"] <= 0).all()
     # resume with only the text rows kept: the KL reference is recomputed, and gives the same numbers
     path = tmp_path / "results.jsonl"
     kept = [line for line in path.read_text().splitlines() if json.loads(line)["protocol"] == "text"]
@@ -173,6 +188,7 @@ def test_rows_record_first_token_kl_against_text_also_on_resume(tiny_chat_model,
     assert len(again) == 6
     for key in [(i, p) for i in (0, 1) for p in ("kv-verbatim", "kv-rerotated")]:
         assert again.loc[key, "kl_text"] == pytest.approx(rows.loc[key, "kl_text"], rel=1e-6)
+        assert again.loc[key, "kl_answer"] == pytest.approx(rows.loc[key, "kl_answer"], rel=1e-6)
 
 
 def test_cli_json_on_a_complete_committed_run(tmp_path):
