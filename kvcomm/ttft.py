@@ -267,7 +267,12 @@ def figure(summary: list[dict]):
         left.errorbar(x, [1e3 * s["ttft_median_s"] for s in mine], marker="o", label=label, capsize=3,
                       yerr=[[1e3 * (s["ttft_median_s"] - s["ttft_p25_s"]) for s in mine],
                             [1e3 * (s["ttft_p75_s"] - s["ttft_median_s"]) for s in mine]])
-        right.plot(x, [s["speedup_median"] for s in mine], marker="o", label=label)
+        line, = right.plot(x, [s["speedup_median"] for s in mine], marker="o", label=label)
+        e2e = [s.get("e2e_speedup_median") for s in mine]
+        # end to end where it parts from B's own speedup (a sender's extra prefill): dashed, same colour
+        if all(v is not None for v in e2e) and any(abs(v - s["speedup_median"]) > 0.05 * s["speedup_median"]
+                                                   for v, s in zip(e2e, mine)):
+            right.plot(x, e2e, marker="x", ls="--", color=line.get_color(), label=f"{label}, end to end")
     left.set(xscale="log", yscale="log", xlabel="imported tokens", ylabel="B's TTFT, ms (median, IQR)",
              title="receiver time to first token")
     # TTFT often spans less than a decade, where a log axis has no major tick inside: its minor
@@ -275,7 +280,7 @@ def figure(summary: list[dict]):
     plain_log_ticks(left.yaxis)
     right.axhline(1.5, color="gray", ls="--", lw=1, label="1.5x")
     right.set(xscale="log", xlabel="imported tokens", ylabel="TTFT(text) / TTFT(protocol), median of rounds",
-              title="speedup over re-reading the text")
+              title="speedup over re-reading the text (dashed: end to end)")
     lengths = sorted({s["num_imported"] for s in summary})
     for ax in (left, right):
         ax.set_xticks(lengths, [str(n) for n in lengths])

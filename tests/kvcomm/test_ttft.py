@@ -74,6 +74,10 @@ def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later
     summary = json.loads((out / "summary.json").read_text())["summary"]
     remote = next(s for s in summary if s["protocol"] == "remote-prefill")
     assert remote["e2e_speedup_median"] < remote["speedup_median"]
+    from kvcomm.ttft import figure
+
+    labels = [ln.get_label() for ln in figure(summary).axes[1].get_lines()]
+    assert "remote-prefill, end to end" in labels and "kv-anchored a=2, end to end" in labels
     assert "--senders" in (out / "COMMAND").read_text().splitlines()[0]
 
 
