@@ -29,6 +29,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from predictor.torch_model import TorchCausalLM
+
 IMPLEMENTATIONS = ("triton", "torch")
 
 
@@ -106,8 +108,7 @@ class TorchKernels(Kernels):
     name = "torch"
 
     def rms_norm(self, x, w, eps):
-        xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return TorchCausalLM._rms(x, w, eps)  # the eager engine's arithmetic, exactly
 
     def add_rms_norm(self, x, residual, w, eps):
         residual.add_(x)

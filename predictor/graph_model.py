@@ -44,7 +44,7 @@ from common.errors import ConfigError
 from predictor.fused_kernels import Kernels, choose
 from predictor.graph_attention import AttentionBackend, choose_attention
 from predictor.graph_inputs import StaticInputs, StepShape
-from predictor.torch_model import TorchCausalLM
+from predictor.torch_model import TorchCausalLM, random_kv_buffers
 
 
 class PagedKVCache:
@@ -53,18 +53,8 @@ class PagedKVCache:
     def __init__(self, cfg, *, num_blocks: int, block_size: int, dtype: torch.dtype, device, seed: int = 0):
         self.cfg, self.num_blocks, self.block_size = cfg, int(num_blocks), int(block_size)
         shape = (self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        numel = math.prod(shape)
-        block = torch.randn(min(numel, 1 << 20), generator=gen).to(device=device, dtype=dtype)
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        for _ in range(cfg.num_layers):
-            for bufs in (self.k, self.v):
-                t = torch.empty(numel, dtype=dtype, device=device)
-                for start in range(0, numel, block.numel()):  # one random block copied: the RNG is slow
-                    n = min(block.numel(), numel - start)
-                    t[start:start + n].copy_(block[:n])
-                bufs.append(t.view(shape))
+        k, v = random_kv_buffers(cfg.num_layers, math.prod(shape), dtype=dtype, device=device, seed=seed)
+        self.k, self.v = [t.view(shape) for t in k], [t.view(shape) for t in v]
 
     @property
     def num_slots(self) -> int:

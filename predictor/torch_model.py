@@ -100,6 +100,22 @@ class StepInputs:
     order: tuple[int, ...]
 
 
+def random_kv_buffers(num_layers: int, numel: int, *, dtype: torch.dtype, device, seed: int
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """K and V buffers of ``numel`` elements per layer, filled with random values (never zeros, so
+    attention reads real numbers). One random block is copied everywhere: filling GBs from the RNG
+    would take minutes on a CPU. Shared by the eager engine's cache and the graph engine's."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    block = torch.randn(min(numel, 1 << 20), generator=gen).to(device=device, dtype=dtype)
+    k = [torch.empty(numel, dtype=dtype, device=device) for _ in range(num_layers)]
+    v = [torch.empty(numel, dtype=dtype, device=device) for _ in range(num_layers)]
+    for buf in k + v:
+        for start in range(0, numel, block.numel()):
+            n = min(block.numel(), numel - start)
+            buf[start:start + n].copy_(block[:n])
+    return k, v
+
+
 class KVCache:
     """Preallocated K/V per layer, allocated and filled once so that steps never time allocation.
 
@@ -113,15 +129,7 @@ class KVCache:
         self.cfg = cfg
         self.capacity_tokens = int(capacity_tokens)
         numel = self.capacity_tokens * cfg.kv_dim
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        self.k = [torch.empty(numel, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v = [torch.empty(numel, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        # One random block copied everywhere: filling GBs from the RNG would take minutes here.
-        block = torch.randn(min(numel, 1 << 20), generator=gen).to(device=device, dtype=dtype)
-        for buf in self.k + self.v:
-            for start in range(0, numel, block.numel()):
-                n = min(block.numel(), numel - start)
-                buf[start:start + n].copy_(block[:n])
+        self.k, self.v = random_kv_buffers(cfg.num_layers, numel, dtype=dtype, device=device, seed=seed)
         self.num_seqs = 0
         self.max_len = 0
 
