@@ -61,7 +61,8 @@ class ProtocolFeatures:
         return self.boundary and (not self.reencoded or sender_index > 0)
 
 
-_BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "reencoded": {"reencoded": True, "repositions": True},
+# keyed by the name without its "kv-" prefix and "+suffix": remote-prefill is the one base without "kv-"
+_BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "remote-prefill": {"reencoded": True, "repositions": True},
           "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True}}
 _SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
 
@@ -73,7 +74,7 @@ def protocol_features(name: str) -> ProtocolFeatures:
         raise KeyError(name)
     if name == "text":
         return ProtocolFeatures(ships_kv=False)
-    base, _, suffix = name.removeprefix("kv-").replace("remote-prefill", "reencoded").partition("+")
+    base, _, suffix = name.removeprefix("kv-").partition("+")
     return ProtocolFeatures(ships_kv=True, **_BASES[base], **_SUFFIXES[suffix])
 
 
