@@ -16,15 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# A measurement that got less than this share of the CPU time it asked for was shared with other
-# work (the same threshold as vLLM engine-step rows: predictor.vllm_profile).
-MIN_CPU_SHARE = 0.8
-
-
-def is_contended(*, load_1m: float | None, num_cpus: int, cpu_share: float | None = None) -> bool:
-    """The one contention rule: load above the core count + 1, or a CPU share under MIN_CPU_SHARE."""
-    return bool((load_1m is not None and load_1m > num_cpus + 1)
-                or (cpu_share is not None and cpu_share < MIN_CPU_SHARE))
+from common.hostload import MIN_CPU_SHARE, is_contended  # noqa: F401 - the one rule, re-exported
 
 
 @dataclass

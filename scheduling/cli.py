@@ -336,9 +336,10 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
-    if args.prefill_replicas:
-        raise ConfigError("--prefill-replicas runs simulated engines: a live prefill/decode pair needs a KV "
-                          "connector this host's vLLM cannot run (docs/cluster.md says why)")
+    if (args.kv_link != "auto" or args.kv_link_gbs is not None or args.kv_link_latency_s is not None or args.kv_layerwise
+            or args.kv_reserve != "before" or args.pd_prefix_caching != "both" or args.kv_file_rate is not None):
+        raise ConfigError("--kv-link*, --kv-layerwise, --kv-reserve and --pd-prefix-caching shape the simulator's link; "
+                          "a live prefill/decode pair moves KV through vLLM's ExampleConnector (files, whole prompts)")
 
     def given(value, default):
         return default if value is None else value
@@ -347,13 +348,17 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
                   max_num_batched_tokens=given(args.max_num_batched_tokens, 4096),
                   max_num_seqs=given(args.max_num_seqs, 256), threads=args.threads, seed=args.seed, policy=args.policy)
     cluster = {k: v for k, v in cluster_fields(args).items()
-               if k in ("replicas", "router", "router_params", "stats_interval_s", "prefix_ttl_s")}
+               if k in ("replicas", "router", "router_params", "stats_interval_s", "prefix_ttl_s", "prefill_replicas",
+                        "pd_threshold_tokens")}
     if args.max_outstanding is not None:
         raise ConfigError("--max-outstanding is the simulator's (a live replay refuses no turn)")
-    if args.replicas > 1:
+    if args.replicas > 1 or args.prefill_replicas:
+        from scheduling.cluster.pd import check_pd_settings
         from scheduling.cluster.routers import make_router
         from scheduling.experiments.live_cluster import LiveClusterConfig, run_live_cluster
 
+        check_pd_settings(args.policy, args.prefill_replicas, kv_link="auto", kv_reserve="before",
+                          pd_threshold_tokens=args.pd_threshold_tokens, pd_prefix_caching="both", kv_link_gbs=None)
         make_router(args.router, args.replicas, cluster["router_params"])  # a bad router or parameter: one line now
         config: LiveReplayConfig = LiveClusterConfig(**fields, **cluster)
         run: Callable = run_live_cluster

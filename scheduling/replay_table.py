@@ -61,8 +61,9 @@ def _pd_rows(p: dict | None, f) -> list[tuple[str, str]]:
     if not p:
         return []
     mb = p["kv_bytes_per_remote_turn"]
+    rate = f"{p['link_gbs']:g} GB/s, " if p.get("link_gbs") is not None else ""  # a live pair: measured per turn
     return [(f"disaggregated: {p['prefill_replicas']} prefill, {p['decode_replicas']} decode over {p['link']} "
-             f"({p['link_gbs']:g} GB/s{', layer-wise' if p['layerwise'] else ''}, reserve {p['reserve']})",
+             f"({rate}{'layer-wise, ' if p.get('layerwise') else ''}reserve {p['reserve']})",
              f"{p['turns_prefilled_remotely']} turns remote / {p['turns_prefilled_locally']} local"),
             ("  KV moved per remote turn (MB) / transfer p50 / p90 (ms)",
              f"{f(mb / 1e6 if mb is not None else None, '{:.1f}')} / "

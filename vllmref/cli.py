@@ -1,4 +1,4 @@
-"""``gpubench vllm setup|status|generate``: the reference engine's environment."""
+"""``gpubench vllm setup|status|generate|serve|kv-file-rate``: the reference engine's environment."""
 from __future__ import annotations
 
 import argparse
@@ -47,6 +47,20 @@ def register(sub) -> None:
     sv.add_argument("--port", type=argtypes.port, default=8000, help="port on 127.0.0.1")
     sv.add_argument("--threads", type=argtypes.positive_int, default=2, help="OpenMP threads of the engine")
     sv.set_defaults(func=_serve)
+    k = vsub.add_parser("kv-file-rate", help="time a KV hand-off through vLLM's ExampleConnector on this host",
+                        description="Write and read a prompt's KV the way vLLM's ExampleConnector does (a folder of "
+                                    "one safetensors file per layer, float32, read back into a paged cache), at "
+                                    "several prompt sizes, and fit each half as seconds = latency + bytes / "
+                                    "bandwidth: what the simulator's --kv-link file --kv-file-rate DIR/kv_file_rate.json "
+                                    "prices a live prefill/decode pair on this host with. Take it on a quiet machine.",
+                        formatter_class=DefaultsHelpFormatter)
+    k.add_argument("--model", default="smollm2-135m", help="model whose KV shape is moved")
+    k.add_argument("--tokens", type=argtypes.positive_int, nargs="+", default=[256, 512, 1024, 2048, 3072],
+                   help="prompt sizes")
+    k.add_argument("--repeats", type=argtypes.positive_int, default=5, help="timed repeats per size (after one warm-up)")
+    k.add_argument("--out", default=None, help="directory for kv_file_rate.json and COMMAND")
+    k.add_argument("--json", action="store_true", help="print the fit and the sizes as one JSON object")
+    k.set_defaults(func=_kv_file_rate)
 
 
 def _setup(args: argparse.Namespace) -> int:
@@ -105,6 +119,52 @@ def _serve(args: argparse.Namespace) -> int:
                 time.sleep(3600)
     except KeyboardInterrupt:
         print("stopped")
+    return 0
+
+
+def _kv_file_rate(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+
+    from common import outdir
+    from common.errors import ConfigError
+    from common.hostload import is_contended
+    from common.model_config import load_model_config
+    from vllmref import env
+    from vllmref.kv_file_rate import measure
+
+    load_model_config(args.model)  # an unknown model: one line before the environment starts
+    if len(set(args.tokens)) < 2:
+        raise ConfigError("kv-file-rate needs at least two sizes (--tokens) to separate the fixed cost from the rate")
+    if args.out:
+        outdir.refuse_committed(args.out, "--out")
+        outdir.check_output_file(os.path.join(args.out, "kv_file_rate.json"), "--out")
+    env.require_env()
+    load_before = os.getloadavg()[0]
+    rate = measure(args.model, tokens=tuple(args.tokens), repeats=args.repeats,
+                   on_line=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)))
+    load_after = os.getloadavg()[0]
+    contended = is_contended(load_1m=max(load_before, load_after), num_cpus=os.cpu_count() or 1)
+    options = f"--kv-link file --kv-file-rate {os.path.join(args.out, 'kv_file_rate.json')}" if args.out else None
+    record = {"model": args.model, **rate.to_dict(), "simulator_options": options,
+              "loadavg_1m_before": round(load_before, 2),
+              "loadavg_1m_after": round(load_after, 2), "num_cpus": os.cpu_count(), "contended": contended}
+    if args.out:
+        with outdir.locked(args.out) as d:
+            outdir.write_text_atomic(d / "kv_file_rate.json", json.dumps(record, indent=2) + "\n")
+            outdir.write_command(d, "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    for r in rate.rows:
+        print(f"{r['tokens']:>6} tokens {r['bytes'] / 1e6:8.1f} MB  write {r['write_s'] * 1e3:7.1f} ms  "
+              f"read {r['read_s'] * 1e3:7.1f} ms")
+    for name, half in (("write", rate.write), ("read", rate.read)):
+        print(f"{name} = {half.latency_s * 1e3:.2f} ms + bytes / {half.gbs:.2f} GB/s")
+    if args.out:
+        print(f"simulator: {record['simulator_options']}")
+    if contended:
+        print(f"warning: the host was busy (1-minute load {load_before:.2f} -> {load_after:.2f}); retake it when quiet")
     return 0
 
 

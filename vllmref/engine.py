@@ -49,12 +49,14 @@ def build_engine(spec: dict):
     if spec.get("kv_transfer"):
         # A prefill/decode pair through vLLM's ExampleConnector: the producer writes each request's KV
         # (whole blocks, one safetensors file per layer) under shared_storage_path, the consumer
-        # finds and loads it as an external hit. It runs on the CPU build (no NCCL, no NIXL).
+        # finds and loads it as an external hit. It runs on the CPU build (no NCCL, no NIXL). The
+        # subclass only times the connector's file I/O (vllmref.kv_timing).
         from vllm.config import KVTransferConfig
 
         t = spec["kv_transfer"]
-        kwargs["kv_transfer_config"] = KVTransferConfig(kv_connector="ExampleConnector", kv_role=t["role"],
-                                                        kv_connector_extra_config={"shared_storage_path": t["path"]})
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="TimedExampleConnector", kv_connector_module_path="vllmref.kv_timing", kv_role=t["role"],
+            kv_connector_extra_config={"shared_storage_path": t["path"]})
     try:
         return LLMEngine.from_engine_args(EngineArgs(**kwargs))
     except Exception as e:  # vLLM raises many types for a model it cannot load

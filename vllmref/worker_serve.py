@@ -17,11 +17,16 @@ system's monotonic clock, the same in every process):
                                                 metrics would read
     {"ev": "first", "id", "t"}                  a request's first token (the end of its step)
     {"ev": "done", "id", "t", "tokens", "cached_tokens"}   a finished request
+    {"ev": "kv", "t", "requests": [{"id", "op", "tokens"}], "save_s", "load_s"}
+                                                with a KV connector (spec ``engine.kv_transfer``): what
+                                                the step stored or loaded, and the seconds its file
+                                                I/O took (vllmref.kv_timing)
 
 Output lengths are exact (``min_tokens = max_tokens``, EOS ignored), greedy.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -58,6 +63,8 @@ def main(spec_path: str) -> int:
 
     spec = json.loads(open(spec_path).read())
     engine = build_engine(spec["engine"])
+    # the connector's file I/O, timed per step (a prefill/decode pair only; it imports vLLM's connector)
+    kv_timing = importlib.import_module("vllmref.kv_timing") if spec["engine"].get("kv_transfer") else None
     warm = token_ids("warmup", 16, seed=int(spec.get("seed", 0)), vocab_size=int(spec["vocab_size"]))
     engine.add_request("warmup", {"prompt_token_ids": warm},
                        SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False))
@@ -65,6 +72,8 @@ def main(spec_path: str) -> int:
         engine.step()
     engine.reset_prefix_cache()
     hooks.drain()
+    if kv_timing is not None:
+        kv_timing.drain()  # the warm-up's own store
     emit({"ev": "ready", **engine_facts(engine)})
     buffer: list[str] = []
     started: set[str] = set()
@@ -89,6 +98,8 @@ def main(spec_path: str) -> int:
         end_s = steps[-1]["t_end"] if steps else time.perf_counter()
         for rec in steps:
             emit({"ev": "step", **rec})
+        if kv_timing is not None and (kv := kv_timing.drain()) is not None:
+            emit({"ev": "kv", "t": end_s, **kv})
         if steps:
             last = steps[-1]
             emit({"ev": "load", "t": end_s, "waiting": last.get("num_waiting", 0), "running": last.get("num_running", 0),

@@ -35,6 +35,12 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="the link a turn's KV takes to its decode instance, at the SKU table's bandwidth "
                         "(auto: NVLink where the GPU has it, else its network, else PCIe)")
     g.add_argument("--kv-link-gbs", type=float, default=None, help="the link's bandwidth per direction in GB/s instead")
+    g.add_argument("--kv-link-latency-s", type=float, default=None,
+                   help="seconds every hand-off costs besides its bytes, instead of the link's (5-10 us); "
+                        "`gpubench vllm kv-file-rate` measures both for vLLM's file connector on this host")
+    g.add_argument("--kv-file-rate", default=None, metavar="PATH",
+                   help="with --kv-link file (vLLM's ExampleConnector, what a live pair on this CPU runs): the "
+                        "kv_file_rate.json `gpubench vllm kv-file-rate --out DIR` measured")
     g.add_argument("--kv-layerwise", action="store_true", help="send the KV layer by layer during the prefill (overlapped)")
     g.add_argument("--kv-reserve", default="before", choices=RESERVE_MODES,
                    help="before: the decode instance reserves blocks, then pulls what it misses (vLLM's NixlConnector); "
@@ -60,13 +66,16 @@ def cluster_fields(args: argparse.Namespace) -> dict:
     fields = dict(replicas=args.replicas, router=args.router, router_params=params,
                   stats_interval_s=args.stats_interval_s, prefix_ttl_s=args.prefix_ttl_s,
                   max_outstanding=args.max_outstanding, prefill_replicas=args.prefill_replicas, kv_link=args.kv_link,
-                  kv_link_gbs=args.kv_link_gbs, kv_layerwise=args.kv_layerwise, kv_reserve=args.kv_reserve,
+                  kv_link_gbs=args.kv_link_gbs, kv_link_latency_s=args.kv_link_latency_s, kv_file_rate=args.kv_file_rate,
+                  kv_layerwise=args.kv_layerwise, kv_reserve=args.kv_reserve,
                   pd_threshold_tokens=args.pd_threshold_tokens, pd_prefix_caching=args.pd_prefix_caching)
     if args.replicas == 1 and not args.prefill_replicas and (params or args.router != "round-robin"
                                                              or args.max_outstanding is not None):
         raise ConfigError("--router, --router-param and --max-outstanding route between replicas: add --replicas N "
                           "(N >= 2) or --prefill-replicas P")
-    pd_given = (args.kv_link != "auto" or args.kv_link_gbs is not None or args.kv_layerwise or args.kv_reserve != "before"
+    pd_given = (args.kv_link != "auto" or args.kv_link_gbs is not None or args.kv_link_latency_s is not None
+                or args.kv_file_rate is not None
+                or args.kv_layerwise or args.kv_reserve != "before"
                 or args.pd_threshold_tokens or args.pd_prefix_caching != "both")
     if pd_given and not args.prefill_replicas:
         raise ConfigError("the --kv-* and --pd-* options shape prefill/decode disaggregation: add --prefill-replicas P")
@@ -74,7 +83,8 @@ def cluster_fields(args: argparse.Namespace) -> dict:
 
 
 CLUSTER_KEYS = ("replicas", "router", "stats_interval_s", "prefix_ttl_s", "max_outstanding", "prefill_replicas", "kv_link",
-                "kv_link_gbs", "kv_layerwise", "kv_reserve", "pd_threshold_tokens", "pd_prefix_caching")
+                "kv_link_gbs", "kv_link_latency_s", "kv_file_rate", "kv_layerwise", "kv_reserve", "pd_threshold_tokens",
+                "pd_prefix_caching")
 
 
 def cluster_variant(variant: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -14,6 +14,14 @@ which computes the prompt and one token. Its KV then crosses the link:
   KV (it cannot know the decode instance's cache) as soon as it ends; the turn arrives at the
   decode instance when the transfer is done, and admission takes the staged blocks at once.
 
+- ``link.kind == "file"`` (vLLM's ExampleConnector, the one this CPU build can run live): the
+  prefill instance writes the prompt's whole blocks to a shared directory, a file per layer, unless
+  a file of that whole-block prompt exists already (an earlier turn of the job whose prompt had the
+  same whole blocks); the turn arrives when the write is done. The decode instance reserves blocks;
+  if its own prefix cache misses any of the file's blocks it reads the whole file inside the step
+  that admits the turn (synchronously: the step waits), else it reads nothing. Write and read are
+  priced separately, from ``gpubench vllm kv-file-rate`` (``FileLinks``).
+
 Transfer time = link latency + bytes / link bandwidth. With ``layerwise`` the prefill instance
 sends each layer's KV as that layer finishes, so the transfer overlaps the prefill's compute: what
 is left at its end is the larger of the last layer's share and what the overlap did not cover.
@@ -31,7 +39,7 @@ from scheduling.policies.base import ExternalLoad
 # Latency of one KV hand-off over each kind of link (one RDMA/NVLink transfer setup and its completion
 # notice: a few microseconds on the wire; the transfers here take milliseconds, so this matters little).
 LINK_LATENCY_S = {"nvlink": 5e-6, "network": 10e-6, "pcie": 10e-6}
-LINK_KINDS = ("auto", *LINK_LATENCY_S)
+LINK_KINDS = ("auto", *LINK_LATENCY_S, "file")
 RESERVE_MODES = ("before", "after")
 PREFIX_CACHING = ("both", "prefill", "decode", "none")
 
@@ -49,21 +57,48 @@ class KVLink:
         return self.latency_s + num_bytes / (self.gbs * 1e9)
 
 
-def kv_link(sku, kind: str = "auto", gbs: float | None = None) -> KVLink:
+@dataclass(frozen=True)
+class FileLinks:
+    """The file connector's two halves, each ``latency + bytes / bandwidth`` as measured on the host
+    that runs it (``gpubench vllm kv-file-rate``)."""
+
+    write: KVLink
+    read: KVLink
+
+    @classmethod
+    def load(cls, path: str) -> "FileLinks":
+        """From a ``kv_file_rate.json``; one ConfigError line if it is not one."""
+        from common.jsonio import read_json
+
+        record = read_json(path, what="a kv_file_rate.json (gpubench vllm kv-file-rate --out DIR)")
+        try:
+            write, read = (KVLink("file", float(record[k]["gbs"]), float(record[k]["latency_s"]),
+                                  f"{k}, measured: {path}") for k in ("write", "read"))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{path}: no write and read rates (gbs, latency_s) in it; make it with "
+                              "gpubench vllm kv-file-rate --out DIR") from None
+        if not all(x.gbs > 0 and x.latency_s >= 0 for x in (write, read)):
+            raise ConfigError(f"{path}: a rate must be > 0 GB/s and a latency >= 0 s")
+        return cls(write, read)
+
+
+def kv_link(sku, kind: str = "auto", gbs: float | None = None, latency_s: float | None = None) -> KVLink:
     """The SKU table's link of ``kind`` (``auto``: NVLink where the part has it, else its per-GPU
-    network, else PCIe); ``gbs`` overrides the bandwidth."""
-    if kind not in LINK_KINDS:
-        raise ConfigError(f"kv_link must be one of {', '.join(LINK_KINDS)}, got {kind!r}")
+    network, else PCIe); ``gbs`` overrides the bandwidth, ``latency_s`` the fixed cost of a hand-off
+    (a file-based connector's folder and per-layer files cost milliseconds, not microseconds)."""
+    if kind not in LINK_KINDS or kind == "file":
+        raise ConfigError(f"kv_link must be one of {', '.join(LINK_KINDS[:-1])} here, got {kind!r}")
     table = {"nvlink": sku.nvlink_gbs, "network": sku.nic_gbs, "pcie": sku.host_link_gbs}
     if kind == "auto":
         kind = next((k for k in ("nvlink", "network", "pcie") if table[k]), "pcie")
+    latency = LINK_LATENCY_S[kind] if latency_s is None else float(latency_s)
     if gbs is not None:
-        return KVLink(kind, float(gbs), LINK_LATENCY_S[kind], "kv_link_gbs (given)")
+        return KVLink(kind, float(gbs), latency, "kv_link_gbs (given)")
     if not table[kind]:
         raise ConfigError(f"{sku.id} has no {kind} bandwidth in the SKU table; give its bandwidth "
                           f"(--kv-link-gbs, kv_link_gbs=...)")
     field = {"nvlink": "nvlink_gbs", "network": "nic_gbs", "pcie": "host_link_gbs"}[kind]
-    return KVLink(kind, float(table[kind]), LINK_LATENCY_S[kind], f"{sku.id} {field}: {sku.source.get(field, 'SKU table')}")
+    return KVLink(kind, float(table[kind]), latency, f"{sku.id} {field}: {sku.source.get(field, 'SKU table')}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +112,7 @@ class PDSettings:
         threshold_tokens: a turn whose prompt the decode instance is likely to miss by fewer tokens
             (the router's record of what it sent there) is prefilled there, not remotely.
         prefix_caching: which side looks prefixes up (``both``, ``prefill``, ``decode``, ``none``).
+        files: with a ``file`` link, its measured write and read halves.
     """
 
     prefill_replicas: int
@@ -85,6 +121,7 @@ class PDSettings:
     reserve: str = "before"
     threshold_tokens: int = 0
     prefix_caching: str = "both"
+    files: FileLinks | None = None
 
     def caches(self, role: str) -> bool:
         return self.prefix_caching in ("both", role)
@@ -103,21 +140,37 @@ class PendingKV:
 
 class RemotePrefill:
     """The decode instance's source of tokens beyond its GPU hit (a ``KVSource``): the prefill
-    instance's KV of turns handed to it, loaded asynchronously."""
+    instance's KV of turns handed to it, loaded asynchronously (over a link) or inside the admitting
+    step (from a file)."""
 
-    asynchronous_load = True
-
-    def __init__(self, settings: PDSettings, kv_bytes_per_token: int, num_layers: int, transfers: list) -> None:
+    def __init__(self, settings: PDSettings, kv_bytes_per_token: int, num_layers: int, transfers: list,
+                 block_size: int = 16) -> None:
         self.s = settings
         self.kv_bytes_per_token = kv_bytes_per_token
         self.num_layers = max(num_layers, 1)
+        self.block_size = block_size
+        self.asynchronous_load = settings.files is None
         self.pending: dict[tuple[int, int], PendingKV] = {}
         self.transfers = transfers  # the cluster's log: (job_id, turn, bytes, start_s, seconds)
+        self.files: set[tuple[int, int]] = set()  # (job, tokens): the whole-block prompts written (file link)
+
+    def write_file_s(self, req: Request) -> float:
+        """A file link: the prefill instance's write of ``req``'s whole-block prompt, in seconds (0:
+        the connector found a file of it; its lookup key drops one more token than its store does)."""
+        n, bs, j = req.prompt_tokens, self.block_size, req.job_state.index
+        if (j, (n - 2) // bs * bs) in self.files:
+            return 0.0
+        stored = (n - 1) // bs * bs
+        self.files.add((j, stored))
+        return self.s.files.write.transfer_s(stored * self.kv_bytes_per_token)  # type: ignore[union-attr]
 
     def external_hit(self, req: Request, gpu_hit_tokens: int, max_tokens: int) -> int:
         p = self.pending.get((req.job_state.index, req.turn))
         if p is None or p.consumed:
             return 0
+        if self.s.files is not None:  # what the file holds beyond the local hit, if a file is found
+            found = (req.prompt_tokens - 2) // self.block_size * self.block_size
+            return max(min(found, max_tokens) - gpu_hit_tokens, 0) if (req.job_state.index, found) in self.files else 0
         return max(max_tokens - gpu_hit_tokens, 0)  # both whole blocks
 
     def load_external(self, req: Request, gpu_hit_tokens: int, num_tokens: int, now_s: float) -> ExternalLoad:
@@ -125,6 +178,11 @@ class RemotePrefill:
         p.consumed = True
         if self.s.reserve == "after":  # pushed and staged before the turn arrived here
             return ExternalLoad(0.0)
+        if self.s.files is not None:  # the whole file is read back, whatever the local hit covered
+            num_bytes = (req.prompt_tokens - 1) // self.block_size * self.block_size * self.kv_bytes_per_token
+            seconds = self.s.files.read.transfer_s(num_bytes)
+            self.transfers.append((req.job_state.job.job_id, req.turn, num_bytes, now_s, seconds))
+            return ExternalLoad(seconds)
         num_bytes = num_tokens * self.kv_bytes_per_token
         seconds = self.transfer_left_s(num_bytes, p, now_s)
         self.transfers.append((req.job_state.job.job_id, req.turn, num_bytes, now_s, seconds))
@@ -140,7 +198,8 @@ class RemotePrefill:
 
 
 def check_pd_settings(policy: str, prefill_replicas: int, *, kv_link: str, kv_reserve: str, pd_threshold_tokens: int,
-                      pd_prefix_caching: str, kv_link_gbs: float | None) -> None:
+                      pd_prefix_caching: str, kv_link_gbs: float | None, kv_link_latency_s: float | None = None,
+                      kv_file_rate: str | None = None, kv_layerwise: bool = False) -> None:
     """The disaggregation settings of a replay config: one ConfigError naming the first bad one."""
     import math
 
@@ -160,6 +219,19 @@ def check_pd_settings(policy: str, prefill_replicas: int, *, kv_link: str, kv_re
     if kv_link_gbs is not None and (isinstance(kv_link_gbs, bool) or not isinstance(kv_link_gbs, (int, float))
                                     or not (math.isfinite(kv_link_gbs) and kv_link_gbs > 0)):
         raise ConfigError(f"kv_link_gbs must be a finite number > 0, got {kv_link_gbs!r}")
+    if kv_link_latency_s is not None and (isinstance(kv_link_latency_s, bool)
+                                          or not isinstance(kv_link_latency_s, (int, float))
+                                          or not (math.isfinite(kv_link_latency_s) and kv_link_latency_s >= 0)):
+        raise ConfigError(f"kv_link_latency_s must be a finite number >= 0, got {kv_link_latency_s!r}")
+    if kv_link == "file":
+        if kv_file_rate is None:
+            raise ConfigError("kv_link file needs the host's measured rates: --kv-file-rate PATH "
+                              "(gpubench vllm kv-file-rate --out DIR writes DIR/kv_file_rate.json)")
+        if kv_link_gbs is not None or kv_link_latency_s is not None or kv_reserve != "before" or kv_layerwise:
+            raise ConfigError("kv_link file is priced from --kv-file-rate alone: drop --kv-link-gbs, "
+                              "--kv-link-latency-s, --kv-reserve and --kv-layerwise")
+    elif kv_file_rate is not None:
+        raise ConfigError("--kv-file-rate prices vLLM's file connector: add --kv-link file")
     if prefill_replicas and type(make_policy(policy)).external_hit is not KVPolicy.external_hit:
         raise ConfigError(f"policy '{policy}' loads KV from its own pool; a disaggregated decode instance loads it "
                           "from the prefill instance (use fcfs, sjf, las, jitserve or continuum)")

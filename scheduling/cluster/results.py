@@ -62,6 +62,8 @@ def cluster_frames(result: ClusterResult) -> tuple[pd.DataFrame, pd.DataFrame, p
 def _with_transfers(turns: pd.DataFrame, result: ClusterResult) -> pd.DataFrame:
     routed = pd.DataFrame.from_records(result.routed, columns=["job_id", "turn", "time_s", "replica", "prefill_replica"])
     moved = pd.DataFrame.from_records(result.transfers, columns=["job_id", "turn", "kv_bytes", "start_s", "kv_transfer_s"])
+    # a file link logs a turn's write and its read apart: one row per turn, bytes read, both times
+    moved = moved.groupby(["job_id", "turn"], as_index=False)[["kv_bytes", "kv_transfer_s"]].sum()
     out = turns.merge(routed[["job_id", "turn", "prefill_replica"]], on=["job_id", "turn"], how="left")
     out = out.merge(moved[["job_id", "turn", "kv_bytes", "kv_transfer_s"]], on=["job_id", "turn"], how="left")
     return out.fillna({"kv_bytes": 0, "kv_transfer_s": 0.0}).astype({"kv_bytes": "int64", "prefill_replica": "int64"})
@@ -121,8 +123,8 @@ def _pd_block(result: ClusterResult, turns: pd.DataFrame, s) -> dict:
     moved = remote["kv_bytes"]
     secs = remote["kv_transfer_s"]
     return {"prefill_replicas": s.prefill_replicas, "decode_replicas": len(result.replicas),
-            "link": s.link.kind, "link_gbs": s.link.gbs, "link_source": s.link.source, "layerwise": s.layerwise,
-            "reserve": s.reserve, "threshold_tokens": s.threshold_tokens, "prefix_caching": s.prefix_caching,
+            "link": s.link.kind, "link_gbs": s.link.gbs, "link_latency_s": s.link.latency_s, "link_source": s.link.source,
+            "layerwise": s.layerwise, "reserve": s.reserve, "threshold_tokens": s.threshold_tokens, "prefix_caching": s.prefix_caching,
             "turns_prefilled_remotely": int(len(remote)), "turns_prefilled_locally": int(len(turns) - len(remote)),
             "kv_bytes_total": int(moved.sum()), "kv_bytes_per_remote_turn": float(moved.mean()) if len(remote) else None,
             "kv_transfer_p50_s": float(secs.median()) if len(remote) else None,

@@ -145,7 +145,8 @@ class Cluster:
         self._replica_of: dict[tuple[int, int], int] = {}   # (job, turn) in flight -> its decode (or only) instance
 
     def _remote(self, pd: PDSettings | None, config: EngineConfig, num_layers: int) -> RemotePrefill | None:
-        return RemotePrefill(pd, config.kv_bytes_per_token, num_layers, self.result.transfers) if pd else None
+        return RemotePrefill(pd, config.kv_bytes_per_token, num_layers, self.result.transfers,
+                             config.block_size) if pd else None
 
     # --- what the engines call ----------------------------------------------------------------
     def turn_later(self, js: JobState, turn: int, time_s: float) -> None:
@@ -171,7 +172,12 @@ class Cluster:
                             r.prompt_tokens)
         d.remote.pending[key] = pending
         arrive_s = now_s
-        if pd.reserve == "after":  # pushed whole to a staging buffer: the turn arrives when it is there
+        if pd.files is not None:  # the prefill instance's write of the whole-block prompt, if no file of it exists
+            seconds = d.remote.write_file_s(r)
+            if seconds:
+                self.result.transfers.append((js.job.job_id, r.turn, 0, now_s, seconds))
+            arrive_s = now_s + seconds
+        elif pd.reserve == "after":  # pushed whole to a staging buffer: the turn arrives when it is there
             num_bytes = (r.prompt_tokens - 1) // self.config.block_size * self.config.block_size * self.config.kv_bytes_per_token
             seconds = d.remote.transfer_left_s(num_bytes, pending, now_s)
             self.result.transfers.append((js.job.job_id, r.turn, num_bytes, now_s, seconds))

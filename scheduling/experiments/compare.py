@@ -5,9 +5,12 @@ but any two replay directories of the same jobs work. Turns are matched on ``(jo
 a job or turn present in one only is an error (they are not replays of the same trace).
 
 Per turn: TTFT (first token - arrival), TPOT (finish - first token over output tokens - 1, the
-mean inter-token latency of the turn), prefix-hit tokens, preemptions; per job: JCT. KV usage is
+mean inter-token latency of the turn), prefix-hit tokens (the prompt tokens not computed: cached,
+or supplied by a host pool or a KV connector), preemptions; per job: JCT. KV usage is
 the time-weighted mean share of the pool held by requests over the replay, and its peak. Every
 relative error is ``(A - B) / B``: B (the second directory, e.g. live vLLM) is the reference.
+Where both are disaggregated (``--prefill-replicas``), the turns prefilled remotely, the KV moved per
+remote turn and the transfer time's p50 and p90 are compared too.
 
 A real engine replayed twice does not repeat itself: its step times carry the machine's noise, and
 under eviction pressure a turn that arrives one step later finds other blocks cached. So the error
@@ -75,6 +78,15 @@ def _tpot(turns: pd.DataFrame) -> pd.Series:
     return ((turns["finish_s"] - turns["first_token_s"]) / n).where(n > 0)
 
 
+def _not_computed(turns: pd.DataFrame) -> pd.Series:
+    """The prompt tokens a turn did not compute: its prefix-cache hit, plus what a host pool or a
+    KV connector supplied (the simulator keeps that apart as ``pool_hit_tokens``; vLLM's
+    ``num_cached_tokens``, a live replay's ``hit_tokens``, counts both)."""
+    if "pool_hit_tokens" in turns.columns:
+        return turns["hit_tokens"] + turns["pool_hit_tokens"].fillna(0).astype(turns["hit_tokens"].dtype)
+    return turns["hit_tokens"]
+
+
 def _kv_usage(steps: pd.DataFrame) -> tuple[float | None, float | None]:
     if steps.empty:
         return None, None
@@ -98,8 +110,10 @@ def compare(a: Replay, b: Replay) -> dict:
         only_a, only_b = sorted(keys_a - keys_b)[:3], sorted(keys_b - keys_a)[:3]
         raise ResultsFormatError(f"{a.path} and {b.path} are not replays of the same jobs "
                                  f"(turns only in the first: {only_a or 'none'}; only in the second: {only_b or 'none'})")
-    ta = a.turns.assign(ttft_s=a.turns["first_token_s"] - a.turns["arrival_s"], tpot_s=_tpot(a.turns))
-    tb = b.turns.assign(ttft_s=b.turns["first_token_s"] - b.turns["arrival_s"], tpot_s=_tpot(b.turns))
+    ta = a.turns.assign(ttft_s=a.turns["first_token_s"] - a.turns["arrival_s"], tpot_s=_tpot(a.turns),
+                        hit_tokens=_not_computed(a.turns))
+    tb = b.turns.assign(ttft_s=b.turns["first_token_s"] - b.turns["arrival_s"], tpot_s=_tpot(b.turns),
+                        hit_tokens=_not_computed(b.turns))
     cols = ["job_id", "turn", "prompt_tokens", "ttft_s", "tpot_s", "hit_tokens", "num_preemptions", "arrival_s", "finish_s"]
     joined = ta[cols].merge(tb[cols], on=["job_id", "turn"], suffixes=("_a", "_b"))
     joined["ttft_rel_err"] = (joined["ttft_s_a"] - joined["ttft_s_b"]) / joined["ttft_s_b"]
@@ -134,6 +148,7 @@ def compare(a: Replay, b: Replay) -> dict:
                  "rel_err": _rel(float(len(a.steps)), float(len(b.steps)))})
     rows.append({"metric": "step duration mean (s)", "a": stat(a.steps["dur_s"], "mean"), "b": stat(b.steps["dur_s"], "mean"),
                  "rel_err": _rel(stat(a.steps["dur_s"], "mean"), stat(b.steps["dur_s"], "mean"))})
+    rows += _transfer_rows(a.turns, b.turns, stat)
     within_block = float((joined["hit_diff_tokens"].abs() <= block).mean())
     return {
         "a": {"path": str(a.path), "label": a.label}, "b": {"path": str(b.path), "label": b.label},
@@ -147,6 +162,23 @@ def compare(a: Replay, b: Replay) -> dict:
         "turns": joined,
         "jobs": jobs,
     }
+
+
+def _transfer_rows(a: pd.DataFrame, b: pd.DataFrame, stat) -> list[dict]:
+    """Prefill/decode hand-offs, where both replays are disaggregated: the KV moved and the transfer
+    time of the turns prefilled remotely (a live pair's is measured, the simulator's priced)."""
+    need = ("prefill_replica", "kv_bytes", "kv_transfer_s")
+    if not all(c in t.columns for t in (a, b) for c in need):
+        return []
+    ra, rb = a[a["prefill_replica"] >= 0], b[b["prefill_replica"] >= 0]
+    rows = [{"metric": "turns prefilled remotely", "a": float(len(ra)), "b": float(len(rb)),
+             "rel_err": _rel(float(len(ra)), float(len(rb)))}]
+    for name, col, how in (("KV moved per remote turn, mean (MB)", "kv_bytes", "mean"),
+                           ("KV transfer p50 (s)", "kv_transfer_s", "p50"), ("KV transfer p90 (s)", "kv_transfer_s", "p90")):
+        scale = 1e-6 if col == "kv_bytes" else 1.0
+        va, vb = stat(ra[col] * scale, how), stat(rb[col] * scale, how)
+        rows.append({"metric": name, "a": va, "b": vb, "rel_err": _rel(va, vb)})
+    return rows
 
 
 def _check_repeats(reference: Replay, repeats: list[Replay], scored: Replay | None) -> None:

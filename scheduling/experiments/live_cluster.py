@@ -14,6 +14,16 @@ caching on) fed over a pipe, not an HTTP server: on two cores the API server pro
 CPU from the engines they front. Times are the system's monotonic clock, the same in every
 process; the records become the tables a replay writes, with a ``replica`` column, and a
 ``cluster`` block in the summary.
+
+With ``prefill_replicas`` P (a live prefill/decode pair), P more engines are KV producers and the
+replicas KV consumers of vLLM's ExampleConnector (vllmref.kv_timing: one safetensors file per layer
+under a shared directory, the only connector this CPU build can run). A turn is routed to its decode
+instance, then (unless the router's record says it would miss fewer than ``pd_threshold_tokens``)
+to a prefill instance with one output token, as vLLM's disaggregation proxy does; when that ends it
+goes to its decode instance, which finds the producer's file as an external hit, reads it, computes
+the prompt's last partial block and decodes. The connector's file I/O is synchronous inside the two
+engines' steps; the workers time it, and each turn's ``kv_transfer_s`` is its share (by tokens) of
+its producer step's write and its consumer step's read.
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -35,6 +45,7 @@ from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 from scheduling.workload.traces import Job
 
 READY_TIMEOUT_S = 900.0  # engines start one after another on a loaded 2-core host: minutes
+LIVE_LINK = "file (vLLM ExampleConnector: safetensors per layer in a shared directory)"
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,8 @@ class LiveClusterConfig(LiveReplayConfig):
     router_params: dict = field(default_factory=dict)
     stats_interval_s: float = 0.0
     prefix_ttl_s: float = 120.0
+    prefill_replicas: int = 0
+    pd_threshold_tokens: int = 0
 
 
 def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress: Callable[[str], None] | None = None,
@@ -58,19 +71,29 @@ def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress
     if config.policy != "fcfs":
         raise ConfigError("--engine vllm with --replicas serves fcfs on each replica")
     router = make_router(config.router, config.replicas, config.router_params, seed=config.seed)
+    # the simulator's seeds: its prefill router draws its ties from the next seed
+    prefill_router = (make_router(config.router, config.prefill_replicas, config.router_params, seed=config.seed + 1)
+                      if config.prefill_replicas else None)
     model_dir, real_weights, _ = env.resolve_model(config.model)
     cfg = load_model_config(config.model)
-    spec = {"vocab_size": cfg.vocab_size, "seed": config.seed,
-            "engine": config.engine_spec(model_dir, real_weights=real_weights,
-                                         longest_tokens=max(j.total_tokens() for j in jobs),
-                                         num_gpu_blocks=config.num_gpu_blocks)}
+    spec: dict[str, Any] = {"vocab_size": cfg.vocab_size, "seed": config.seed,
+                            "engine": config.engine_spec(model_dir, real_weights=real_weights,
+                                                         longest_tokens=max(j.total_tokens() for j in jobs),
+                                                         num_gpu_blocks=config.num_gpu_blocks)}
     kv_gib = config.num_gpu_blocks * config.block_size * cfg.kv_bytes_per_token(4) / (1 << 30)
     with tempfile.TemporaryDirectory(prefix="gpubench-cluster-") as tmp, env.vllmref_path() as pythonpath:
-        procs = [env.spawn_worker("worker_serve", spec, Path(tmp), threads=config.threads,
-                                  kv_cache_gib=max(1.0, kv_gib * 1.25), pythonpath=pythonpath)
-                 for _ in range(config.replicas)]
+        roles = ["kv_consumer" if config.prefill_replicas else None] * config.replicas
+        roles += ["kv_producer"] * config.prefill_replicas
+        procs = []
+        for role in roles:
+            engine = dict(spec["engine"])
+            if role:
+                engine["kv_transfer"] = {"role": role, "path": str(Path(tmp) / "kv")}
+            procs.append(env.spawn_worker("worker_serve", spec | {"engine": engine}, Path(tmp), threads=config.threads,
+                                          kv_cache_gib=max(1.0, kv_gib * 1.25), pythonpath=pythonpath))
         try:
-            loop = _Loop(jobs, config, router, procs, cfg.vocab_size, progress)
+            loop = _Loop(jobs, config, router, procs, cfg.vocab_size, progress, prefill_router=prefill_router,
+                         kv_bytes_per_token=cfg.kv_bytes_per_token(4))
             facts = loop.wait_ready(Path(tmp))
             t0 = time.perf_counter()
             records = loop.run(t0)
@@ -88,25 +111,37 @@ class _Loop:
     """The closed loop: arrivals, routing, the replicas' events."""
 
     def __init__(self, jobs: Sequence[Job], config: LiveClusterConfig, router, procs: list, vocab_size: int,
-                 progress: Callable[[str], None] | None) -> None:
+                 progress: Callable[[str], None] | None, *, prefill_router=None, kv_bytes_per_token: int = 0) -> None:
         from scheduling.cluster.view import ClusterView, ReplicaLoad
-        from scheduling.engine.request import JobState
 
         self.jobs, self.config, self.router, self.procs = list(jobs), config, router, procs
         self.vocab_size, self.progress = vocab_size, progress
-        n = len(procs)
-        self.view = ClusterView(n, prefix_capacity_blocks=[config.num_gpu_blocks] * n,
-                                prefix_ttl_s=config.prefix_ttl_s, stats_interval_s=config.stats_interval_s)
-        self.loads = [ReplicaLoad(0, 0, 0, config.num_gpu_blocks)] * n
-        self.reported_s = 0.0  # when a replica last reported its load (seconds since the replay began)
+        self.prefill_router, self.kv_bytes_per_token = prefill_router, kv_bytes_per_token
+        n, n_p = config.replicas, config.prefill_replicas  # procs: the n decode (or only) replicas, then the prefill ones
+        self.num_decode = n
+        self.view, self.prefill_view = (
+            ClusterView(m, prefix_capacity_blocks=[config.num_gpu_blocks] * m, prefix_ttl_s=config.prefix_ttl_s,
+                        stats_interval_s=config.stats_interval_s) for m in (n, max(n_p, 1)))
+        self.loads = [ReplicaLoad(0, 0, 0, config.num_gpu_blocks)] * len(procs)
+        self.reported_s = [0.0, 0.0]  # when a decode / prefill replica last reported its load (s since the start)
+        self._init_state(jobs)
+
+    def _init_state(self, jobs: Sequence[Job]) -> None:
+        from scheduling.engine.request import JobState
+
+        config = self.config
         self.states = [JobState(j, i, config.block_size) for i, j in enumerate(jobs)]  # the router's block hashes
         self.events: queue.Queue = queue.Queue()
-        for k, p in enumerate(procs):
+        for k, p in enumerate(self.procs):
             threading.Thread(target=self._read, args=(k, p), daemon=True).start()
         self.history: dict[int, list[int]] = {}
-        self.inflight: dict[str, dict] = {}
+        self.inflight: dict[str, dict] = {}      # turns sent to (or waiting for) their decode replica
+        self.prefilling: dict[str, dict] = {}    # turns on a prefill replica
         self.replica_of: dict[tuple[str, int], int] = {}
-        self.step_replicas: list[int] = []
+        self.step_replicas: list[int] = []       # each step's replica (procs index)
+        self.pd_turns: dict[tuple[str, int], dict] = {}  # prefill replica, KV bytes and transfer seconds per turn
+        self.prefill_turns: list[dict] = []
+        self.decode_side_saves = [0, 0.0]        # requests a consumer stored itself (no producer file), seconds
 
     def _read(self, k: int, proc) -> None:
         import json
@@ -145,36 +180,52 @@ class _Loop:
         from scheduling.cluster.view import TurnToRoute
         from vllmref.worker_replay import token_ids
 
-        job, seed = self.jobs[j], self.config.seed
+        job, seed, bs = self.jobs[j], self.config.seed, self.config.block_size
         if turn == 0:
             self.history[j] = token_ids(f"system:{job.prefix_group}", job.system_tokens, seed=seed, vocab_size=self.vocab_size)
         spec = job.turns[turn]
         prompt = self.history[j] + token_ids(f"input:{job.job_id}:{turn}", spec.input_tokens, seed=seed,
                                              vocab_size=self.vocab_size)
         self.history[j] = prompt
-        blocks = len(prompt) // self.config.block_size
+        blocks = len(prompt) // bs
         req = TurnToRoute(job.job_id, turn, len(prompt), self.states[j].block_hashes(blocks)[:blocks])
-        if self.router.scrapes_loads and self.view.needs_scrape(now_s) and self.reported_s > self.view.scraped_s:
-            # only numbers a replica reported since the router last read them are new to it (vLLM's
-            # balancer keeps counting what it sent until its engines publish again)
-            self.view.set_loads(list(self.loads), self.reported_s)
-        k = self.router.route(req, self.view, now_s)
+        k = self._pick(self.router, self.view, 0, req, now_s)
+        remote = False
+        if self.prefill_router is not None:  # what the decode replica is likely to miss, by the router's record
+            missing = (blocks - self.view.prefixes[k].matched_blocks(req.block_hashes, now_s)) * bs
+            remote = missing >= self.config.pd_threshold_tokens
         self.view.sent(k, req, now_s)
         req_id = f"{j}#{turn}"
         self.inflight[req_id] = {"job": j, "turn": turn, "replica": k, "blocks": blocks, "arrival_s": arrival_s,
                                  "sent_s": now_s, "prompt_tokens": len(prompt), "first_scheduled_s": None,
                                  "first_token_s": None, "scheduled_tokens": 0, "num_preemptions": 0,
-                                 "scheduler_hit_tokens": None}
+                                 "scheduler_hit_tokens": None, "prompt": prompt, "n_out": spec.output_tokens,
+                                 "kv_load_s": 0.0, "kv_load_tokens": 0}
         self.replica_of[(job.job_id, turn)] = k
-        self._send(k, {"op": "add", "id": req_id, "prompt": prompt, "n_out": spec.output_tokens})
+        if not remote:
+            self.pd_turns[(job.job_id, turn)] = {"prefill_replica": -1, "kv_bytes": 0, "kv_transfer_s": 0.0}
+            self._send(k, {"op": "add", "id": req_id, "prompt": prompt, "n_out": spec.output_tokens})
+            return
+        p = self._pick(self.prefill_router, self.prefill_view, 1, req, now_s)
+        self.prefill_view.sent(p, req, now_s)
+        self.prefilling[req_id] = {"replica": p, "blocks": blocks, "first_scheduled_s": None, "scheduled_tokens": 0,
+                                   "num_preemptions": 0, "scheduler_hit_tokens": None, "kv_save_s": 0.0}
+        self._send(self.num_decode + p, {"op": "add", "id": req_id, "prompt": prompt, "n_out": 1})
+
+    def _pick(self, router, view, side: int, req, now_s: float) -> int:
+        """``router``'s replica for ``req`` on one side (0: decode or aggregated, 1: prefill)."""
+        if router.scrapes_loads and view.needs_scrape(now_s) and self.reported_s[side] > view.scraped_s:
+            # only numbers a replica reported since the router last read them are new to it (vLLM's
+            # balancer keeps counting what it sent until its engines publish again)
+            first = self.num_decode if side else 0
+            view.set_loads(list(self.loads[first:first + view.num_replicas]), self.reported_s[side])
+        return router.route(req, view, now_s)
 
     def run(self, t0: float) -> list[dict]:
-        from scheduling.cluster.view import ReplicaLoad
-
         heap = [(j.arrival_s, i, 0) for i, j in enumerate(self.jobs)]
         heapq.heapify(heap)
         records: list[dict] = []
-        jobs_done = 0
+        self.jobs_done = 0
         while heap or self.inflight:
             now = time.perf_counter() - t0
             while heap and heap[0][0] <= now:
@@ -185,62 +236,146 @@ class _Loop:
                 k, ev = self.events.get(timeout=max(wait, 0.0))
             except queue.Empty:
                 continue
-            kind = ev["ev"]
-            if kind == "exit":
+            if ev["ev"] == "exit":
                 raise ConfigError(f"vLLM replica {k} exited during the replay (code {ev['code']})")
-            if kind == "load":
-                self.loads[k] = ReplicaLoad(int(ev["waiting"]), int(ev["running"]), int(ev["kv_used_blocks"]),
-                                            int(ev["kv_total_blocks"]))
-                self.reported_s = ev["t"] - t0
-            elif kind == "step":
-                records.append(self._step_record(ev, t0))
-                self.step_replicas.append(k)
-            elif kind == "first":
-                self.inflight[ev["id"]]["first_token_s"] = ev["t"] - t0
-            elif kind == "done":
-                st = self.inflight.pop(ev["id"])
-                j, turn = st["job"], st["turn"]
-                job = self.jobs[j]
-                end_s = ev["t"] - t0
-                self.history[j] = self.history[j] + list(ev["tokens"])
-                self.view.finished(k, st["blocks"])
-                records.append({"kind": "turn", "job_id": job.job_id, "prefix_group": job.prefix_group, "finish_s": end_s,
-                                "output_tokens": len(ev["tokens"]), "hit_tokens": int(ev["cached_tokens"]), "priority": 0,
-                                **{key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
-                                                            "first_scheduled_s", "first_token_s", "scheduled_tokens",
-                                                            "num_preemptions", "scheduler_hit_tokens")}})
-                if turn + 1 < job.num_turns:
-                    heapq.heappush(heap, (end_s + job.turns[turn].tool_s, j, turn + 1))
-                else:
-                    jobs_done += 1
-                    if self.progress:
-                        self.progress(f"{jobs_done}/{len(self.jobs)} jobs, {end_s:.1f} s")
+            if k >= self.num_decode:
+                self._on_prefill_event(k, ev, t0, records)
+            else:
+                self._on_decode_event(k, ev, t0, records, heap)
         for k in range(len(self.procs)):
             self._send(k, {"op": "stop"})
         return records
 
-    def _step_record(self, ev: dict, t0: float) -> dict:
+    def _on_load(self, k: int, ev: dict, t0: float) -> None:
+        from scheduling.cluster.view import ReplicaLoad
+
+        self.loads[k] = ReplicaLoad(int(ev["waiting"]), int(ev["running"]), int(ev["kv_used_blocks"]),
+                                    int(ev["kv_total_blocks"]))
+        self.reported_s[int(k >= self.num_decode)] = ev["t"] - t0
+
+    def _on_decode_event(self, k: int, ev: dict, t0: float, records: list[dict], heap: list) -> None:
+        kind = ev["ev"]
+        if kind == "load":
+            self._on_load(k, ev, t0)
+        elif kind == "step":
+            records.append(self._step_record(ev, t0, self.inflight))
+            self.step_replicas.append(k)
+        elif kind == "kv":
+            for req_id, op, seconds, tokens in _kv_shares(ev):
+                if op == "load" and req_id in self.inflight:
+                    self.inflight[req_id]["kv_load_s"] += seconds
+                    self.inflight[req_id]["kv_load_tokens"] += tokens
+                elif op == "save":  # no producer file for this prompt: the consumer stored it itself
+                    self.decode_side_saves[0] += 1
+                    self.decode_side_saves[1] += seconds
+        elif kind == "first":
+            self.inflight[ev["id"]]["first_token_s"] = ev["t"] - t0
+        elif kind == "done":
+            st = self.inflight.pop(ev["id"])
+            j, turn = st["job"], st["turn"]
+            job = self.jobs[j]
+            end_s = ev["t"] - t0
+            self.history[j] = self.history[j] + list(ev["tokens"])
+            self.view.finished(k, st["blocks"])
+            pd_turn = self.pd_turns[(job.job_id, turn)]
+            if pd_turn["prefill_replica"] >= 0:
+                pd_turn["kv_bytes"] = st["kv_load_tokens"] * self.kv_bytes_per_token
+                pd_turn["kv_transfer_s"] += st["kv_load_s"]
+            records.append({"kind": "turn", "job_id": job.job_id, "prefix_group": job.prefix_group, "finish_s": end_s,
+                            "output_tokens": len(ev["tokens"]), "hit_tokens": int(ev["cached_tokens"]), "priority": 0,
+                            **{key: st[key] for key in ("turn", "arrival_s", "sent_s", "prompt_tokens",
+                                                        "first_scheduled_s", "first_token_s", "scheduled_tokens",
+                                                        "num_preemptions", "scheduler_hit_tokens")}})
+            if turn + 1 < job.num_turns:
+                heapq.heappush(heap, (end_s + job.turns[turn].tool_s, j, turn + 1))
+            else:
+                self.jobs_done += 1
+                if self.progress:
+                    self.progress(f"{self.jobs_done}/{len(self.jobs)} jobs, {end_s:.1f} s")
+
+    def _on_prefill_event(self, k: int, ev: dict, t0: float, records: list[dict]) -> None:
+        """A prefill replica's event: its steps, its load, its write of a turn's KV, and the end of a
+        turn's prefill, which sends the turn on to its decode replica."""
+        kind = ev["ev"]
+        if kind == "load":
+            self._on_load(k, ev, t0)
+        elif kind == "step":
+            rec = self._step_record(ev, t0, self.prefilling)
+            records.append(rec)
+            self.step_replicas.append(k)
+        elif kind == "kv":
+            for req_id, op, seconds, _ in _kv_shares(ev):
+                if op == "save" and req_id in self.prefilling:
+                    self.prefilling[req_id]["kv_save_s"] += seconds
+        elif kind == "done":
+            st = self.prefilling.pop(ev["id"])
+            d = self.inflight[ev["id"]]
+            self.prefill_view.finished(st["replica"], st["blocks"])
+            job = self.jobs[d["job"]]
+            self.pd_turns[(job.job_id, d["turn"])] = {"prefill_replica": st["replica"], "kv_bytes": 0,
+                                                      "kv_transfer_s": st["kv_save_s"]}
+            self.prefill_turns.append({"job_id": job.job_id, "turn": d["turn"], "replica": st["replica"],
+                                       "first_scheduled_s": st["first_scheduled_s"], "finish_s": ev["t"] - t0,
+                                       "hit_tokens": int(ev["cached_tokens"])})
+            self._send(d["replica"], {"op": "add", "id": ev["id"], "prompt": d["prompt"], "n_out": d["n_out"]})
+
+    def _step_record(self, ev: dict, t0: float, state: dict[str, dict]) -> dict:
         """The step as the single-engine live replay records it; the first scheduling of each turn."""
         from vllmref.worker_replay import account_step
 
         rec = {key: v for key, v in ev.items() if key != "ev"}
         rec["t_start"] -= t0
         rec["t_end"] -= t0
-        hit = account_step(rec, self.inflight)
+        hit = account_step(rec, state)
         rec.update(kind="step", step=len(self.step_replicas) + 1, num_prefix_hit_tokens=hit)
         return rec
 
 
+def _kv_shares(ev: dict) -> list[tuple[str, str, float, int]]:
+    """``(request id, op, seconds, tokens)`` per request of a step's ``kv`` event: the step's save
+    (load) seconds split over the requests it stored (loaded) by their tokens."""
+    out = []
+    for op in ("save", "load"):
+        mine = [r for r in ev["requests"] if r["op"] == op]
+        total = sum(r["tokens"] for r in mine)
+        for r in mine:
+            out.append((r["id"], op, ev[f"{op}_s"] * (r["tokens"] / total if total else 1 / len(mine)), r["tokens"]))
+    return out
+
+
 def _with_replicas(result: ReplayResult, loop: _Loop, facts: list[dict], router) -> ReplayResult:
-    """The replica of every turn and step, and the summary's ``cluster`` block."""
-    turns = result.turns
-    turns["replica"] = [loop.replica_of[(j, t)] for j, t in zip(turns["job_id"], turns["turn"])]
-    result.steps["replica"] = loop.step_replicas
+    """The replica of every turn and step, and the summary's ``cluster`` block (and, with prefill
+    replicas, the simulator's P/D columns and ``cluster.pd`` block)."""
     from scheduling.cluster.results import REJECT_COLUMNS, cluster_summary
 
-    extra = [{"steps": loop.step_replicas.count(k)} for k in range(len(facts))]
+    turns, n = result.turns, loop.num_decode
+    turns["replica"] = [loop.replica_of[(j, t)] for j, t in zip(turns["job_id"], turns["turn"])]
+    result.steps["replica"] = [k - n if k >= n else k for k in loop.step_replicas]
+    extra = [{"steps": loop.step_replicas.count(k)} for k in range(n)]
     result.summary["num_gpu_blocks"] = sum(int(f["num_gpu_blocks"]) for f in facts)
     result.summary["cluster"] = cluster_summary(turns, extra, router.name, router.params())
+    if loop.prefill_router is not None:
+        result.steps["role"] = ["prefill" if k >= n else "decode" for k in loop.step_replicas]
+        for col in ("prefill_replica", "kv_bytes", "kv_transfer_s"):
+            turns[col] = [loop.pd_turns[(j, t)][col] for j, t in zip(turns["job_id"], turns["turn"])]
+        result.summary["cluster"]["pd"] = _live_pd_block(loop, turns)
     result.summary["engines"] = facts
     result.rejected = pd.DataFrame(columns=list(REJECT_COLUMNS))  # a live router refuses nothing
     return result
+
+
+def _live_pd_block(loop: _Loop, turns: pd.DataFrame) -> dict:
+    """The simulator's ``cluster.pd`` block for the live pair: its connector, the KV it moved and the
+    transfer times measured."""
+    remote = turns[turns["prefill_replica"] >= 0]
+    secs = remote["kv_transfer_s"]
+    return {"prefill_replicas": loop.config.prefill_replicas, "decode_replicas": loop.num_decode, "link": "file",
+            "link_source": LIVE_LINK, "reserve": "before", "threshold_tokens": loop.config.pd_threshold_tokens, "prefix_caching": "both",
+            "turns_prefilled_remotely": int(len(remote)), "turns_prefilled_locally": int(len(turns) - len(remote)),
+            "kv_bytes_total": int(remote["kv_bytes"].sum()),
+            "kv_bytes_per_remote_turn": float(remote["kv_bytes"].mean()) if len(remote) else None,
+            "kv_transfer_p50_s": float(secs.median()) if len(remote) else None,
+            "kv_transfer_p90_s": float(secs.quantile(0.9)) if len(remote) else None,
+            "prefill_steps": sum(1 for k in loop.step_replicas if k >= loop.num_decode),
+            "prefill_hit_tokens": int(sum(t["hit_tokens"] for t in loop.prefill_turns)),
+            "decode_side_stores": loop.decode_side_saves[0], "decode_side_store_s": loop.decode_side_saves[1]}

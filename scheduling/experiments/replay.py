@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 GIB = 1 << 30
 DTYPE_BYTES = 2  # bf16 weights and KV cache
+CPU_DTYPE_BYTES = 4  # the cpu SKU is this host's vLLM, which runs float32 (vllmref.engine says why)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class ReplayConfig:
         prefill_replicas: prefill instances in front of the replicas, which then decode only
             (scheduling.cluster.pd; 0: aggregated serving).
         kv_link, kv_link_gbs: the link a turn's KV takes from prefill to decode (``auto``, ``nvlink``,
-            ``network``, ``pcie``: the SKU table's bandwidth; kv_link_gbs overrides it).
+            ``network``, ``pcie``: the SKU table's bandwidth; kv_link_gbs overrides it; kv_link_latency_s
+            the seconds each hand-off costs besides its bytes).
         kv_layerwise: send the KV layer by layer during the prefill (overlapped).
         kv_reserve: ``before``: the decode instance reserves blocks, then pulls (vLLM's NixlConnector);
             ``after``: the prefill instance pushes to a staging buffer.
@@ -116,6 +118,8 @@ class ReplayConfig:
     prefill_replicas: int = 0
     kv_link: str = "auto"
     kv_link_gbs: float | None = None
+    kv_link_latency_s: float | None = None
+    kv_file_rate: str | None = None
     kv_layerwise: bool = False
     kv_reserve: str = "before"
     pd_threshold_tokens: int = 0
@@ -131,14 +135,20 @@ class ReplayConfig:
                                prefix_ttl_s=self.prefix_ttl_s, max_outstanding=self.max_outstanding)
         check_pd_settings(self.policy, self.prefill_replicas, kv_link=self.kv_link, kv_reserve=self.kv_reserve,
                           pd_threshold_tokens=self.pd_threshold_tokens, pd_prefix_caching=self.pd_prefix_caching,
-                          kv_link_gbs=self.kv_link_gbs)
+                          kv_link_gbs=self.kv_link_gbs, kv_link_latency_s=self.kv_link_latency_s,
+                          kv_file_rate=self.kv_file_rate, kv_layerwise=self.kv_layerwise)
         # Not fields: equality, asdict and the recorded config stay the names.
         object.__setattr__(self, "_sku_spec", skus.get(self.sku))
         object.__setattr__(self, "_model_config", load_model_config(self.model))
         if self.prefill_replicas:
             from scheduling.cluster.pd import kv_link
 
-            kv_link(self.sku_spec, self.kv_link, self.kv_link_gbs)  # a link the SKU lacks: one line now
+            if self.kv_link == "file":
+                from scheduling.cluster.pd import FileLinks
+
+                FileLinks.load(self.kv_file_rate or "")  # not a measured rate file: one line now
+            else:
+                kv_link(self.sku_spec, self.kv_link, self.kv_link_gbs, self.kv_link_latency_s)  # a link the SKU lacks
 
     @property
     def sku_spec(self) -> SKU:
@@ -193,11 +203,12 @@ def kv_pool_blocks(s: SKU, m: ModelConfig, *, gpu_memory_utilization: float = 0.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    kv_per_token = m.kv_bytes_per_token(DTYPE_BYTES)
-    usable = s.device_memory_bytes * gpu_memory_utilization - m.weight_bytes(DTYPE_BYTES) - activation_reserve_gib * GIB
+    dtype_bytes = CPU_DTYPE_BYTES if s.backend == "cpu" else DTYPE_BYTES
+    kv_per_token = m.kv_bytes_per_token(dtype_bytes)
+    usable = s.device_memory_bytes * gpu_memory_utilization - m.weight_bytes(dtype_bytes) - activation_reserve_gib * GIB
     num_blocks = math.floor(usable / (kv_per_token * block_size)) if usable > 0 else 0
     if num_blocks < 1:
-        raise ConfigError(f"{m.name} ({m.weight_bytes(DTYPE_BYTES) / 1e9:.1f} GB of bf16 weights) leaves no room for a "
+        raise ConfigError(f"{m.name} ({m.weight_bytes(dtype_bytes) / 1e9:.1f} GB of {dtype_bytes * 8}-bit weights) leaves no room for a "
                           f"KV cache on {s.id} ({s.device_memory_bytes / GIB:.1f} GiB × {gpu_memory_utilization})")
     return num_blocks, kv_per_token, float(s.host_link_gbs or 32.0)
 
@@ -231,6 +242,20 @@ def engine_config(cfg: ReplayConfig) -> EngineConfig:
         block_size=cfg.block_size)
 
 
+def _pd_settings(config: ReplayConfig):
+    """The disaggregation of a replay config (scheduling.cluster.pd.PDSettings)."""
+    from scheduling.cluster.pd import FileLinks, PDSettings, kv_link
+
+    if config.kv_link == "file":  # vLLM's file connector, priced from the host's measured write and read
+        files = FileLinks.load(config.kv_file_rate or "")
+        link, files_or_none = files.read, files
+    else:
+        link = kv_link(config.sku_spec, config.kv_link, config.kv_link_gbs, config.kv_link_latency_s)
+        files_or_none = None
+    return PDSettings(config.prefill_replicas, link, config.kv_layerwise, config.kv_reserve, config.pd_threshold_tokens,
+                      config.pd_prefix_caching, files_or_none)
+
+
 def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost | None = None,
                progress: Callable[[int, int, float], None] | None = None, slo: SLOSpec = DEFAULT_SLO) -> ReplayResult:
     """Replay ``jobs`` under ``config``.
@@ -262,7 +287,6 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
 def _run_cluster(jobs: Sequence[Job], config: ReplayConfig, ecfg: EngineConfig, cost: StepCost, progress,
                  slo: SLOSpec) -> ReplayResult:
     """``config.replicas`` engines behind ``config.router`` (scheduling.cluster)."""
-    from scheduling.cluster.pd import PDSettings, kv_link
     from scheduling.cluster.results import cluster_block, cluster_frames, count_rejects, merged
     from scheduling.cluster.routers import make_router
     from scheduling.cluster.sim import Cluster
@@ -272,8 +296,7 @@ def _run_cluster(jobs: Sequence[Job], config: ReplayConfig, ecfg: EngineConfig, 
     router = make_router(config.router, config.replicas, config.router_params, seed=config.seed)
     pd = prefill_router = None
     if num_p:
-        pd = PDSettings(num_p, kv_link(config.sku_spec, config.kv_link, config.kv_link_gbs), config.kv_layerwise,
-                        config.kv_reserve, config.pd_threshold_tokens, config.pd_prefix_caching)
+        pd = _pd_settings(config)
         prefill_router = make_router(config.router, num_p, config.router_params, seed=config.seed + 1)
     res = Cluster(jobs, ecfg, cost, policies, router, stats_interval_s=config.stats_interval_s,
                   prefix_ttl_s=config.prefix_ttl_s, max_outstanding=config.max_outstanding, pd=pd,

@@ -141,7 +141,7 @@ def test_replay_cli_runs_replicas_and_refuses_router_options_without_them(tmp_pa
     for args, words in ((["--router", "session"], "add --replicas N"),
                         (["--replicas", "2", "--router-param", "beta"], "expected KEY=VALUE"),
                         (["--replicas", "2", "--router", "load-aware", "--router-param", "beta=-1"], "beta must be"),
-                        (["--prefill-replicas", "1", "--engine", "vllm"], "KV connector"),
+                        (["--prefill-replicas", "1", "--engine", "vllm", "--kv-link-gbs", "5"], "ExampleConnector"),
                         (["--replicas", "2", "--engine", "vllm", "--max-outstanding", "3"], "the simulator's"),
                         (["--replicas", "2", "--engine", "vllm", "--router", "nope"], "invalid choice")):
         bad = run_cli("replay", "--jobs", "2", "--jps", "1", "--out", str(tmp_path / "bad"), *args)

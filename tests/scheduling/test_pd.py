@@ -5,7 +5,7 @@ import pytest
 
 from common.errors import ConfigError
 from gpubench import skus
-from scheduling.cluster.pd import KVLink, PDSettings, kv_link
+from scheduling.cluster.pd import FileLinks, KVLink, PDSettings, kv_link
 from scheduling.cluster.routers import make_router
 from scheduling.cluster.sim import Cluster
 from scheduling.engine import EngineConfig
@@ -79,6 +79,49 @@ def test_a_turn_below_the_threshold_is_prefilled_where_it_decodes():
     assert turns.loc[("a", 1), "ttft_s"] == pytest.approx(STEP)
 
 
+FILES = FileLinks(write=KVLink("file", 1.0, 0.002, "test"), read=KVLink("file", 2.0, 0.001, "test"))
+
+
+def test_a_file_link_writes_the_whole_block_prompt_and_the_decode_step_reads_it_all():
+    """vLLM's ExampleConnector: the prefill instance writes the prompt's whole blocks; the decode
+    instance, missing some of them, reads the whole file inside the step that admits the turn."""
+    res, turns, moved = run_pd(ONE, link=FILES.read, files=FILES)
+    write0, read0 = FILES.write.transfer_s(1584 * KV_PER_TOKEN), FILES.read.transfer_s(1584 * KV_PER_TOKEN)
+    assert moved[("a", 0)] == (1584 * KV_PER_TOKEN, pytest.approx(read0))  # the log's read row (bytes read)
+    assert turns.loc[("a", 0), "ttft_s"] == pytest.approx(STEP + write0 + STEP + read0)
+    # turn 1 (1770 tokens): the decode instance holds 1600 of them, still misses whole blocks, and
+    # reads the whole 1760-token file again; the prefill instance wrote it
+    assert moved[("a", 1)][0] == 1760 * KV_PER_TOKEN
+    transfers = [t for t in res.transfers if t[:2] == ("a", 1)]
+    assert [t[2] for t in transfers] == [0, 1760 * KV_PER_TOKEN]
+    assert transfers[0][4] == pytest.approx(FILES.write.transfer_s(1760 * KV_PER_TOKEN))
+
+
+def test_a_file_link_skips_a_write_of_whole_blocks_already_written_and_a_read_the_cache_covers():
+    # turn 1 (1590 + 2 + 3 = 1595 tokens) has turn 0's whole blocks (1584): the connector finds the
+    # file and writes nothing; the decode instance caches those blocks and reads nothing
+    two = [job("a", [(1590, 2, 0.5), (3, 4, 0)])]
+    res, turns, moved = run_pd(two, link=FILES.read, files=FILES)
+    assert [t[:3] for t in res.transfers] == [("a", 0, 0), ("a", 0, 1584 * KV_PER_TOKEN)]
+    assert turns.loc[("a", 1), "ttft_s"] == pytest.approx(STEP + STEP)
+
+
+def test_a_file_link_needs_the_measured_rates_and_nothing_else(tmp_path):
+    rate = tmp_path / "kv_file_rate.json"
+    rate.write_text('{"write": {"gbs": 0.8, "latency_s": 0.004}, "read": {"gbs": 1.6, "latency_s": 0.002}}')
+    cfg = ReplayConfig(prefill_replicas=1, kv_link="file", kv_file_rate=str(rate), sku="cpu", model="smollm2-135m")
+    assert FileLinks.load(cfg.kv_file_rate).write.transfer_s(8e8) == pytest.approx(1.004)
+    for fields, words in (({}, "needs the host's measured rates"), ({"kv_file_rate": str(rate), "kv_link_gbs": 1.0},
+                                                                     "priced from --kv-file-rate alone")):
+        with pytest.raises(ConfigError, match=words):
+            ReplayConfig(prefill_replicas=1, kv_link="file", **fields)
+    with pytest.raises(ConfigError, match="add --kv-link file"):
+        ReplayConfig(prefill_replicas=1, kv_file_rate=str(rate))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="no write and read rates"):
+        ReplayConfig(prefill_replicas=1, kv_link="file", kv_file_rate=str(tmp_path / "bad.json"))
+
+
 def test_two_prefill_instances_feed_one_decode_instance_and_every_job_finishes():
     jobs = [job(f"j{i}", [(800, 20, 0.3), (200, 20, 0)], arrival=0.002 * i) for i in range(8)]
     res, turns, moved = run_pd(jobs, prefill=2, decode=1)
@@ -140,3 +183,32 @@ def test_replay_cli_disaggregates_and_refuses_pd_options_without_prefill_replica
         bad = run_cli("replay", "--jobs", "2", "--jps", "1", "--out", str(tmp_path / "bad"), *args)
         assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_live_steps_kv_time_is_shared_by_tokens_among_the_requests_it_moved():
+    from scheduling.experiments.live_cluster import _kv_shares
+
+    ev = {"requests": [{"id": "a", "op": "save", "tokens": 300}, {"id": "b", "op": "save", "tokens": 100},
+                       {"id": "c", "op": "load", "tokens": 512}], "save_s": 0.04, "load_s": 0.02}
+    shares = {(r, op): (s, t) for r, op, s, t in _kv_shares(ev)}
+    assert shares[("a", "save")] == (pytest.approx(0.03), 300) and shares[("b", "save")] == (pytest.approx(0.01), 100)
+    assert shares[("c", "load")] == (pytest.approx(0.02), 512)
+
+
+def test_a_file_rate_fit_recovers_each_halfs_latency_and_bandwidth_and_refuses_one_size():
+    from vllmref.kv_file_rate import fit
+
+    rows = [{"tokens": t, "bytes": t * 1000, "write_s": 0.002 + t * 1000 / 1e9, "read_s": 0.001 + t * 1000 / 2e9}
+            for t in (256, 1024, 4096)]
+    rate = fit(rows)
+    assert (rate.write.gbs, rate.write.latency_s) == (pytest.approx(1.0), pytest.approx(0.002))
+    assert (rate.read.gbs, rate.read.latency_s) == (pytest.approx(2.0), pytest.approx(0.001))
+    with pytest.raises(ConfigError, match="two sizes"):
+        fit(rows[:1])
+
+
+def test_a_given_link_latency_prices_every_hand_off():
+    link = kv_link(skus.get("cpu"), "auto", 0.5, 0.012)
+    assert link.transfer_s(1e9) == pytest.approx(2.012)
+    with pytest.raises(ConfigError, match="kv_link_latency_s"):
+        ReplayConfig(prefill_replicas=1, kv_link_gbs=1.0, kv_link_latency_s=-1.0)

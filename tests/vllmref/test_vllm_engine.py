@@ -442,3 +442,54 @@ def test_a_prefill_decode_pair_runs_here_through_vllms_example_connector(tmp_pat
     assert out["kv_producer"]["cached_tokens"] == 0
     assert out["kv_consumer"]["cached_tokens"] == 640  # 5 whole blocks of 128 under the 700-token prompt
     assert out["kv_consumer"]["tokens"][0] == out["kv_producer"]["tokens"][0]
+
+
+def test_a_live_prefill_decode_pair_replays_agent_turns_through_the_example_connector(tmp_path):
+    """`replay --engine vllm --replicas 1 --prefill-replicas 1`: every turn goes to the producer with one
+    output token, then to the consumer. The producer writes the whole-block prompt (float32) unless a
+    file of it exists; the consumer, if its own cache misses any of it, reads the whole file. The
+    connector's write and read are timed into kv_transfer_s, and the simulator's file link moves the
+    same bytes on the same turns."""
+    args = [*LIVE_JOBS, "--threads", "1", "--replicas", "1", "--prefill-replicas", "1"]
+    live = gpubench("replay", "--engine", "vllm", *args, "--out", str(tmp_path / "live"))
+    assert live.returncode == 0, live.stderr[-2000:]
+    assert "disaggregated: 1 prefill, 1 decode over file" in live.stdout
+    turns = pd.read_csv(tmp_path / "live" / "turns.csv").sort_values(["job_id", "turn"]).reset_index(drop=True)
+    whole = (turns["prompt_tokens"] - 1) // 128 * 128
+    per_token = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32
+    assert (turns["prefill_replica"] == 0).all()
+    read = turns["kv_bytes"] > 0
+    assert (turns.loc[read, "kv_bytes"] == whole[read] * per_token).all() and read.sum() >= len(turns) // 2
+    assert (turns.loc[read, "kv_transfer_s"] > 0).all() and (turns["kv_transfer_s"] < 5).all()
+    assert (turns["hit_tokens"] >= whole - 128).all()  # the consumer computes at most the last block or two
+    steps = pd.read_csv(tmp_path / "live" / "steps.csv")
+    assert set(steps["role"]) == {"prefill", "decode"} and (steps["role"] == "prefill").sum() >= len(turns)
+    block = json.loads((tmp_path / "live" / "summary.json").read_text())["metrics"]["cluster"]["pd"]
+    assert block["turns_prefilled_remotely"] == len(turns) and block["link"] == "file"
+    rate = tmp_path / "kv_file_rate.json"
+    rate.write_text('{"write": {"gbs": 1.0, "latency_s": 0.01}, "read": {"gbs": 2.0, "latency_s": 0.005}}')
+    sim = gpubench("replay", *args[:-6], "--replicas", "1", "--prefill-replicas", "1", "--kv-link", "file",
+                   "--kv-file-rate", str(rate), *SIM_ENGINE, "--out", str(tmp_path / "sim"))
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    sim_turns = pd.read_csv(tmp_path / "sim" / "turns.csv").sort_values(["job_id", "turn"]).reset_index(drop=True)
+    assert sim_turns["kv_bytes"].tolist() == turns["kv_bytes"].tolist()  # the same turns read the same files
+    assert ((sim_turns["kv_transfer_s"] > 0) == (turns["kv_transfer_s"] > 0)).all()  # and wrote them
+    bad = gpubench("replay", "--engine", "vllm", *args, "--kv-link-gbs", "5", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "ExampleConnector" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_kv_file_rate_times_the_connectors_file_io_and_fits_a_link(tmp_path):
+    """`gpubench vllm kv-file-rate`: the connector's safetensors write and read at two sizes, fitted
+    as latency + bytes / bandwidth; one size cannot separate the two and is refused before any work."""
+    out = gpubench("vllm", "kv-file-rate", "--tokens", "128", "512", "--repeats", "2", "--json", "--out",
+                   str(tmp_path / "rate"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout)
+    assert [r["tokens"] for r in record["sizes"]] == [128, 512]
+    assert record["sizes"][1]["bytes"] == 512 * 30 * 2 * 3 * 64 * 4
+    assert record["write"]["gbs"] > 0 and record["read"]["latency_s"] >= 0
+    assert record["simulator_options"] == f"--kv-link file --kv-file-rate {tmp_path / 'rate' / 'kv_file_rate.json'}"
+    assert json.loads((tmp_path / "rate" / "kv_file_rate.json").read_text())["read"] == record["read"]
+    assert (tmp_path / "rate" / "COMMAND").read_text().startswith("gpubench vllm kv-file-rate")
+    one = gpubench("vllm", "kv-file-rate", "--tokens", "128")
+    assert one.returncode == 2 and "two sizes" in one.stderr

@@ -1,0 +1,68 @@
+"""``gpubench vllm kv-file-rate``: what a KV hand-off through vLLM's ExampleConnector costs on this
+host, measured apart from any replay (``vllmref.worker_kvfile`` times the connector's own
+safetensors calls on the model's KV shape).
+
+A hand-off is the producer's write of the prompt's whole-block KV (a folder, one file per layer)
+and the consumer's read of all of it back into its paged cache. Each half's median over the repeats
+is fitted as ``latency + bytes / bandwidth`` over the sizes measured (least squares), the form in
+which the simulator prices them (``replay --prefill-replicas P --kv-link file --kv-file-rate
+DIR/kv_file_rate.json``).
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.errors import ConfigError
+
+DEFAULT_TOKENS = (256, 512, 1024, 2048, 3072)
+
+
+@dataclass(frozen=True)
+class Half:
+    """One half of the hand-off: seconds = ``latency_s + bytes / (gbs * 1e9)``."""
+
+    gbs: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class FileRate:
+    write: Half
+    read: Half
+    rows: list[dict]
+
+    def to_dict(self) -> dict:
+        return {"write": vars(self.write), "read": vars(self.read), "sizes": self.rows}
+
+
+def fit_half(rows: list[dict], key: str) -> Half:
+    """Least squares of ``key`` (the median seconds per size) on bytes, at least two sizes."""
+    if len({r["bytes"] for r in rows}) < 2:
+        raise ConfigError("kv-file-rate needs at least two sizes (--tokens) to separate the fixed cost from the rate")
+    slope, intercept = np.polyfit(np.array([r["bytes"] for r in rows], dtype=float), np.array([r[key] for r in rows]), 1)
+    if slope <= 0:
+        raise ConfigError(f"kv-file-rate: the {key[:-2]} did not take longer for more bytes; the host is too noisy")
+    return Half(gbs=float(1.0 / slope / 1e9), latency_s=max(float(intercept), 0.0))
+
+
+def fit(rows: list[dict]) -> FileRate:
+    return FileRate(fit_half(rows, "write_s"), fit_half(rows, "read_s"), rows)
+
+
+def measure(model: str, *, tokens: tuple[int, ...] = DEFAULT_TOKENS, repeats: int = 5, block_size: int = 128,
+            on_line=None) -> FileRate:
+    """Time the connector's write and read of ``tokens``-token prompts of ``model``'s float32 KV."""
+    from common.model_config import load_model_config
+    from vllmref import env
+
+    if repeats < 1 or any(t < 1 for t in tokens):
+        raise ConfigError("--repeats and every --tokens must be >= 1")
+    cfg = load_model_config(model)
+    with tempfile.TemporaryDirectory(prefix="gpubench-kvfile-") as tmp:
+        spec = {"layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "dtype_bytes": 4,
+                "block_size": block_size, "tokens": list(tokens), "repeats": repeats, "dir": tmp}
+        rows = env.run_worker("worker_kvfile", spec, threads=1, on_line=on_line)
+    return fit(rows)
