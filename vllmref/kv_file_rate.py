@@ -4,7 +4,7 @@ safetensors calls on the model's KV shape).
 
 A hand-off is the producer's write of the prompt's whole-block KV (a folder, one file per layer)
 and the consumer's read of all of it back into its paged cache. Each half's median over the repeats
-is fitted as ``latency + bytes / bandwidth`` over the sizes measured (least squares), the form in
+is fitted as ``latency + bytes / bandwidth`` over the sizes measured (Theil-Sen, ``fit_half``), the form in
 which the simulator prices them (``replay --prefill-replicas P --kv-link file --kv-file-rate
 DIR/kv_file_rate.json``).
 """
@@ -39,13 +39,20 @@ class FileRate:
 
 
 def fit_half(rows: list[dict], key: str) -> Half:
-    """Least squares of ``key`` (the median seconds per size) on bytes, at least two sizes."""
-    if len({r["bytes"] for r in rows}) < 2:
+    """``key`` (the median seconds per size) against bytes, at least two sizes, by Theil-Sen: the
+    median of the slopes between every two sizes and the median intercept under it. A least-squares
+    line would follow one size that the kernel's writeback throttled (the page cache's dirty data
+    passing its limit shows as one size taking several times the others), which a replay writing a
+    few tens of MB a second does not meet in the same way."""
+    points = sorted({(float(r["bytes"]), float(r[key])) for r in rows})
+    slopes = [(yj - yi) / (xj - xi) for i, (xi, yi) in enumerate(points) for xj, yj in points[i + 1:] if xj > xi]
+    if not slopes:
         raise ConfigError("kv-file-rate needs at least two sizes (--tokens) to separate the fixed cost from the rate")
-    slope, intercept = np.polyfit(np.array([r["bytes"] for r in rows], dtype=float), np.array([r[key] for r in rows]), 1)
+    slope = float(np.median(slopes))
     if slope <= 0:
         raise ConfigError(f"kv-file-rate: the {key[:-2]} did not take longer for more bytes; the host is too noisy")
-    return Half(gbs=float(1.0 / slope / 1e9), latency_s=max(float(intercept), 0.0))
+    intercept = float(np.median([y - slope * x for x, y in points]))
+    return Half(gbs=1.0 / slope / 1e9, latency_s=max(intercept, 0.0))
 
 
 def fit(rows: list[dict]) -> FileRate:
