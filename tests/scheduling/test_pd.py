@@ -212,3 +212,34 @@ def test_a_given_link_latency_prices_every_hand_off():
     assert link.transfer_s(1e9) == pytest.approx(2.012)
     with pytest.raises(ConfigError, match="kv_link_latency_s"):
         ReplayConfig(prefill_replicas=1, kv_link_gbs=1.0, kv_link_latency_s=-1.0)
+
+
+def test_the_committed_live_pair_check_regenerates(tmp_path):
+    """results/cluster/pd-live: the simulator's replay of the confirmation jobs (seed 3, 1 job/s) priced
+    with the committed file rates, and its comparison with the committed live takes, re-run from their
+    COMMAND lines: the same turns and the same table (both are deterministic given the takes)."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    d = root / "results" / "cluster" / "pd-live"
+    for sub, files in (("sim-seed3/jps-1", ("turns.csv",)), ("check-seed3/jps-1", ("comparison.json",))):
+        argv = shlex.split((d / sub / "COMMAND").read_text().splitlines()[0])
+        argv[argv.index("--out") + 1] = str(tmp_path / sub)
+        if sub.startswith("check"):  # score the fresh simulator replay, not the committed one
+            argv[argv.index("compare-replay") + 1] = str(tmp_path / "sim-seed3" / "jps-1")
+        done = subprocess.run([sys.executable, "-m", "gpubench", *argv[1:]], cwd=root, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    fresh = pd.read_csv(tmp_path / "sim-seed3" / "jps-1" / "turns.csv")
+    committed = pd.read_csv(d / "sim-seed3" / "jps-1" / "turns.csv")
+    for col in ("ttft_s", "finish_s", "hit_tokens", "kv_bytes", "kv_transfer_s", "prefill_replica"):
+        assert fresh[col].tolist() == pytest.approx(committed[col].tolist(), rel=1e-9), col
+    rows = {r["metric"]: r for r in json.loads((tmp_path / "check-seed3" / "jps-1" / "comparison.json").read_text())["metrics"]}
+    want = {r["metric"]: r for r in json.loads((d / "check-seed3" / "jps-1" / "comparison.json").read_text())["metrics"]}
+    for name in ("TTFT p50 (s)", "TPOT p50 (s)", "KV transfer p50 (s)", "KV moved per remote turn, mean (MB)"):
+        assert rows[name]["a"] == pytest.approx(want[name]["a"]) and rows[name]["takes_mean"] == pytest.approx(
+            want[name]["takes_mean"]), name
