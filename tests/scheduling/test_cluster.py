@@ -166,22 +166,26 @@ def test_a_sweep_compares_routers_through_policy_labels(tmp_path):
             SweepSpec(policies=(bad,), skus=("l40s",), jps=(3.0,), seeds=(0,), num_jobs=2).validate()
 
 
-@pytest.mark.parametrize("table, label, jps", [
-    ("routers", "fcfs@replicas=4+router=prefix", 8.0),
-    ("pd", "fcfs@replicas=2+prefill_replicas=2+router=load-aware+kv_link=network+kv_reserve=after", 2.0),
+@pytest.mark.parametrize("table, label, jps, sku, seed, num_jobs", [
+    ("routers", "fcfs@replicas=4+router=prefix", 8.0, None, 0, 400),
+    ("pd", "fcfs@replicas=2+prefill_replicas=2+router=load-aware+kv_link=network+kv_reserve=after", 2.0, None, 0, 400),
+    ("ray-grid/on-ray", "fcfs@replicas=2+prefill_replicas=2+router=cache-aware", 16.0, "l40s", 3, 24),
+    ("ray-grid/local", "fcfs@replicas=4+router=scorers", 4.0, "b200", 4, 24),
 ])
-def test_committed_cluster_cells_regenerate(table, label, jps):
-    """One cell of each committed cluster table, re-run: the same row (the simulator and the routers
-    are deterministic; only the wall and CPU seconds differ)."""
+def test_committed_cluster_cells_regenerate(table, label, jps, sku, seed, num_jobs):
+    """One cell of each committed cluster table (the 1,000-cell grid run on Ray and on the local pool
+    among them), re-run: the same row (the simulator and the routers are deterministic; only the wall
+    and CPU seconds differ)."""
     from pathlib import Path
 
     from scheduling.experiments.sweep import SweepCell, SweepSpec, run_cell
 
     root = Path(__file__).resolve().parents[2] / "results" / "cluster" / table
     committed = pd.read_csv(root / "sweep.csv")
-    row = committed[(committed["policy"] == label) & (committed["jps"] == jps)].iloc[0]
-    spec = SweepSpec(policies=(label,), skus=(row["sku"],), jps=(jps,), seeds=(0,), num_jobs=400)
-    fresh = run_cell(spec, SweepCell(label, row["sku"], jps, 0))
+    pick = (committed["policy"] == label) & (committed["jps"] == jps) & (committed["seed"] == seed)
+    row = committed[pick & (committed["sku"] == sku if sku else pick)].iloc[0]
+    spec = SweepSpec(policies=(label,), skus=(row["sku"],), jps=(jps,), seeds=(seed,), num_jobs=num_jobs)
+    fresh = run_cell(spec, SweepCell(label, row["sku"], jps, seed))
     for col in ("jct_mean_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "gpu_prefix_hit_rate", "steps",
                 "cluster_turn_imbalance", "slo_attainment_turn", "cluster_pd_kv_bytes_total"):
         if col in committed.columns and row[col] == row[col]:
