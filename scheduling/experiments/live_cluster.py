@@ -84,13 +84,12 @@ def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress
     with tempfile.TemporaryDirectory(prefix="gpubench-cluster-") as tmp, env.vllmref_path() as pythonpath:
         roles = ["kv_consumer" if config.prefill_replicas else None] * config.replicas
         roles += ["kv_producer"] * config.prefill_replicas
-        procs = []
-        for role in roles:
-            engine = dict(spec["engine"])
-            if role:
-                engine["kv_transfer"] = {"role": role, "path": str(Path(tmp) / "kv")}
-            procs.append(env.spawn_worker("worker_serve", spec | {"engine": engine}, Path(tmp), threads=config.threads,
-                                          kv_cache_gib=max(1.0, kv_gib * 1.25), pythonpath=pythonpath))
+        # one spec per process, all alive until every process has started (a spec's file is named by
+        # its id, which a collected dict would hand on to the next one)
+        specs = [spec | {"engine": spec["engine"] | ({"kv_transfer": {"role": role, "path": str(Path(tmp) / "kv")}}
+                                                      if role else {})} for role in roles]
+        procs = [env.spawn_worker("worker_serve", s, Path(tmp), threads=config.threads,
+                                  kv_cache_gib=max(1.0, kv_gib * 1.25), pythonpath=pythonpath) for s in specs]
         try:
             loop = _Loop(jobs, config, router, procs, cfg.vocab_size, progress, prefill_router=prefill_router,
                          kv_bytes_per_token=cfg.kv_bytes_per_token(4))
