@@ -30,8 +30,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """A Ray head on 127.0.0.1 with the two cores, no dashboard; stopped afterwards."""
+    """A Ray head on 127.0.0.1 with the two cores, no dashboard; stopped afterwards. Token auth is off
+    for the head and for this process's client alike: a local `ray.init()` (`sweep --ray local`) leaves
+    a token in ~/.ray/auth_token, and a head started after it would not take this client otherwise."""
     port = _free_port()
+    saved_auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     start = subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
                             "--include-dashboard", "false", "--disable-usage-stats",
@@ -42,6 +46,10 @@ def ray_head(tmp_path_factory):
         yield f"127.0.0.1:{port}"
     finally:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        if saved_auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_auth
 
 
 def _outcomes(frame: pd.DataFrame) -> pd.DataFrame:
