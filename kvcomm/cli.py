@@ -24,6 +24,9 @@ def register(sub) -> None:
     _register_eval(kv_sub)
     _register_serve_exchange(kv_sub)
     _register_ttft(kv_sub)
+    from kvcomm import vllm_ttft
+
+    vllm_ttft.register(kv_sub)
 
 
 def _register_eval(kv_sub) -> None:

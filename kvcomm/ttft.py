@@ -84,7 +84,7 @@ def _message(tokenizer, num_tokens: int, rng: random.Random, agent: str = "A"):
     return message, ids
 
 
-def _exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random):
+def exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random):
     """``num_senders`` messages of ``length`` tokens in all (the first ones one longer where it does not
     divide), each encoded in its sender's chat: ``(layout, senders)``."""
     from kvcomm.layout import encode_sender_ids, receiver_layout_ids, sender_layout
@@ -113,7 +113,7 @@ def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope):
     rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)
     spans = []
     for _ in range(cfg.anchor_examples):
-        layout, senders = _exchange(model, tokenizer, length, cfg.num_senders, rng)
+        layout, senders = exchange(model, tokenizer, length, cfg.num_senders, rng)
         spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
     return pool_from_spans(spans, cfg.anchor_examples)
 
@@ -131,7 +131,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
     rng = random.Random(cfg.seed)
     rows: list[dict] = []
     for length in cfg.lengths:
-        layout, senders = _exchange(model, tokenizer, length, cfg.num_senders, rng)
+        layout, senders = exchange(model, tokenizer, length, cfg.num_senders, rng)
         prefix = receiver_prefix(model, layout)
         if any(p.ships_reencoded for p in cfg.protocols):
             senders = reencode_in_receiver_frame(model, layout, senders)

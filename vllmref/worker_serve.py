@@ -5,6 +5,10 @@ engine, this worker is one replica of several: a router in another process (sche
 cluster replay) decides which replica gets each turn and sends it here. Lines on stdin (JSON):
 
     {"op": "add", "id": ID, "prompt": [token ids], "n_out": N, "priority": P}
+    {"op": "reset"}                                  drop the prefix cache (answered by a "reset" event)
+    {"op": "import", "id": ID, "prompt": [ids], "kv": PATH}   a KV consumer: write PATH's K/V where the
+                                                     connector will find it for that prompt
+                                                     (vllmref.kv_import; answered by "imported")
     {"op": "stop"}
 
 Lines on stdout (JSON, one event each; times are ``time.perf_counter()``, which on Linux is the
@@ -84,6 +88,14 @@ def main(spec_path: str) -> int:
         for c in commands:
             if c["op"] == "stop":
                 stopping = True
+            elif c["op"] == "reset":  # between timed rounds: nothing cached from the last one
+                emit({"ev": "reset", "ok": bool(engine.reset_prefix_cache())})
+            elif c["op"] == "import":  # K/V computed elsewhere, placed where the connector loads it
+                from vllmref.kv_import import write_import
+
+                kv = spec["engine"]["kv_transfer"]
+                emit({"ev": "imported", "id": c["id"], **write_import(kv["path"], c["prompt"], c["kv"],
+                                                                       int(spec["engine"].get("block_size", 128)))})
             elif c["op"] == "add":
                 n = int(c["n_out"])
                 engine.add_request(c["id"], {"prompt_token_ids": c["prompt"]},
