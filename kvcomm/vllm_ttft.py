@@ -55,19 +55,16 @@ class _Engine:
     """One ``worker_serve`` process and its events, read on a thread."""
 
     def __init__(self, proc) -> None:
+        from vllmref import env
+
         self.proc = proc
         self.events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.events.put(json.loads(line))
-        self.events.put({"ev": "exit", "code": self.proc.wait()})
+        threading.Thread(target=env.pump_events, args=(proc, self.events.put), daemon=True).start()
 
     def send(self, command: dict) -> None:
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
+        from vllmref import env
+
+        env.send_command(self.proc, command)
 
     def wait(self, kind: str, request_id: str | None = None, timeout_s: float = 900.0) -> dict:
         deadline = time.monotonic() + timeout_s

@@ -283,6 +283,23 @@ def spawn_worker(module: str, spec: dict, workdir: Path, *, threads: int | None,
         log.close()  # the child holds its own descriptor
 
 
+def send_command(proc: subprocess.Popen, command: dict) -> None:
+    """One JSON command line to a worker started by :func:`spawn_worker` (``worker_serve``'s protocol)."""
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(command) + "\n")
+    proc.stdin.flush()
+
+
+def pump_events(proc: subprocess.Popen, put: Callable[[dict], None]) -> None:
+    """Hand each JSON event line of a spawned worker to ``put`` until its stdout closes, then
+    ``{"ev": "exit", "code": ...}``; run it on a thread of its own."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            put(json.loads(line))
+    put({"ev": "exit", "code": proc.wait()})
+
+
 def read_records(path: Path, *, offset: int = 0) -> list[dict]:
     """JSONL records of a worker's output from byte ``offset``; a torn last line (a killed worker) is dropped."""
     if not path.exists():

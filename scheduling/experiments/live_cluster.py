@@ -43,6 +43,7 @@ from scheduling.experiments.live import LiveReplayConfig, result_from_records, v
 from scheduling.experiments.replay import ReplayResult
 from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
 from scheduling.workload.traces import Job
+from vllmref import env
 
 READY_TIMEOUT_S = 900.0  # engines start one after another on a loaded 2-core host: minutes
 LIVE_LINK = "file (vLLM ExampleConnector: safetensors per layer in a shared directory)"
@@ -65,7 +66,6 @@ def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress
                      slo: SLOSpec = DEFAULT_SLO) -> ReplayResult:
     from common.model_config import load_model_config
     from scheduling.cluster.routers import make_router
-    from vllmref import env
 
     validate(config, jobs)
     if config.policy != "fcfs":
@@ -118,9 +118,11 @@ class _Loop:
         self.prefill_router, self.kv_bytes_per_token = prefill_router, kv_bytes_per_token
         n, n_p = config.replicas, config.prefill_replicas  # procs: the n decode (or only) replicas, then the prefill ones
         self.num_decode = n
-        self.view, self.prefill_view = (
-            ClusterView(m, prefix_capacity_blocks=[config.num_gpu_blocks] * m, prefix_ttl_s=config.prefix_ttl_s,
-                        stats_interval_s=config.stats_interval_s) for m in (n, max(n_p, 1)))
+        def view(m: int) -> ClusterView:
+            return ClusterView(m, prefix_capacity_blocks=[config.num_gpu_blocks] * m, prefix_ttl_s=config.prefix_ttl_s,
+                               stats_interval_s=config.stats_interval_s)
+        self.view = view(n)
+        self.prefill_view = view(n_p) if n_p else None  # the prefill side's, with prefill replicas only
         self.loads = [ReplicaLoad(0, 0, 0, config.num_gpu_blocks)] * len(procs)
         self.reported_s = [0.0, 0.0]  # when a decode / prefill replica last reported its load (s since the start)
         self._init_state(jobs)
@@ -132,7 +134,8 @@ class _Loop:
         self.states = [JobState(j, i, config.block_size) for i, j in enumerate(jobs)]  # the router's block hashes
         self.events: queue.Queue = queue.Queue()
         for k, p in enumerate(self.procs):
-            threading.Thread(target=self._read, args=(k, p), daemon=True).start()
+            threading.Thread(target=env.pump_events, args=(p, lambda ev, k=k: self.events.put((k, ev))),
+                             daemon=True).start()
         self.history: dict[int, list[int]] = {}
         self.inflight: dict[str, dict] = {}      # turns sent to (or waiting for) their decode replica
         self.prefilling: dict[str, dict] = {}    # turns on a prefill replica
@@ -141,14 +144,6 @@ class _Loop:
         self.pd_turns: dict[tuple[str, int], dict] = {}  # prefill replica, KV bytes and transfer seconds per turn
         self.prefill_turns: list[dict] = []
         self.decode_side_saves = [0, 0.0]        # requests a consumer stored itself (no producer file), seconds
-
-    def _read(self, k: int, proc) -> None:
-        import json
-
-        for line in proc.stdout:
-            if line.startswith("{"):
-                self.events.put((k, json.loads(line)))
-        self.events.put((k, {"ev": "exit", "code": proc.wait()}))
 
     def wait_ready(self, logs: Path) -> list[dict]:
         facts: dict[int, dict] = {}
@@ -169,11 +164,7 @@ class _Loop:
         return [facts[k] for k in range(len(self.procs))]
 
     def _send(self, k: int, command: dict) -> None:
-        import json
-
-        stdin = self.procs[k].stdin
-        stdin.write(json.dumps(command) + "\n")
-        stdin.flush()
+        env.send_command(self.procs[k], command)
 
     def _route(self, arrival_s: float, j: int, turn: int, now_s: float) -> None:
         from scheduling.cluster.view import TurnToRoute
@@ -205,6 +196,7 @@ class _Loop:
             self.pd_turns[(job.job_id, turn)] = {"prefill_replica": -1, "kv_bytes": 0, "kv_transfer_s": 0.0}
             self._send(k, {"op": "add", "id": req_id, "prompt": prompt, "n_out": spec.output_tokens})
             return
+        assert self.prefill_view is not None  # remote only with prefill replicas
         p = self._pick(self.prefill_router, self.prefill_view, 1, req, now_s)
         self.prefill_view.sent(p, req, now_s)
         self.prefilling[req_id] = {"replica": p, "blocks": blocks, "first_scheduled_s": None, "scheduled_tokens": 0,
@@ -309,6 +301,7 @@ class _Loop:
         elif kind == "done":
             st = self.prefilling.pop(ev["id"])
             d = self.inflight[ev["id"]]
+            assert self.prefill_view is not None  # events of a prefill replica
             self.prefill_view.finished(st["replica"], st["blocks"])
             job = self.jobs[d["job"]]
             self.pd_turns[(job.job_id, d["turn"])] = {"prefill_replica": st["replica"], "kv_bytes": 0,
