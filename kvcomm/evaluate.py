@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from common.errors import KVCommError
 from common.jsonio import iter_jsonl
 from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
 from kvcomm.cache import continue_from
+from kvcomm.example import extract_answer, score
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
 from kvcomm.names import (
@@ -46,7 +48,7 @@ from kvcomm.names import (
     canonical_label,
 )
 from kvcomm.protocols import ProtocolSpec, answer, receive
-from kvcomm.tasks import check_task, extract_answer, generate, score
+from kvcomm.tasks import check_task, generate
 
 RESULTS_FILE = "results.jsonl"
 CONFIG_FILE = "config.json"
@@ -102,6 +104,7 @@ class Row:
     # generated token is a space for every "is 4821" answer, so kl_text there says little; NaN for free text
     kl_answer: float = float("nan")
     gold_logprob: float = float("nan")  # log-probability this protocol gives that gold token, nats
+    template: str = ""  # the task template the example came from ("" where a task has one)
 
 
 # ---- run ----------------------------------------------------------------------------------------
@@ -234,20 +237,25 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
     transfer = transfer_bytes(senders, [m.text for m in ex.messages])
     drift = [int(s.cache.positions[0]) - start for s, start in zip(senders, layout.import_starts)]
     prefix = receiver_prefix(model, layout)
-    # text first: every other row's KL is measured against this example's text distribution
-    specs = sorted(cfg.protocols, key=lambda s: s.name != "text")
+    # text first: every other row's KL is measured against this example's text distribution; the
+    # placebo last: it matches the KL another protocol had on this example
+    specs = sorted(cfg.protocols, key=lambda s: (s.name != "text", s.features.placebo))
     text_logits = None
+    kl_seen: dict[str, float] = {}
     for spec in specs:
         if (ex.task, ex.index, spec.label) in done and (spec.name != "text" or text_logits is not None):
             continue
         anchors, anchors_s = None, 0.0
         if spec.features.anchored:
             anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools)
-        rec = receive(model, spec, layout, senders, prefix, rope, anchors)
+        if spec.features.placebo:
+            rec = _placebo(model, cfg, ex, layout, senders, prefix, rope, text_logits, kl_seen)
+        else:
+            rec = receive(model, spec, layout, senders, prefix, rope, anchors)
         if anchors is not None:  # built once per run and task, before any example: not B's time
             rec.extra["anchor_pool"] = {"examples": anchors.num_examples, "tokens": anchors.num_tokens,
                                         "neighbours": anchors.neighbours, "build_s": anchors_s}
-        if not spec.features.ships_kv:
+        if spec.name == "text":
             text_logits, text_answer = rec.last_logits, answer_token_logits(model, tokenizer, rec, ex)
             if (ex.task, ex.index, spec.label) in done:
                 continue  # recomputed only as the KL reference of a resumed example
@@ -255,6 +263,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
             text_rec = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope)
             text_logits, text_answer = text_rec.last_logits, answer_token_logits(model, tokenizer, text_rec, ex)
         mine = answer_token_logits(model, tokenizer, rec, ex)
+        kl_seen[spec.label] = first_token_kl(text_logits, rec.last_logits)
         if spec.ships_reencoded:  # the senders' extra prefill, off B's critical path
             rec.extra["sender_reencode_s"] = sum(s.reencode_s for s in senders)
         generated = answer(model, tokenizer, rec, ex.answer_tokens or cfg.max_new_tokens)
@@ -262,13 +271,27 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
         em, f1 = score(ex, prediction)
         yield Row(task=ex.task, index=ex.index, protocol=spec.label, name=spec.name, boundary_k=spec.boundary_k,
                   ratio=spec.ratio, answer=ex.answer, generated=generated, prediction=prediction,
-                  em=em, f1=f1, scoring=ex.scoring,
+                  em=em, f1=f1, scoring=ex.scoring, template=ex.template,
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
-                  kl_text=first_token_kl(text_logits, rec.last_logits), drift_tokens=drift, extra=rec.extra,
+                  kl_text=kl_seen[spec.label], drift_tokens=drift, extra=rec.extra,
                   transfer_bytes=transfer,
                   kl_answer=first_token_kl(text_answer[0], mine[0]) if mine and text_answer else float("nan"),
                   gold_logprob=float(torch.log_softmax(mine[0].double(), -1)[mine[1]]) if mine else float("nan"))
+
+
+def _placebo(model, cfg: EvalConfig, ex, layout, senders, prefix, rope, text_logits, kl_seen: dict):
+    """The placebo's reception: noise with the KL the matched protocol has on this example (computed
+    here, untimed, when the run does not include that protocol)."""
+    from kvcomm.placebo import MATCHED_PROTOCOL, placebo_reception
+
+    if text_logits is None:
+        text_logits = receive(model, ProtocolSpec("text"), layout, senders, prefix, rope).last_logits
+    if MATCHED_PROTOCOL not in kl_seen:
+        matched = receive(model, ProtocolSpec(MATCHED_PROTOCOL), layout, senders, prefix, rope)
+        kl_seen[MATCHED_PROTOCOL] = first_token_kl(text_logits, matched.last_logits)
+    seed = zlib.crc32(f"placebo:{cfg.seed}:{ex.task}:{ex.index}".encode())
+    return placebo_reception(model, layout, prefix, text_logits, kl_seen[MATCHED_PROTOCOL], seed)
 
 
 def answer_token_logits(model, tokenizer, reception, ex) -> tuple | None:

@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvcomm.cache import KVCache, prefill
-from kvcomm.tasks import RECEIVER_SYSTEM, AgentMessage, Example
+from kvcomm.example import AgentMessage, Example
+from kvcomm.tasks import RECEIVER_SYSTEM
 
 _PLACEHOLDER = "\x00IMPORT{}\x00"
 

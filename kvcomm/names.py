@@ -4,7 +4,7 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 from dataclasses import dataclass
 
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "remote-prefill", "kv-blend",
-             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary")
+             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "placebo")
 # What ``remote-prefill`` was called until 2026-12-06. It ships K/V the sender computed by prefilling the
 # message again in B's frame: a function of the message text and B's frame only, so B's prompt gives
 # exactly text's answers. That is a remote prefill, not reuse of the sender's cache: it is reported
@@ -41,6 +41,8 @@ class ProtocolFeatures:
             span, or only a later sender's when the span was re-encoded in B's frame (the first
             sender's is then exact).
         blend: CacheBlend's selective recompute of a ratio of the imported tokens (one run per ``--ratio``).
+        placebo: text's own K/V with noise of kv-rerotated's KL on the example (kvcomm.placebo): the
+            flip floor, never judged.
     """
 
     ships_kv: bool
@@ -49,12 +51,13 @@ class ProtocolFeatures:
     anchored: bool = False
     boundary: bool = False
     blend: bool = False
+    placebo: bool = False
 
     @property
     def reference(self) -> bool:
         """A reference row, never judged against the goal: the shipped K/V were computed by an extra
-        prefill in B's frame, not taken from the sender's own cache."""
-        return self.ships_kv and self.reencoded
+        prefill in B's frame, not taken from the sender's own cache (or it is the placebo)."""
+        return self.placebo or (self.ships_kv and self.reencoded)
 
     def recomputes_head(self, sender_index: int) -> bool:
         """Whether B recomputes the head of sender ``sender_index``'s span."""
@@ -72,8 +75,8 @@ def protocol_features(name: str) -> ProtocolFeatures:
     name = canonical(name)
     if name not in PROTOCOLS:
         raise KeyError(name)
-    if name == "text":
-        return ProtocolFeatures(ships_kv=False)
+    if name in ("text", "placebo"):
+        return ProtocolFeatures(ships_kv=False, placebo=name == "placebo")
     base, _, suffix = name.removeprefix("kv-").partition("+")
     return ProtocolFeatures(ships_kv=True, **_BASES[base], **_SUFFIXES[suffix])
 
@@ -83,12 +86,12 @@ DEFAULT_RATIO = 0.15
 DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool: examples of another seed, never scored
 # Anchor examples come from the run's seed plus this offset, so they are never among the scored examples.
 ANCHOR_SEED_OFFSET = 1_000_003
-TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary")
+TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary", "handoff", "handoff2")
 # Chance per task: the share a receiver would get right picking uniformly among the answers its notes
 # offer (kvcomm.tasks says which); None for free text scored by ROUGE-L. Text must beat it (by its
 # exact one-sided bound) before any protocol is judged against text (kvcomm.metrics.above_chance).
 TASK_CHANCE: dict[str, float | None] = {"keycode": 1 / 4, "twoagent": 1 / 6, "drift": 1 / 4, "drift3": 1 / 6,
-                                        "multihop": 1 / 3, "summary": None}
+                                        "multihop": 1 / 3, "summary": None, "handoff": 1 / 5, "handoff2": 1 / 5}
 # The link an end-to-end time moves a message over: 100 Gb/s (12.5 GB/s), a datacenter NIC per GPU
 # class; K/V at bf16, the dtype a GPU engine would ship, text as UTF-8 (kvcomm eval and kvcomm ttft).
 E2E_LINK_GBS = 12.5

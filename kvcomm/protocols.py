@@ -182,6 +182,8 @@ def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState
         anchors: the ``kvcomm.anchors.AnchorPool`` kv-anchored estimates its offsets from (inside
             the timing: B applies them at import time).
     """
+    if spec.features.placebo:
+        raise KVCommError("the placebo matches another protocol's KL to text: kvcomm.placebo.placebo_reception")
     if rope is None:
         from kvcomm.models import rope_info
 

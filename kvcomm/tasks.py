@@ -41,6 +41,11 @@ these two tasks remove both crutches.
   from each ("In which city is the company that Alice Moreau works for based?"). Chance with one hop
   right: 1/3 (a city from C's notes).
 
+- ``handoff``, ``handoff2`` (``kvcomm.handoff_tasks``): one entity's three facts of different kinds sent
+  by one or two senders after a change log, three templates, **no answer prefix** (B writes its own
+  reply, scored by the first value of the asked kind it names); the tasks the 135M model answers at
+  >= 0.8 as text.
+
 Every task is answered under every protocol; ``text`` is the baseline with the very same information
 and template (B re-encodes the message tokens instead of importing them).
 
@@ -53,14 +58,12 @@ on how many examples are drawn, so a run with a larger ``n`` extends a smaller o
 from __future__ import annotations
 
 import random
-import re
-import string
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from common.errors import KVCommError, suggest
 from kvcomm.agent_tasks import PLACES, access_log, document, entity_graph_question, person_name
+from kvcomm.example import AgentMessage, Example
+from kvcomm.handoff_tasks import handoff, handoff2
 
 # Sender agents have their own system prompt (different from B's, on purpose: the imported message's
 # positions and context differ between A's sequence and B's, which is what the protocols must handle).
@@ -74,50 +77,6 @@ NUM_FACTS = 4
 NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Kate", "Leo",
          "Mia", "Noah", "Olga", "Paul")
 NUM_ROOMS_PER_SENDER = 3
-
-
-@dataclass(frozen=True)
-class AgentMessage:
-    """What one sender agent wrote, and the chat it wrote it in.
-
-    Attributes:
-        agent: the sender's name ("A", "C", ...).
-        system_prompt: the sender's own system prompt.
-        instruction: the user turn the sender answered (its context before the message).
-        text: the message itself (the sender's assistant turn): the span a receiver imports.
-    """
-
-    agent: str
-    system_prompt: str
-    instruction: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Example:
-    """One task instance: sender messages, B's question, and the known answer.
-
-    ``answer_prefix`` starts B's reply (it is part of B's prompt, after the assistant header), so that
-    the answer is the continuation ("The code for the red box is" -> " 4821."): a short, checkable
-    completion instead of free text, and few decode steps.
-    """
-
-    task: str
-    index: int
-    messages: tuple[AgentMessage, ...]
-    question: str
-    answer: str
-    answer_prefix: str = ""
-    # How B's prompt introduces each sender's notes; ``{agent}`` is the sender's name.
-    notes_header: str = "Notes from agent {agent}:\n"
-    # "exact": a short answer, scored by exact match and token F1; "rouge_l": free text (a summary),
-    # scored by ROUGE-L F1 against ``answer`` (exact match is then reported but says little)
-    scoring: str = "exact"
-    answer_tokens: int = 0  # tokens B may decode for this example; 0: the run's --max-tokens
-
-    @property
-    def example_id(self) -> str:
-        return f"{self.task}:{self.index}"
 
 
 def _code(rng: random.Random) -> str:
@@ -257,7 +216,8 @@ def summary(rng: random.Random, index: int) -> Example:
 
 TASKS: dict[str, Callable[[random.Random, int], Example]] = {"keycode": keycode, "twoagent": twoagent,
                                                              "drift": drift, "drift3": drift3, "multihop": multihop,
-                                                             "summary": summary}
+                                                             "summary": summary, "handoff": handoff,
+                                                             "handoff2": handoff2}
 
 
 def check_task(name: str) -> str:
@@ -273,65 +233,3 @@ def generate(task: str, n: int, seed: int = 0) -> list[Example]:
     if n < 1:
         raise KVCommError(f"need n >= 1 examples (got {n})")
     return [make(random.Random(f"{task}:{seed}:{i}"), i) for i in range(n)]
-
-
-# ---- scoring ---------------------------------------------------------------------------------------
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize(text: str) -> str:
-    """SQuAD-style normalization: lower case, no punctuation, no articles, single spaces."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def extract_answer(generated: str) -> str:
-    """B's answer: the first non-empty line of what it generated (it is told to reply with the answer only)."""
-    for line in generated.strip().splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
-def exact_match(prediction: str, answer: str) -> float:
-    """1.0 when the normalized prediction equals the normalized answer."""
-    return float(normalize(prediction) == normalize(answer))
-
-
-def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F1 (Lin, 2004; beta = 1) on normalized tokens: the longest common subsequence over the
-    lengths of prediction (precision) and reference (recall)."""
-    pred, ref = normalize(prediction).split(), normalize(reference).split()
-    if not pred or not ref:
-        return float(pred == ref)
-    previous = [0] * (len(ref) + 1)
-    for p in pred:  # LCS by dynamic programming, one row at a time
-        current = [0]
-        for j, r in enumerate(ref):
-            current.append(previous[j] + 1 if p == r else max(previous[j + 1], current[j]))
-        previous = current
-    lcs = previous[-1]
-    if lcs == 0:
-        return 0.0
-    precision, recall = lcs / len(pred), lcs / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def score(example: Example, prediction: str) -> tuple[float, float]:
-    """(exact match, F1) of ``prediction``; F1 is ROUGE-L for a free-text (``rouge_l``) task."""
-    second = rouge_l if example.scoring == "rouge_l" else token_f1
-    return exact_match(prediction, example.answer), second(prediction, example.answer)
-
-
-def token_f1(prediction: str, answer: str) -> float:
-    """Token-level F1 between normalized prediction and answer (SQuAD definition)."""
-    pred, gold = normalize(prediction).split(), normalize(answer).split()
-    if not pred or not gold:
-        return float(pred == gold)
-    common = sum((Counter(pred) & Counter(gold)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(gold)
-    return 2 * precision * recall / (precision + recall)

@@ -66,12 +66,16 @@ class TtftConfig:
                               f"(got {list(self.lengths)})")
         if "text" not in [p.name for p in self.protocols]:
             raise KVCommError("--protocols must include 'text': the speedup is TTFT(text) / TTFT(protocol)")
+        if any(p.features.placebo for p in self.protocols):
+            raise KVCommError("placebo has no TTFT of its own (B computes everything, then adds noise): "
+                              "it belongs to kvcomm eval, not kvcomm ttft")
 
 
 def _message(tokenizer, num_tokens: int, rng: random.Random, agent: str = "A"):
     """A sender's message (an access log) and its ids, exactly ``num_tokens`` tokens."""
     from kvcomm.agent_tasks import access_log
-    from kvcomm.tasks import SENDER_SYSTEM, AgentMessage
+    from kvcomm.example import AgentMessage
+    from kvcomm.tasks import SENDER_SYSTEM
 
     log = access_log(rng, [("main door", "4821")], num_routine=8)
     ids: list[int] = []
@@ -87,8 +91,8 @@ def _message(tokenizer, num_tokens: int, rng: random.Random, agent: str = "A"):
 def exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random):
     """``num_senders`` messages of ``length`` tokens in all (the first ones one longer where it does not
     divide), each encoded in its sender's chat: ``(layout, senders)``."""
+    from kvcomm.example import Example
     from kvcomm.layout import encode_sender_ids, receiver_layout_ids, sender_layout
-    from kvcomm.tasks import Example
 
     base, extra = divmod(length, num_senders)
     agents = ["A"] if num_senders == 1 else [f"A{i + 1}" for i in range(num_senders)]

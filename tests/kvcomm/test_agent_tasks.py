@@ -125,8 +125,8 @@ def test_drift3_has_three_drifted_senders_and_the_answer_in_exactly_one(smollm2_
 
 def test_kvcomm_eval_scores_the_summary_task_by_rouge_l_with_its_own_decode_budget(tiny_chat_model, tmp_path):
     from kvcomm.evaluate import EvalConfig, run_eval
+    from kvcomm.example import rouge_l
     from kvcomm.protocols import ProtocolSpec
-    from kvcomm.tasks import rouge_l
 
     model, tok = tiny_chat_model
     cfg = EvalConfig(model="tiny", tasks=("summary", "drift3"), n=2, out_dir=tmp_path, max_new_tokens=2,

@@ -201,8 +201,9 @@ def test_protocols_are_described_by_features_read_off_their_names():
     from kvcomm.names import PROTOCOLS, protocol_features
 
     f = {name: protocol_features(name) for name in PROTOCOLS}
-    assert not f["text"].ships_kv and all(f[n].ships_kv for n in PROTOCOLS if n != "text")
-    assert [n for n in PROTOCOLS if not f[n].repositions and not f[n].blend] == ["text", "kv-verbatim"]
+    assert not f["text"].ships_kv and all(f[n].ships_kv for n in PROTOCOLS if n not in ("text", "placebo"))
+    assert [n for n in PROTOCOLS if f[n].placebo] == ["placebo"] and f["placebo"].reference
+    assert [n for n in PROTOCOLS if not f[n].repositions and not f[n].blend] == ["text", "kv-verbatim", "placebo"]
     assert [n for n in PROTOCOLS if f[n].reencoded] == ["remote-prefill", "remote-prefill+blend", "kv-anchored",
                                                          "kv-anchored+boundary"]
     assert [n for n in PROTOCOLS if f[n].blend] == ["kv-blend", "remote-prefill+blend"]
@@ -215,6 +216,6 @@ def test_protocols_are_described_by_features_read_off_their_names():
     assert labels == ["text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-rerotated+boundary k=8",
                       "remote-prefill", "kv-blend r=0.1", "kv-blend r=0.3", "remote-prefill+blend r=0.1",
                       "remote-prefill+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
-                      "kv-anchored+boundary a=20 k=8"]
+                      "kv-anchored+boundary a=20 k=8", "placebo"]
     with pytest.raises(KVCommError, match="unknown protocol 'kv-magic'"):
         parse_protocols("text,kv-magic", "0.1", "4")

@@ -85,6 +85,7 @@ def test_several_senders_split_the_length_and_anchored_boundary_recomputes_later
     (["--lengths", "0,64"], "positive token counts"),
     (["--lengths", "64,lots"], "comma-separated token counts"),
     (["--protocols", "kv-rerotated"], "must include 'text'"),
+    (["--protocols", "text,placebo"], "placebo has no TTFT of its own"),
     (["--ratio", "2"], "within [0, 1]"),
     (["--senders", "3", "--lengths", "2"], "each of the 3 senders"),
     (["--model", "smollm2-135n"], "unknown model"),
