@@ -26,6 +26,10 @@ from kvcomm.models import RopeInfo, rope_info
 from kvcomm.rope import reposition, rerotate, rotate_keys, rotation_tables
 
 DEFAULT_NEIGHBOURS = 8
+# kv-own-anchored's prefill fallback: a span whose tokens sit farther from their nearest anchors than
+# this quantile of the anchor examples' own spans (each measured against the other examples) is
+# prefilled by B instead (KVCOMM falls back to prefill when no anchor matches).
+FALLBACK_QUANTILE = 0.95
 
 
 @dataclass(frozen=True)
@@ -38,19 +42,24 @@ class AnchorPool:
     num_examples: int
     num_tokens: int
     neighbours: int = DEFAULT_NEIGHBOURS
+    # own-cache pools only: the mean nearest-anchor distance above which a span falls back to prefill
+    fallback_distance: float | None = None
 
 
-def span_deviations(model, layout, senders, rope):
-    """For each sender after the first: (re-encoded keys at position 0, key deviation at position 0,
-    value deviation), per layer, against B's exact prefill of ``layout``."""
+def span_deviations(model, layout, senders, rope, own: bool = False):
+    """For each sender after the first (``own``: every sender): (shipped keys at position 0, key
+    deviation at position 0, value deviation), per layer, against B's exact prefill of ``layout``.
+    The shipped span is the re-encoded one, or with ``own`` the sender's own cache."""
     exact, _ = prefill(model, layout.ids)
     out = []
-    for i, sender in enumerate(senders[1:], start=1):
-        if sender.reencoded is None:
+    for i, sender in enumerate(senders):
+        if i == 0 and not own:
+            continue  # its re-encoded span already is B's prefill
+        if not own and sender.reencoded is None:
             raise KVCommError("anchors need the senders' re-encoded spans (reencode_in_receiver_frame)")
         start, n = layout.import_starts[i], len(sender.message_ids)
         truth = exact.slice(start, start + n)
-        placed = reposition(sender.reencoded, start, rope)
+        placed = reposition(sender.cache if own else sender.reencoded, start, rope)
         back = -torch.arange(start, start + n)  # rotate to position 0
         out.append(([rerotate(k, back, rope)[0] for k in placed.keys],
                     [rerotate(t - k, back, rope)[0] for t, k in zip(truth.keys, placed.keys)],
@@ -75,6 +84,48 @@ def pool_from_spans(spans, num_examples: int, neighbours: int = DEFAULT_NEIGHBOU
                       num_examples=num_examples, num_tokens=sum(s[0][0].shape[1] for s in spans), neighbours=neighbours)
 
 
+def _probe_layer(num_layers: int) -> int:
+    """The layer whose nearest-anchor distance decides the fallback: the middle one."""
+    return num_layers // 2
+
+
+def mean_anchor_distance(keys_at_zero: torch.Tensor, anchors: torch.Tensor) -> float:
+    """Mean over heads and tokens of the distance from each key [H, n, d] to its nearest anchor [H, M, d]."""
+    return float(torch.cdist(keys_at_zero, anchors).min(dim=-1).values.mean())
+
+
+def own_pool(spans_per_example: list[list], neighbours: int = DEFAULT_NEIGHBOURS) -> AnchorPool:
+    """kv-own-anchored's pool: every example's spans, and the fallback distance, the
+    ``FALLBACK_QUANTILE`` of each anchor span's mean nearest-anchor distance to the *other* examples'
+    anchors at the probe layer (so a span as familiar as a typical anchor is not sent to prefill)."""
+    flat = [span for spans in spans_per_example for span in spans]
+    pool = pool_from_spans(flat, len(spans_per_example), neighbours)
+    probe = _probe_layer(len(flat[0][0]))
+    distances = []
+    for i, spans in enumerate(spans_per_example):
+        others = [s[0][probe] for j, ex in enumerate(spans_per_example) if j != i for s in ex]
+        if not others:
+            continue
+        rest = torch.cat(others, dim=1)
+        distances += [mean_anchor_distance(s[0][probe], rest) for s in spans]
+    limit = float(torch.tensor(distances).quantile(FALLBACK_QUANTILE)) if distances else float("inf")
+    return AnchorPool(keys=pool.keys, key_offsets=pool.key_offsets, value_offsets=pool.value_offsets,
+                      num_examples=pool.num_examples, num_tokens=pool.num_tokens, neighbours=neighbours,
+                      fallback_distance=limit)
+
+
+def falls_back(pool: AnchorPool, span: KVCache, rope) -> bool:
+    """Whether no anchor matches ``span`` (a sender's own K/V at its own positions): its mean
+    nearest-anchor distance at the probe layer, keys rotated to position 0, exceeds the pool's limit."""
+    if pool.fallback_distance is None:
+        return False
+    probe = _probe_layer(span.num_layers)
+    anchors = pool.keys[probe]
+    assert anchors is not None  # the probe layer is never 0 for a model with two or more layers
+    at_zero = rerotate(span.keys[probe], -span.positions, rope)[0]
+    return mean_anchor_distance(at_zero, anchors) > pool.fallback_distance
+
+
 def _neighbours(queries: torch.Tensor, anchors: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query token [H, n, d]: its k nearest anchors' indices [H, n, k] and softmax weights."""
     k = min(k, anchors.shape[1])
@@ -90,14 +141,16 @@ def _weighted(offsets: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -
 
 
 @torch.no_grad()
-def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache, start: int, rope) -> KVCache:
-    """The re-encoded span placed at B's positions from ``start``, with the anchors' offset added
-    (none for the first sender)."""
+def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache, start: int, rope,
+                  offset_first: bool = False) -> KVCache:
+    """The shipped span placed at B's positions from ``start``, with the anchors' offset added (none
+    for the first sender's re-encoded span, which is exact; ``offset_first``: the sender's own cache,
+    where the first sender's span deviates too)."""
     placed = reposition(reencoded, start, rope)
-    if sender_index == 0:
+    if sender_index == 0 and not offset_first:
         return placed
     if pool is None:
-        raise KVCommError("kv-anchored needs an anchor pool for every sender after the first (kvcomm eval builds it)")
+        raise KVCommError("anchored protocols need an anchor pool (kvcomm eval builds it)")
     if len(pool.keys) != placed.num_layers:
         raise KVCommError(f"the anchor pool has {len(pool.keys)} layers, the span {placed.num_layers}")
     # Every layer rotates by the same angles: the tables are built once per span, not twice per layer

@@ -52,7 +52,7 @@ def _register_eval(kv_sub) -> None:
                    help="tokens recomputed at the start of each imported chunk (kv-anchored+boundary: of each "
                         "later sender's), comma-separated")
     p.add_argument("--anchor-examples", type=argtypes.positive_int, default=DEFAULT_ANCHOR_EXAMPLES,
-                   help="kv-anchored(+boundary): examples its anchor pool is built from (another seed's, never scored)")
+                   help="kv-anchored(+boundary) and kv-own-anchored: examples its anchor pool is built from (another seed's, never scored)")
     # --max-tokens as in `gpubench vllm generate` and vLLM's SamplingParams; the HF spelling stays an alias.
     p.add_argument("--max-tokens", type=argtypes.positive_int, default=5, dest="max_new_tokens",
                    help="answer tokens decoded (greedy)")

@@ -37,7 +37,7 @@ import torch
 
 from common.errors import KVCommError
 from common.jsonio import iter_jsonl
-from kvcomm.anchors import AnchorPool, pool_from_spans, span_deviations
+from kvcomm.anchors import AnchorPool, own_pool, pool_from_spans, span_deviations
 from kvcomm.cache import continue_from
 from kvcomm.example import extract_answer, score
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
@@ -200,7 +200,7 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
 
 
 
-def build_anchor_pool(model, tokenizer, examples, rope) -> AnchorPool:
+def build_anchor_pool(model, tokenizer, examples, rope, own: bool = False) -> AnchorPool:
     """kv-anchored's pool from ``examples`` (each with two or more senders; single-sender ones add
     nothing): each example's senders encoded and re-encoded in B's frame as the protocols do, and
     the re-encoded spans' deviations from B's own encoding (kvcomm.anchors). Here, beside the
@@ -210,18 +210,24 @@ def build_anchor_pool(model, tokenizer, examples, rope) -> AnchorPool:
         for ex in examples:
             senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
             layout = receiver_layout(tokenizer, ex, senders)
-            spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
-    return pool_from_spans(spans, len(examples))
+            if own:  # kv-own-anchored: every sender's own span against B's prefill
+                spans.append(span_deviations(model, layout, senders, rope, own=True))
+            else:
+                spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+    return own_pool(spans) if own else pool_from_spans(spans, len(examples))
 
 
-def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict):
-    """kv-anchored's pool for ``task`` (built once per run): ``(pool, build seconds)``, or
-    ``(None, 0.0)`` when the task has a single sender (nothing to offset)."""
-    key = (task, num_examples)
+def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict,
+                 own: bool = False):
+    """An anchored protocol's pool for ``task`` (built once per run): ``(pool, build seconds)``, or
+    ``(None, 0.0)`` for kv-anchored on a single-sender task (nothing to offset). ``own``: kv-own-anchored's
+    pool (every sender's own span, with its fallback distance)."""
+    key = (task, num_examples, own)
     if key not in pools:
         examples = generate(task, num_examples, cfg.seed + ANCHOR_SEED_OFFSET)
         t0 = time.perf_counter()
-        pool = build_anchor_pool(model, tokenizer, examples, rope) if len(examples[0].messages) > 1 else None
+        pool = (build_anchor_pool(model, tokenizer, examples, rope, own=own)
+                if own or len(examples[0].messages) > 1 else None)
         pools[key] = (pool, time.perf_counter() - t0)
     return pools[key]
 
@@ -247,7 +253,8 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
             continue
         anchors, anchors_s = None, 0.0
         if spec.features.anchored:
-            anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools)
+            anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools,
+                                              own=not spec.features.reencoded)
         if spec.features.placebo:
             rec = _placebo(model, cfg, ex, layout, senders, prefix, rope, text_logits, kl_seen)
         else:

@@ -4,7 +4,7 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 from dataclasses import dataclass
 
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "remote-prefill", "kv-blend",
-             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "placebo")
+             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "kv-own-anchored", "placebo")
 # What ``remote-prefill`` was called until 2026-12-06. It ships K/V the sender computed by prefilling the
 # message again in B's frame: a function of the message text and B's frame only, so B's prompt gives
 # exactly text's answers. That is a remote prefill, not reuse of the sender's cache: it is reported
@@ -36,7 +36,8 @@ class ProtocolFeatures:
         repositions: B rotates the span's keys to the positions it takes in B's prompt (all but
             ``kv-verbatim``, which imports the keys as they were).
         anchored: anchor offsets estimated from other examples are added to a later sender's
-            re-encoded span (kvcomm.anchors).
+            re-encoded span (kvcomm.anchors); without ``reencoded`` (``kv-own-anchored``, KVCOMM
+            proper) to every sender's own re-rotated span, with a prefill fallback when no anchor matches.
         boundary: B recomputes the first k tokens of a span (one run per ``--boundary-k``); of every
             span, or only a later sender's when the span was re-encoded in B's frame (the first
             sender's is then exact).
@@ -66,7 +67,8 @@ class ProtocolFeatures:
 
 # keyed by the name without its "kv-" prefix and "+suffix": remote-prefill is the one base without "kv-"
 _BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "remote-prefill": {"reencoded": True, "repositions": True},
-          "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True}}
+          "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True},
+          "own-anchored": {"repositions": True, "anchored": True}}
 _SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
 
 

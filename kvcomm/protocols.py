@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import KVCommError, suggest
-from kvcomm.anchors import anchored_span
+from kvcomm.anchors import anchored_span, falls_back
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.layout import Layout, SenderState
 from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
@@ -157,8 +157,14 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, 
             recomputed += n if seg.kind == "import" else 0
         else:
             span = _shipped_span(spec, senders[seg.sender])
+            own = not features.reencoded  # kv-own-anchored: the sender's own cache, every sender offset
+            if features.anchored and own and anchors is not None and falls_back(anchors, span, rope):
+                compute(seg.ids, pos)  # no anchor matches this span: B prefills it (KVCOMM's fallback)
+                recomputed += n
+                pos += n
+                continue
             if features.anchored:
-                span = anchored_span(anchors, seg.sender, span, pos, rope)
+                span = anchored_span(anchors, seg.sender, span, pos, rope, offset_first=own)
             k = min(spec.boundary_k, n) if features.recomputes_head(seg.sender) else 0
             compute(seg.ids[:k], pos)
             recomputed += k

@@ -107,19 +107,23 @@ def exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random
     return receiver_layout_ids(tokenizer, example, ids), senders
 
 
-def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope):
-    """kv-anchored's pool for exchanges of this shape: ``cfg.anchor_examples`` of another seed (what
-    is timed is the search over a pool of that size; the messages timed are never in it)."""
-    from kvcomm.anchors import pool_from_spans, span_deviations
+def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope, own: bool = False):
+    """An anchored protocol's pool for exchanges of this shape: ``cfg.anchor_examples`` of another seed
+    (what is timed is the search over a pool of that size; the messages timed are never in it).
+    ``own``: kv-own-anchored's (every sender's own span, with its fallback distance)."""
+    from kvcomm.anchors import own_pool, pool_from_spans, span_deviations
     from kvcomm.layout import reencode_in_receiver_frame
     from kvcomm.names import ANCHOR_SEED_OFFSET
 
     rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)
-    spans = []
+    spans: list = []
     for _ in range(cfg.anchor_examples):
         layout, senders = exchange(model, tokenizer, length, cfg.num_senders, rng)
-        spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
-    return pool_from_spans(spans, cfg.anchor_examples)
+        if own:
+            spans.append(span_deviations(model, layout, senders, rope, own=True))
+        else:
+            spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
+    return own_pool(spans) if own else pool_from_spans(spans, cfg.anchor_examples)
 
 
 def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]:
@@ -139,12 +143,17 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         prefix = receiver_prefix(model, layout)
         if any(p.ships_reencoded for p in cfg.protocols):
             senders = reencode_in_receiver_frame(model, layout, senders)
-        anchors = None
-        if cfg.num_senders > 1 and any(p.features.anchored for p in cfg.protocols):
-            anchors = _anchor_pool(model, tokenizer, cfg, length, rope)  # built before the rounds: not B's time
+        # pools are built before the rounds (not B's time): kv-anchored's, and kv-own-anchored's
+        pools = {own: _anchor_pool(model, tokenizer, cfg, length, rope, own=own)
+                 for own in {not p.features.reencoded for p in cfg.protocols if p.features.anchored}
+                 if own or cfg.num_senders > 1}
         specs = list(cfg.protocols)
+
+        def pool_of(spec):
+            return pools.get(not spec.features.reencoded) if spec.features.anchored else None
+
         for spec in specs:  # warm-up round, untimed
-            receive(model, spec, layout, senders, prefix, rope, anchors)
+            receive(model, spec, layout, senders, prefix, rope, pool_of(spec))
         moved = _moved_bytes(tokenizer, senders)
         first_row = len(rows)
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -157,6 +166,7 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
                 senders = reencode_in_receiver_frame(model, layout, senders)
                 sender_extra_s = time.perf_counter() - t0
             for spec in order:
+                anchors = pool_of(spec)
                 rec = receive(model, spec, layout, senders, prefix, rope, anchors)
                 extra = sender_extra_s if spec.ships_reencoded else 0.0
                 nbytes = moved["text_utf8" if spec.name == "text" else "bf16"]

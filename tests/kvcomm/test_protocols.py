@@ -216,6 +216,6 @@ def test_protocols_are_described_by_features_read_off_their_names():
     assert labels == ["text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-rerotated+boundary k=8",
                       "remote-prefill", "kv-blend r=0.1", "kv-blend r=0.3", "remote-prefill+blend r=0.1",
                       "remote-prefill+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
-                      "kv-anchored+boundary a=20 k=8", "placebo"]
+                      "kv-anchored+boundary a=20 k=8", "kv-own-anchored a=20", "placebo"]
     with pytest.raises(KVCommError, match="unknown protocol 'kv-magic'"):
         parse_protocols("text,kv-magic", "0.1", "4")
