@@ -79,3 +79,30 @@ def test_kvcomm_eval_on_handoff_writes_the_per_template_table(tiny_chat_model, t
     assert "## By template" in (tmp_path / "summary.md").read_text()
     text = table[table["protocol"] == "text"]
     assert ((text["retention"] == 1.0) | text["retention"].isna()).all()  # text keeps all its own right answers
+
+
+@pytest.mark.parametrize("run", ["handoff-seed11", "handoff2-seed11"])
+def test_committed_handoff_summaries_regenerate_from_their_rows(run, tmp_path):
+    """The committed scoring runs: their COMMAND, rerun on a copy holding every row, rewrites the same
+    summaries (nothing is measured: no model is loaded)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    repo = Path(__file__).resolve().parents[2]
+    src = repo / "results/kvcomm" / run
+    out = tmp_path / run
+    shutil.copytree(src, out)
+    argv = (src / "COMMAND").read_text().splitlines()[0].split()[1:]
+    argv[argv.index("--out") + 1] = str(out)
+    proc = subprocess.run([sys.executable, "-m", "gpubench", *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("summary.csv", "summary_by_template.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(out / name), pd.read_csv(src / name))
+    own = pd.read_csv(out / "summary.csv").set_index("protocol").loc["kv-own-anchored a=40"]
+    assert own.recompute_fraction <= 0.15 and own.num_text_right >= 59
