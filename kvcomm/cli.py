@@ -11,8 +11,8 @@ from common import argtypes
 from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias
 from common.errors import KVCommError
 
-DEFAULT_TASKS = "keycode,twoagent"
-DEFAULT_PROTOCOLS = "text,kv-verbatim,kv-rerotated,kv-rerotated+boundary,kv-blend"
+DEFAULT_TASKS = "handoff,handoff2"  # the tasks the 135M model answers at >= 0.8 as text, no answer prefix
+DEFAULT_PROTOCOLS = "text,kv-rerotated,kv-own-anchored,placebo"
 
 
 def register(sub) -> None:

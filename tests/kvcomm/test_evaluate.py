@@ -104,6 +104,19 @@ def test_run_eval_resumes_and_refuses_other_settings(smollm2, tmp_path):
 
 
 @pytest.mark.model
+def test_cli_defaults_run_the_handoff_tasks_with_own_anchors_and_the_placebo(smollm2, tmp_path):
+    """A user's default path: `kvcomm eval --n 1` (anchor pool of 2 to keep it short)."""
+    from gpubench.cli import main
+
+    out = tmp_path / "run"
+    assert main(["kvcomm", "eval", "--n", "1", "--anchor-examples", "2", "--no-progress", "--out", str(out)]) == 0
+    rows = load_rows(out)
+    assert set(rows["task"]) == {"handoff", "handoff2"}
+    assert set(rows["protocol"]) == {"text", "kv-rerotated", "kv-own-anchored a=2", "placebo"}
+    assert (rows["scoring"] == "choice").all()
+
+
+@pytest.mark.model
 def test_cli_end_to_end_subprocess(smollm2, tmp_path, capsys):
     """The real console entry point, as a user runs it; the second run resumes (no new rows)."""
     out = tmp_path / "run"
