@@ -81,7 +81,7 @@ def test_kvcomm_eval_on_handoff_writes_the_per_template_table(tiny_chat_model, t
     assert ((text["retention"] == 1.0) | text["retention"].isna()).all()  # text keeps all its own right answers
 
 
-@pytest.mark.parametrize("run", ["handoff-seed11", "handoff2-seed11"])
+@pytest.mark.parametrize("run", ["handoff-seed11", "handoff2-seed11", "handoff-seed12", "handoff2-seed12"])
 def test_committed_handoff_summaries_regenerate_from_their_rows(run, tmp_path):
     """The committed scoring runs: their COMMAND, rerun on a copy holding every row, rewrites the same
     summaries (nothing is measured: no model is loaded)."""
