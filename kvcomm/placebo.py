@@ -43,14 +43,21 @@ def _import_mask(layout: Layout, prefix_tokens: int, num_tokens: int) -> torch.T
     return mask
 
 
-def _noised(cache: KVCache, mask: torch.Tensor, noise: list[tuple[torch.Tensor, torch.Tensor]], sigma: float) -> KVCache:
-    keys, values = [], []
-    for k, v, (nk, nv) in zip(cache.keys, cache.values, noise):
-        scale_k = k[..., mask, :].pow(2).mean().sqrt()
-        scale_v = v[..., mask, :].pow(2).mean().sqrt()
-        keys.append(k + sigma * scale_k * nk * mask[:, None])
-        values.append(v + sigma * scale_v * nv * mask[:, None])
-    return KVCache(keys=keys, values=values, positions=cache.positions, token_ids=cache.token_ids)
+def _unit_noise(cache: KVCache, mask: torch.Tensor, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the K and V noise at sigma = 1: standard normal draws times the layer's RMS over the
+    imported tokens, zero elsewhere. Drawn and scaled once; the bisection only multiplies by sigma."""
+    out = []
+    for k, v in zip(cache.keys, cache.values):
+        noise_k = torch.randn(k.shape, generator=gen, dtype=k.dtype) * mask[:, None]
+        noise_v = torch.randn(v.shape, generator=gen, dtype=v.dtype) * mask[:, None]
+        out.append((noise_k * k[..., mask, :].pow(2).mean().sqrt(), noise_v * v[..., mask, :].pow(2).mean().sqrt()))
+    return out
+
+
+def _noised(cache: KVCache, noise: list[tuple[torch.Tensor, torch.Tensor]], sigma: float) -> KVCache:
+    return KVCache(keys=[k + sigma * nk for k, (nk, _) in zip(cache.keys, noise)],
+                   values=[v + sigma * nv for v, (_, nv) in zip(cache.values, noise)],
+                   positions=cache.positions, token_ids=cache.token_ids)
 
 
 @torch.no_grad()
@@ -67,12 +74,10 @@ def placebo_reception(model, layout: Layout, prefix: KVCache, text_logits: torch
     context, _ = continue_from(model, prefix, before, last_only=True)
     tail = context.slice(prefix.num_tokens)
     mask = _import_mask(layout, prefix.num_tokens, tail.num_tokens)
-    gen = torch.Generator().manual_seed(seed)
-    noise = [(torch.randn(k.shape, generator=gen, dtype=k.dtype), torch.randn(v.shape, generator=gen, dtype=v.dtype))
-             for k, v in zip(tail.keys, tail.values)]
+    noise = _unit_noise(tail, mask, torch.Generator().manual_seed(seed))
 
     def at(sigma: float) -> tuple[float, KVCache, torch.Tensor]:
-        cache = KVCache.concat([prefix, _noised(tail, mask, noise, sigma)])
+        cache = KVCache.concat([prefix, _noised(tail, noise, sigma)])
         cache, logits = continue_from(model, cache, question, last_only=True)
         return first_token_kl(text_logits, logits[0, -1]), cache, logits[0, -1]
 
