@@ -13,6 +13,12 @@ of its ``k`` nearest anchor tokens' deviations (L2 distance between keys at posi
 the median distance of those neighbours), added to the re-encoded K/V at B's positions. Layer 0 has
 no deviation (its K/V depend on the token alone) and gets none. The first sender's span needs no
 offset: B's frame is exactly what precedes it.
+
+The search is what costs: every layer compares each imported token with every anchor token. Anchor
+tokens are the same tokens at every layer, so ``search_once`` finds each token's neighbours at the
+middle layer only and every layer gathers its own deviations at those indices
+(``kv-own-anchored-once``): one search per span instead of one per layer, and the same search
+decides the prefill fallback.
 """
 from __future__ import annotations
 
@@ -89,6 +95,16 @@ def _probe_layer(num_layers: int) -> int:
     return num_layers // 2
 
 
+@dataclass(frozen=True)
+class AnchorSearch:
+    """One span's nearest anchors at the probe layer, reused by every layer: indices and softmax
+    weights [kv_heads, n, k], and the mean distance to the nearest anchor (the fallback's measure)."""
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+    mean_nearest: float
+
+
 def mean_anchor_distance(keys_at_zero: torch.Tensor, anchors: torch.Tensor) -> float:
     """Mean over heads and tokens of the distance from each key [H, n, d] to its nearest anchor [H, M, d]."""
     return float(torch.cdist(keys_at_zero, anchors).min(dim=-1).values.mean())
@@ -119,18 +135,36 @@ def falls_back(pool: AnchorPool, span: KVCache, rope) -> bool:
     nearest-anchor distance at the probe layer, keys rotated to position 0, exceeds the pool's limit."""
     if pool.fallback_distance is None:
         return False
-    probe = _probe_layer(span.num_layers)
-    anchors = pool.keys[probe]
-    assert anchors is not None  # the probe layer is never 0 for a model with two or more layers
-    at_zero = rerotate(span.keys[probe], -span.positions, rope)[0]
+    anchors, at_zero = _probe_keys(pool, span, rope)
     return mean_anchor_distance(at_zero, anchors) > pool.fallback_distance
 
 
-def _neighbours(queries: torch.Tensor, anchors: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query token [H, n, d]: its k nearest anchors' indices [H, n, k] and softmax weights."""
+def _probe_keys(pool: AnchorPool, span: KVCache, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's anchor keys at the probe layer and ``span``'s keys there, rotated to position 0."""
+    probe = _probe_layer(span.num_layers)
+    anchors = pool.keys[probe]
+    assert anchors is not None  # the probe layer is never 0 for a model with two or more layers
+    return anchors, rerotate(span.keys[probe], -span.positions, rope)[0]
+
+
+def search_once(pool: AnchorPool, span: KVCache, rope) -> AnchorSearch:
+    """``span``'s (a sender's own K/V at its own positions) nearest anchors at the probe layer."""
+    anchors, at_zero = _probe_keys(pool, span, rope)
+    dist, idx, weights = _neighbours(at_zero, anchors, pool.neighbours)
+    return AnchorSearch(indices=idx, weights=weights, mean_nearest=float(dist[..., 0].mean()))
+
+
+def falls_back_after(pool: AnchorPool, search: AnchorSearch) -> bool:
+    """``falls_back`` for a span already searched (its nearest distances come with the search)."""
+    return pool.fallback_distance is not None and search.mean_nearest > pool.fallback_distance
+
+
+def _neighbours(queries: torch.Tensor, anchors: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query token [H, n, d]: its k nearest anchors' distances and indices [H, n, k] (nearest
+    first) and softmax weights."""
     k = min(k, anchors.shape[1])
     dist, idx = torch.cdist(queries, anchors).topk(k, dim=-1, largest=False)
-    return idx, torch.softmax(-dist / dist.median().clamp_min(1e-12), dim=-1)
+    return dist, idx, torch.softmax(-dist / dist.median().clamp_min(1e-12), dim=-1)
 
 
 def _weighted(offsets: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -142,10 +176,11 @@ def _weighted(offsets: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -
 
 @torch.no_grad()
 def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache, start: int, rope,
-                  offset_first: bool = False) -> KVCache:
+                  offset_first: bool = False, search: AnchorSearch | None = None) -> KVCache:
     """The shipped span placed at B's positions from ``start``, with the anchors' offset added (none
     for the first sender's re-encoded span, which is exact; ``offset_first``: the sender's own cache,
-    where the first sender's span deviates too)."""
+    where the first sender's span deviates too). With ``search`` (``search_once``) every layer uses
+    its neighbours; without, each layer searches its own."""
     placed = reposition(reencoded, start, rope)
     if sender_index == 0 and not offset_first:
         return placed
@@ -164,8 +199,11 @@ def anchored_span(pool: AnchorPool | None, sender_index: int, reencoded: KVCache
     for layer in range(1, placed.num_layers):
         anchor_keys, key_offsets, value_offsets = pool.keys[layer], pool.key_offsets[layer], pool.value_offsets[layer]
         assert anchor_keys is not None and key_offsets is not None and value_offsets is not None  # layer > 0
-        at_zero = rotate_keys(placed.keys[layer], *to_zero)[0]
-        idx, weights = _neighbours(at_zero, anchor_keys, pool.neighbours)  # one search for K and V
+        if search is not None:
+            idx, weights = search.indices, search.weights
+        else:
+            at_zero = rotate_keys(placed.keys[layer], *to_zero)[0]
+            _, idx, weights = _neighbours(at_zero, anchor_keys, pool.neighbours)  # one search for K and V
         key_offset, value_offset = _weighted(key_offsets, idx, weights), _weighted(value_offsets, idx, weights)
         keys.append(placed.keys[layer] + rotate_keys(key_offset.unsqueeze(0), *to_place))
         values.append(placed.values[layer] + value_offset.unsqueeze(0))

@@ -4,7 +4,7 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 from dataclasses import dataclass
 
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "remote-prefill", "kv-blend",
-             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "kv-own-anchored", "placebo")
+             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "kv-own-anchored", "kv-own-anchored-once", "placebo")
 # What ``remote-prefill`` was called until 2026-12-06. It ships K/V the sender computed by prefilling the
 # message again in B's frame: a function of the message text and B's frame only, so B's prompt gives
 # exactly text's answers. That is a remote prefill, not reuse of the sender's cache: it is reported
@@ -38,6 +38,8 @@ class ProtocolFeatures:
         anchored: anchor offsets estimated from other examples are added to a later sender's
             re-encoded span (kvcomm.anchors); without ``reencoded`` (``kv-own-anchored``, KVCOMM
             proper) to every sender's own re-rotated span, with a prefill fallback when no anchor matches.
+        search_once: an anchored protocol finds each token's nearest anchors at one layer and every
+            layer reuses them (``kv-own-anchored-once``), instead of searching at every layer.
         boundary: B recomputes the first k tokens of a span (one run per ``--boundary-k``); of every
             span, or only a later sender's when the span was re-encoded in B's frame (the first
             sender's is then exact).
@@ -50,6 +52,7 @@ class ProtocolFeatures:
     reencoded: bool = False
     repositions: bool = False
     anchored: bool = False
+    search_once: bool = False
     boundary: bool = False
     blend: bool = False
     placebo: bool = False
@@ -68,7 +71,8 @@ class ProtocolFeatures:
 # keyed by the name without its "kv-" prefix and "+suffix": remote-prefill is the one base without "kv-"
 _BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "remote-prefill": {"reencoded": True, "repositions": True},
           "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True},
-          "own-anchored": {"repositions": True, "anchored": True}}
+          "own-anchored": {"repositions": True, "anchored": True},
+          "own-anchored-once": {"repositions": True, "anchored": True, "search_once": True}}
 _SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
 
 

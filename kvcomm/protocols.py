@@ -36,6 +36,13 @@ anchored, boundary-recomputed or blended:
   recomputes nothing there). The recomputed head attends to the earlier senders' spans as B's own
   prefill would; the rest of the span keeps its anchored K/V. With ``boundary_k`` >= every later
   span's length this is exactly ``text``.
+- ``kv-own-anchored``: KVCOMM proper: every sender's *own* cache, re-rotated into place, plus the
+  deviation its nearest anchor tokens showed between their own K/V and B's exact prefill (searched
+  at every layer); a span farther from the anchors than the pool's fallback distance is prefilled by
+  B instead. No sender re-prefills anything.
+- ``kv-own-anchored-once``: as kv-own-anchored, but each token's nearest anchors are found once, at
+  the middle layer, and every layer takes its deviations at those anchors (one search per span,
+  which also decides the fallback).
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -49,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import KVCommError, suggest
-from kvcomm.anchors import anchored_span, falls_back
+from kvcomm.anchors import anchored_span, falls_back, falls_back_after, search_once
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.layout import Layout, SenderState
 from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
@@ -158,13 +165,16 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, 
         else:
             span = _shipped_span(spec, senders[seg.sender])
             own = not features.reencoded  # kv-own-anchored: the sender's own cache, every sender offset
-            if features.anchored and own and anchors is not None and falls_back(anchors, span, rope):
+            # kv-own-anchored-once: one nearest-anchor search decides the fallback and serves every layer
+            search = search_once(anchors, span, rope) if features.search_once and anchors is not None else None
+            if features.anchored and own and anchors is not None and (
+                    falls_back_after(anchors, search) if search is not None else falls_back(anchors, span, rope)):
                 compute(seg.ids, pos)  # no anchor matches this span: B prefills it (KVCOMM's fallback)
                 recomputed += n
                 pos += n
                 continue
             if features.anchored:
-                span = anchored_span(anchors, seg.sender, span, pos, rope, offset_first=own)
+                span = anchored_span(anchors, seg.sender, span, pos, rope, offset_first=own, search=search)
             k = min(spec.boundary_k, n) if features.recomputes_head(seg.sender) else 0
             compute(seg.ids[:k], pos)
             recomputed += k
