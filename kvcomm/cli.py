@@ -52,7 +52,8 @@ def _register_eval(kv_sub) -> None:
                    help="tokens recomputed at the start of each imported chunk (kv-anchored+boundary: of each "
                         "later sender's), comma-separated")
     p.add_argument("--anchor-examples", type=argtypes.positive_int, default=DEFAULT_ANCHOR_EXAMPLES,
-                   help="kv-anchored(+boundary) and kv-own-anchored: examples its anchor pool is built from (another seed's, never scored)")
+                   help="kv-anchored(+boundary), kv-own-anchored(-once): examples its anchor pool is built from; kv-layers: "
+                        "examples its shared layers are chosen on (another seed's, never scored)")
     # --max-tokens as in `gpubench vllm generate` and vLLM's SamplingParams; the HF spelling stays an alias.
     p.add_argument("--max-tokens", type=argtypes.positive_int, default=5, dest="max_new_tokens",
                    help="answer tokens decoded (greedy)")
@@ -170,7 +171,8 @@ def parse_protocols(protocols: str, ratios: str, boundary_ks: str, anchor_exampl
         for r in (ratio_values if f.blend else [ProtocolSpec.ratio]):
             for k in (k_values if f.boundary else [ProtocolSpec.boundary_k]):
                 specs.append(ProtocolSpec(name, ratio=r, boundary_k=k,
-                                          anchor_examples=anchors if f.anchored or f.boundary else DEFAULT_ANCHOR_EXAMPLES))
+                                          anchor_examples=anchors if f.anchored or f.boundary or f.layer_share
+                                          else DEFAULT_ANCHOR_EXAMPLES))
     if not specs:
         raise KVCommError("no protocols given")
     if "text" not in [s.name for s in specs]:

@@ -37,8 +37,9 @@ import torch
 
 from common.errors import KVCommError
 from common.jsonio import iter_jsonl
-from kvcomm.anchors import AnchorPool, own_pool, pool_from_spans, span_deviations
+from kvcomm.anchors import AnchorPool
 from kvcomm.cache import continue_from
+from kvcomm.calibration import anchor_pool, shared_layers
 from kvcomm.example import extract_answer, score
 from kvcomm.layout import encode_sender, receiver_layout, receiver_prefix, reencode_in_receiver_frame
 from kvcomm.metrics import first_token_kl
@@ -200,35 +201,34 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
 
 
 
-def build_anchor_pool(model, tokenizer, examples, rope, own: bool = False) -> AnchorPool:
-    """kv-anchored's pool from ``examples`` (each with two or more senders; single-sender ones add
-    nothing): each example's senders encoded and re-encoded in B's frame as the protocols do, and
-    the re-encoded spans' deviations from B's own encoding (kvcomm.anchors). Here, beside the
-    evaluation that draws those examples, so that kvcomm.anchors needs nothing of kvcomm.protocols."""
-    spans = []
+def _exchanges(model, tokenizer, examples) -> Iterable:
+    """Calibration examples as B would see them: (layout, the senders' own caches), one by one."""
     with torch.no_grad():
         for ex in examples:
             senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
-            layout = receiver_layout(tokenizer, ex, senders)
-            if own:  # kv-own-anchored: every sender's own span against B's prefill
-                spans.append(span_deviations(model, layout, senders, rope, own=True))
-            else:
-                spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
-    return own_pool(spans) if own else pool_from_spans(spans, len(examples))
+            yield receiver_layout(tokenizer, ex, senders), senders
 
 
-def _anchor_pool(model, tokenizer, rope, cfg: EvalConfig, task: str, num_examples: int, pools: dict,
-                 own: bool = False):
-    """An anchored protocol's pool for ``task`` (built once per run): ``(pool, build seconds)``, or
-    ``(None, 0.0)`` for kv-anchored on a single-sender task (nothing to offset). ``own``: kv-own-anchored's
-    pool (every sender's own span, with its fallback distance)."""
-    key = (task, num_examples, own)
+def _calibrated(model, tokenizer, rope, cfg: EvalConfig, task: str, spec: ProtocolSpec, pools: dict):
+    """What ``spec`` prepares on calibration examples of ``task`` (another seed, built once per run):
+    ``(an anchor pool or kv-layers' shared layers, build seconds)``; ``(None, 0.0)`` when it needs
+    none, as kv-anchored on a single-sender task (nothing to offset)."""
+    f = spec.features
+    if not (f.anchored or f.layer_share):
+        return None, 0.0
+    own = not f.reencoded
+    key = (task, spec.anchor_examples, "layers" if f.layer_share else own)
     if key not in pools:
-        examples = generate(task, num_examples, cfg.seed + ANCHOR_SEED_OFFSET)
+        examples = generate(task, spec.anchor_examples, cfg.seed + ANCHOR_SEED_OFFSET)
         t0 = time.perf_counter()
-        pool = (build_anchor_pool(model, tokenizer, examples, rope, own=own)
-                if own or len(examples[0].messages) > 1 else None)
-        pools[key] = (pool, time.perf_counter() - t0)
+        made: AnchorPool | frozenset[int] | None
+        if f.layer_share:
+            made = shared_layers(model, _exchanges(model, tokenizer, examples), rope)
+        elif own or len(examples[0].messages) > 1:
+            made = anchor_pool(model, _exchanges(model, tokenizer, examples), rope, own=own)
+        else:
+            made = None
+        pools[key] = (made, time.perf_counter() - t0)
     return pools[key]
 
 
@@ -251,17 +251,16 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
     for spec in specs:
         if (ex.task, ex.index, spec.label) in done and (spec.name != "text" or text_logits is not None):
             continue
-        anchors, anchors_s = None, 0.0
-        if spec.features.anchored:
-            anchors, anchors_s = _anchor_pool(model, tokenizer, rope, cfg, ex.task, spec.anchor_examples, pools,
-                                              own=not spec.features.reencoded)
+        calibrated, calibrated_s = _calibrated(model, tokenizer, rope, cfg, ex.task, spec, pools)
+        anchors = calibrated if isinstance(calibrated, AnchorPool) else None
         if spec.features.placebo:
             rec = _placebo(model, cfg, ex, layout, senders, prefix, rope, text_logits, kl_seen)
         else:
-            rec = receive(model, spec, layout, senders, prefix, rope, anchors)
+            rec = receive(model, spec, layout, senders, prefix, rope, anchors,
+                          shared_layers=calibrated if spec.features.layer_share else None)
         if anchors is not None:  # built once per run and task, before any example: not B's time
             rec.extra["anchor_pool"] = {"examples": anchors.num_examples, "tokens": anchors.num_tokens,
-                                        "neighbours": anchors.neighbours, "build_s": anchors_s}
+                                        "neighbours": anchors.neighbours, "build_s": calibrated_s}
         if spec.name == "text":
             text_logits, text_answer = rec.last_logits, answer_token_logits(model, tokenizer, rec, ex)
             if (ex.task, ex.index, spec.label) in done:
@@ -282,7 +281,7 @@ def _run_example(model, tokenizer, rope, cfg: EvalConfig, ex, done, pools: dict 
                   prefill_s=rec.prefill_s, num_imported=rec.num_imported, num_recomputed=rec.num_recomputed,
                   num_prompt_tokens=len(layout.ids), seam_aligned=layout.seam_aligned, sender_s=sender_s,
                   kl_text=kl_seen[spec.label], drift_tokens=drift, extra=rec.extra,
-                  transfer_bytes=transfer,
+                  transfer_bytes=_shipped(transfer, rec, model.config.num_hidden_layers),
                   kl_answer=first_token_kl(text_answer[0], mine[0]) if mine and text_answer else float("nan"),
                   gold_logprob=float(torch.log_softmax(mine[0].double(), -1)[mine[1]]) if mine else float("nan"))
 
@@ -313,8 +312,18 @@ def answer_token_logits(model, tokenizer, reception, ex) -> tuple | None:
         return None
     if first == 0:
         return reception.last_logits, gold[0]
-    _, logits = continue_from(model, reception.cache, gold[:first], last_only=True)
+    with reception.scope(model):
+        _, logits = continue_from(model, reception.cache, gold[:first], last_only=True)
     return logits[0, -1], gold[first]
+
+
+def _shipped(transfer: dict, rec, num_layers: int) -> dict:
+    """kv-layers ships its shared layers' K/V only: the K/V byte counts scaled by their share (each
+    layer's K/V, and its int8 scales, are the same size)."""
+    shared = rec.extra.get("shared_layers")
+    if shared is None:
+        return transfer
+    return {k: v if k == "text_utf8" else v * len(shared) // num_layers for k, v in transfer.items()}
 
 
 def transfer_bytes(senders, texts: list[str]) -> dict:

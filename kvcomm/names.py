@@ -4,7 +4,8 @@ list them in `--help` without importing torch (kvcomm.protocols) or building tas
 from dataclasses import dataclass
 
 PROTOCOLS = ("text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary", "remote-prefill", "kv-blend",
-             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "kv-own-anchored", "kv-own-anchored-once", "placebo")
+             "remote-prefill+blend", "kv-anchored", "kv-anchored+boundary", "kv-own-anchored", "kv-own-anchored-once",
+             "kv-layers", "placebo")
 # What ``remote-prefill`` was called until 2026-12-06. It ships K/V the sender computed by prefilling the
 # message again in B's frame: a function of the message text and B's frame only, so B's prompt gives
 # exactly text's answers. That is a remote prefill, not reuse of the sender's cache: it is reported
@@ -40,6 +41,9 @@ class ProtocolFeatures:
             proper) to every sender's own re-rotated span, with a prefill fallback when no anchor matches.
         search_once: an anchored protocol finds each token's nearest anchors at one layer and every
             layer reuses them (``kv-own-anchored-once``), instead of searching at every layer.
+        layer_share: KVComm's (KTH) selective layer sharing (``kv-layers``): the sender's own span,
+            re-rotated into place, at a share of the layers chosen by attention importance on
+            calibration examples; at the others B's tokens do not see the message (kvcomm.layer_share).
         boundary: B recomputes the first k tokens of a span (one run per ``--boundary-k``); of every
             span, or only a later sender's when the span was re-encoded in B's frame (the first
             sender's is then exact).
@@ -53,6 +57,7 @@ class ProtocolFeatures:
     repositions: bool = False
     anchored: bool = False
     search_once: bool = False
+    layer_share: bool = False
     boundary: bool = False
     blend: bool = False
     placebo: bool = False
@@ -72,7 +77,8 @@ class ProtocolFeatures:
 _BASES = {"verbatim": {}, "rerotated": {"repositions": True}, "remote-prefill": {"reencoded": True, "repositions": True},
           "anchored": {"reencoded": True, "repositions": True, "anchored": True}, "blend": {"blend": True},
           "own-anchored": {"repositions": True, "anchored": True},
-          "own-anchored-once": {"repositions": True, "anchored": True, "search_once": True}}
+          "own-anchored-once": {"repositions": True, "anchored": True, "search_once": True},
+          "layers": {"repositions": True, "layer_share": True}}
 _SUFFIXES = {"": {}, "boundary": {"boundary": True}, "blend": {"blend": True}}
 
 
@@ -89,7 +95,7 @@ def protocol_features(name: str) -> ProtocolFeatures:
 
 DEFAULT_BOUNDARY_K = 8
 DEFAULT_RATIO = 0.15
-DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool: examples of another seed, never scored
+DEFAULT_ANCHOR_EXAMPLES = 40  # kv-anchored's pool, kv-layers' calibration: examples of another seed, never scored
 # Anchor examples come from the run's seed plus this offset, so they are never among the scored examples.
 ANCHOR_SEED_OFFSET = 1_000_003
 TASK_NAMES = ("keycode", "twoagent", "drift", "drift3", "multihop", "summary", "handoff", "handoff2")

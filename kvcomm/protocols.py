@@ -43,6 +43,10 @@ anchored, boundary-recomputed or blended:
 - ``kv-own-anchored-once``: as kv-own-anchored, but each token's nearest anchors are found once, at
   the middle layer, and every layer takes its deviations at those anchors (one search per span,
   which also decides the fallback).
+- ``kv-layers``: KVComm's (KTH) selective layer sharing (``kvcomm.layer_share``): the sender's own
+  span, re-rotated into place, at the layers chosen on calibration examples (30 %, by the attention
+  mass B's question puts on the message); at every other layer the tokens B computes afterwards
+  do not attend to the message. Nothing is recomputed; a third of the K/V bytes move.
 - ``kv-blend``: CacheBlend (``kvcomm.blend``): B's cached prefix (exact), then the imported chunks
   re-rotated into place (with B's own separators between them, each encoded on its own, as CacheBlend
   treats every chunk), the question as the query; layer 0 runs over all tokens, and a ratio ``ratio``
@@ -58,6 +62,7 @@ import torch
 from common.errors import KVCommError, suggest
 from kvcomm.anchors import anchored_span, falls_back, falls_back_after, search_once
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
+from kvcomm.layer_share import HiddenSpans, hidden
 from kvcomm.layout import Layout, SenderState
 from kvcomm.names import (  # noqa: F401 - defined there, imported from here too
     DEFAULT_ANCHOR_EXAMPLES,
@@ -101,7 +106,7 @@ class ProtocolSpec:
     def label(self) -> str:
         """Name with the parameters its features use, e.g. ``kv-blend r=0.15``: the key of result rows."""
         f = self.features
-        return " ".join([self.name, *([f"a={self.anchor_examples}"] if f.anchored else []),
+        return " ".join([self.name, *([f"a={self.anchor_examples}"] if f.anchored or f.layer_share else []),
                          *([f"k={self.boundary_k}"] if f.boundary else []), *([f"r={self.ratio:g}"] if f.blend else [])])
 
     @property
@@ -120,6 +125,12 @@ class Reception:
     num_recomputed: int  # imported tokens whose KV B computed itself (all layers past the check layer)
     prefill_s: float  # receiver TTFT: wall time of taking in the messages + question, B's prefix cached
     extra: dict = field(default_factory=dict)
+    # kv-layers: the imported slots B's later tokens (the answer too) may not see, and at which layers
+    hidden: HiddenSpans | None = None
+
+    def scope(self, model):
+        """The scope B's later forwards over this reception's cache run in (kvcomm.layer_share)."""
+        return hidden(model, self.hidden)
 
 
 # ---- sender -------------------------------------------------------------------------------------
@@ -189,7 +200,7 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, 
 
 @torch.no_grad()
 def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
-            rope=None, anchors=None) -> Reception:
+            rope=None, anchors=None, shared_layers: frozenset[int] | None = None) -> Reception:
     """B takes in the senders' messages and the question under protocol ``spec``; timed.
 
     Args:
@@ -197,6 +208,7 @@ def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState
             that lookup out of the timing).
         anchors: the ``kvcomm.anchors.AnchorPool`` kv-anchored estimates its offsets from (inside
             the timing: B applies them at import time).
+        shared_layers: kv-layers' shared layers (``kvcomm.layer_share.choose_layers``).
     """
     if spec.features.placebo:
         raise KVCommError("the placebo matches another protocol's KL to text: kvcomm.placebo.placebo_reception")
@@ -209,20 +221,35 @@ def receive(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState
         reception = _receive_blend(model, spec, layout, senders, prefix, rope)
     else:
         steps, recomputed = _plan(spec, layout, senders, rope, anchors)
+        unseen = _unshared(spec, layout, model, shared_layers)
         cache, logits = prefix, None
-        for step in steps:
-            if step.cache is not None:
-                cache = KVCache.concat([cache, step.cache])
-            else:
-                # the last row's logits only, as a serving engine's prefill: text's TTFT once paid the
-                # lm_head over every prompt row (~27 % more work per token for SmolLM2)
-                cache, logits = continue_from(model, cache, step.ids, positions=step.positions, last_only=True)
+        with hidden(model, unseen):
+            for step in steps:
+                if step.cache is not None:
+                    cache = KVCache.concat([cache, step.cache])
+                else:
+                    # the last row's logits only, as a serving engine's prefill: text's TTFT once paid the
+                    # lm_head over every prompt row (~27 % more work per token for SmolLM2)
+                    cache, logits = continue_from(model, cache, step.ids, positions=step.positions, last_only=True)
         if logits is None:
             raise KVCommError("B's prompt must end with its own tokens (the question)")
         reception = Reception(cache=cache, last_logits=logits[0, -1], num_imported=layout.num_imported,
-                              num_recomputed=recomputed, prefill_s=0.0)
+                              num_recomputed=recomputed, prefill_s=0.0, hidden=unseen)
+        if unseen is not None:
+            reception.extra["shared_layers"] = sorted(set(range(model.config.num_hidden_layers)) - unseen.layers)
     reception.prefill_s = time.perf_counter() - t0
     return reception
+
+
+def _unshared(spec: ProtocolSpec, layout: Layout, model, shared_layers: frozenset[int] | None) -> HiddenSpans | None:
+    """kv-layers: the imported spans, hidden at every layer the senders did not share (else None)."""
+    if not spec.features.layer_share:
+        return None
+    if not shared_layers:
+        raise KVCommError("kv-layers needs its shared layers (kvcomm eval chooses them on calibration examples)")
+    spans = tuple((start, start + len(seg.ids)) for start, seg in
+                  zip(layout.import_starts, [s for s in layout.segments if s.kind == "import"]))
+    return HiddenSpans(layers=frozenset(range(model.config.num_hidden_layers)) - shared_layers, spans=spans)
 
 
 def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
@@ -259,7 +286,8 @@ def answer(model, tokenizer, reception: Reception, max_new_tokens: int = 12) -> 
     tokens = [first]
     if first not in end_ids and max_new_tokens > 1:
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        more, _, _ = greedy_generate(model, reception.cache, [first], max_new_tokens - 1, eos_token_id=eos)
+        with reception.scope(model):  # kv-layers: the answer does not see the message at unshared layers either
+            more, _, _ = greedy_generate(model, reception.cache, [first], max_new_tokens - 1, eos_token_id=eos)
         tokens += more
     tokens = [t for t in tokens if t not in end_ids]
     return tokenizer.decode(tokens, skip_special_tokens=True)

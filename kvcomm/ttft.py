@@ -107,23 +107,25 @@ def exchange(model, tokenizer, length: int, num_senders: int, rng: random.Random
     return receiver_layout_ids(tokenizer, example, ids), senders
 
 
-def _anchor_pool(model, tokenizer, cfg: TtftConfig, length: int, rope, own: bool = False):
-    """An anchored protocol's pool for exchanges of this shape: ``cfg.anchor_examples`` of another seed
-    (what is timed is the search over a pool of that size; the messages timed are never in it).
-    ``own``: kv-own-anchored's (every sender's own span, with its fallback distance)."""
-    from kvcomm.anchors import own_pool, pool_from_spans, span_deviations
-    from kvcomm.layout import reencode_in_receiver_frame
+def _calibrated(model, tokenizer, cfg: TtftConfig, length: int, rope) -> dict:
+    """What the protocols prepare before the rounds (not B's time), on ``cfg.anchor_examples``
+    exchanges of this shape from another seed (what is timed is the search over a pool of that size;
+    the messages timed are never in it): ``{"own": pool, "reencoded": pool, "layers": shared layers}``
+    for those the protocols use (kv-anchored's only with two or more senders: nothing to offset)."""
+    from kvcomm.calibration import anchor_pool, shared_layers
     from kvcomm.names import ANCHOR_SEED_OFFSET
 
-    rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)
-    spans: list = []
-    for _ in range(cfg.anchor_examples):
-        layout, senders = exchange(model, tokenizer, length, cfg.num_senders, rng)
-        if own:
-            spans.append(span_deviations(model, layout, senders, rope, own=True))
-        else:
-            spans += span_deviations(model, layout, reencode_in_receiver_frame(model, layout, senders), rope)
-    return own_pool(spans) if own else pool_from_spans(spans, cfg.anchor_examples)
+    features = [p.features for p in cfg.protocols]
+    wanted = {"own" for f in features if f.anchored and not f.reencoded}
+    wanted |= {"reencoded" for f in features if f.anchored and f.reencoded and cfg.num_senders > 1}
+    wanted |= {"layers" for f in features if f.layer_share}
+    made: dict = {}
+    for what in sorted(wanted):
+        rng = random.Random(cfg.seed + ANCHOR_SEED_OFFSET + length)  # the same exchanges for each
+        exchanges = (exchange(model, tokenizer, length, cfg.num_senders, rng) for _ in range(cfg.anchor_examples))
+        made[what] = (shared_layers(model, exchanges, rope) if what == "layers"
+                      else anchor_pool(model, exchanges, rope, own=what == "own"))
+    return made
 
 
 def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]:
@@ -143,17 +145,17 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
         prefix = receiver_prefix(model, layout)
         if any(p.ships_reencoded for p in cfg.protocols):
             senders = reencode_in_receiver_frame(model, layout, senders)
-        # pools are built before the rounds (not B's time): kv-anchored's, and kv-own-anchored's
-        pools = {own: _anchor_pool(model, tokenizer, cfg, length, rope, own=own)
-                 for own in {not p.features.reencoded for p in cfg.protocols if p.features.anchored}
-                 if own or cfg.num_senders > 1}
+        calibrated = _calibrated(model, tokenizer, cfg, length, rope)
         specs = list(cfg.protocols)
 
         def pool_of(spec):
-            return pools.get(not spec.features.reencoded) if spec.features.anchored else None
+            return calibrated.get("reencoded" if spec.features.reencoded else "own") if spec.features.anchored else None
+
+        def layers_of(spec):
+            return calibrated["layers"] if spec.features.layer_share else None
 
         for spec in specs:  # warm-up round, untimed
-            receive(model, spec, layout, senders, prefix, rope, pool_of(spec))
+            receive(model, spec, layout, senders, prefix, rope, pool_of(spec), layers_of(spec))
         moved = _moved_bytes(tokenizer, senders)
         first_row = len(rows)
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -167,9 +169,11 @@ def run_sweep(cfg: TtftConfig, model, tokenizer, *, progress=None) -> list[dict]
                 sender_extra_s = time.perf_counter() - t0
             for spec in order:
                 anchors = pool_of(spec)
-                rec = receive(model, spec, layout, senders, prefix, rope, anchors)
+                rec = receive(model, spec, layout, senders, prefix, rope, anchors, layers_of(spec))
                 extra = sender_extra_s if spec.ships_reencoded else 0.0
                 nbytes = moved["text_utf8" if spec.name == "text" else "bf16"]
+                if spec.features.layer_share:  # only the shared layers' K/V move
+                    nbytes = nbytes * len(layers_of(spec)) // model.config.num_hidden_layers
                 rows.append({"num_imported": rec.num_imported, "round": rnd, "protocol": spec.label,
                              "ttft_s": rec.prefill_s, "num_recomputed": rec.num_recomputed,
                              "num_prompt_tokens": len(layout.ids), "loadavg_1m": load, "num_senders": cfg.num_senders,

@@ -213,11 +213,12 @@ def test_protocols_are_described_by_features_read_off_their_names():
     assert not f["kv-anchored+boundary"].recomputes_head(0) and f["kv-anchored+boundary"].recomputes_head(1)
     assert not f["kv-anchored"].recomputes_head(1)
     assert [n for n in PROTOCOLS if f[n].search_once] == ["kv-own-anchored-once"] and f["kv-own-anchored-once"].anchored
+    assert [n for n in PROTOCOLS if f[n].layer_share] == ["kv-layers"] and f["kv-layers"].repositions
     labels = [s.label for s in parse_protocols(",".join(PROTOCOLS), "0.1,0.3", "4,8", 20)]
     assert labels == ["text", "kv-verbatim", "kv-rerotated", "kv-rerotated+boundary k=4", "kv-rerotated+boundary k=8",
                       "remote-prefill", "kv-blend r=0.1", "kv-blend r=0.3", "remote-prefill+blend r=0.1",
                       "remote-prefill+blend r=0.3", "kv-anchored a=20", "kv-anchored+boundary a=20 k=4",
                       "kv-anchored+boundary a=20 k=8", "kv-own-anchored a=20",
-                      "kv-own-anchored-once a=20", "placebo"]
+                      "kv-own-anchored-once a=20", "kv-layers a=20", "placebo"]
     with pytest.raises(KVCommError, match="unknown protocol 'kv-magic'"):
         parse_protocols("text,kv-magic", "0.1", "4")

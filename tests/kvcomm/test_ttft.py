@@ -181,3 +181,21 @@ def test_ttft_panel_has_readable_y_tick_labels(ttft_ms):
     assert len(labels) >= 2, labels
     assert all(float(text) > 0 for text in labels)  # plain numbers, no 10^3 mathtext
     assert not any(m in text for text in labels for m in MATHTEXT)
+
+
+def test_own_anchored_protocols_share_one_pool_and_kv_layers_moves_its_shared_layers_bytes(tiny_chat_model_dir, tmp_path, capsys):
+    import math
+
+    out = tmp_path / "ttft3"
+    assert main(["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "24", "--repeats", "2",
+                 "--senders", "2", "--anchor-examples", "2",
+                 "--protocols", "text,kv-own-anchored,kv-own-anchored-once,kv-layers", "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    by = {r["protocol"]: r for r in rows if r["round"] == 0}
+    # one pool of every sender's own span (2 exchanges x 24 tokens) serves both own-anchored protocols
+    assert by["kv-own-anchored a=2"]["anchor_tokens"] == by["kv-own-anchored-once a=2"]["anchor_tokens"] == 48
+    num_layers = json.loads((tiny_chat_model_dir / "config.json").read_text())["num_hidden_layers"]
+    shared = math.ceil(0.3 * num_layers)
+    assert by["kv-layers a=2"]["moved_bytes"] == by["kv-own-anchored a=2"]["moved_bytes"] * shared // num_layers
+    assert by["kv-layers a=2"]["num_recomputed"] == 0 and by["kv-layers a=2"]["anchor_tokens"] == 0
