@@ -122,12 +122,11 @@ def parse_batch_json(text: str) -> list[tuple[int, int]]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from predictor.engines import probe_threads, step_model_for_engine
+    from predictor.host_match import calibration_and_warnings, print_warnings
 
-    calibration, sku = args.calibration, args.sku
+    calibration, sku, warnings = args.calibration, args.sku, []
     if calibration is not None:
-        from predictor.host_match import calibration_for_command
-
-        calibration = calibration_for_command(calibration, sku, force=args.force_calibration)
+        calibration, warnings = calibration_and_warnings(calibration, sku, force=args.force_calibration)
         sku = sku or calibration.sku
     if args.check_drift and calibration is None:
         raise ConfigError("--check-drift compares the host with a calibration: pass --calibration")
@@ -137,6 +136,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batch = parse_batch_json(args.batch_json) if args.batch_json else \
         build_batch(args.phase, args.batch, args.context, args.new_tokens)
     pred = model.predict(batch)
+    print_warnings(warnings)  # after the input is validated: a refusal is its one line alone
     drift = None
     if args.check_drift:  # after the batch is validated: bad input costs no second of timing
         from predictor.host_drift import measure_drift

@@ -102,11 +102,21 @@ def calibration_for(path, sku_id: str | None, *, force: bool = False):
 def calibration_for_command(path, sku: str | None, *, force: bool = False):
     """``calibration_for`` as the commands use it: ``sku`` as the user named it (an id or alias; None:
     the calibration's own), each warning printed on stderr."""
-    import sys
+    cal, warnings = calibration_and_warnings(path, sku, force=force)
+    print_warnings(warnings)
+    return cal
 
+
+def calibration_and_warnings(path, sku: str | None, *, force: bool = False):
+    """``calibration_for_command`` without the printing: for a command that validates the rest of its
+    input first, so that bad input is one line, not a warning and then the error."""
     from gpubench import skus as sku_table
 
-    cal, warnings = calibration_for(path, sku_table.get(sku).id if sku else None, force=force)
+    return calibration_for(path, sku_table.get(sku).id if sku else None, force=force)
+
+
+def print_warnings(warnings: list[str]) -> None:
+    import sys
+
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
-    return cal
