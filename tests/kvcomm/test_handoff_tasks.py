@@ -86,7 +86,8 @@ OWN, ONCE = "kv-own-anchored a=40", "kv-own-anchored-once a=40"
 
 @pytest.mark.parametrize("run, judged", [("handoff-seed11", OWN), ("handoff2-seed11", OWN), ("handoff-seed12", OWN),
                                          ("handoff2-seed12", OWN), ("handoff-design-once", ONCE),
-                                         ("handoff-once-seed13", ONCE), ("handoff2-once-seed13", ONCE)])
+                                         ("handoff-once-seed13", ONCE), ("handoff2-once-seed13", ONCE),
+                                         ("handoff-layers-seed13", "kv-layers a=40")])
 def test_committed_handoff_summaries_regenerate_from_their_rows(run, judged, tmp_path):
     """The committed scoring runs: their COMMAND, rerun on a copy holding every row, rewrites the same
     summaries (nothing is measured: no model is loaded)."""
