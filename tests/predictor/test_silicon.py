@@ -173,8 +173,12 @@ def test_the_committed_silicon_scores_regenerate(tmp_path, framework):
     proc = run_cli(*args, timeout=600, cwd=str(committed.parents[2]))
     assert proc.returncode == 0, proc.stderr
     for name in ("summary.csv", "steps.csv"):
-        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / name), pd.read_csv(committed / name),
-                                      check_exact=False, rtol=1e-3)
+        again, before = pd.read_csv(tmp_path / "again" / name), pd.read_csv(committed / name)
+        # percentages near 0 carry the last bits of the float sums (an AVX2 host and an AVX-512 one part
+        # at 0.2104 vs 0.2107 %): to 0.01 percentage points; every other column to 1e-3 relative
+        pct = [c for c in before.columns if c.endswith("_pct")]
+        pd.testing.assert_frame_equal(again.drop(columns=pct), before.drop(columns=pct), check_exact=False, rtol=1e-3)
+        pd.testing.assert_frame_equal(again[pct], before[pct], check_exact=False, rtol=1e-3, atol=0.01)
 
 
 def test_learned_baseline_is_in_sample_on_its_source_and_spec_scaled_elsewhere():
