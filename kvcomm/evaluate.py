@@ -202,11 +202,11 @@ def _run_todo(cfg: EvalConfig, todo, done, results: Path, model, tokenizer, prog
 
 
 def _exchanges(model, tokenizer, examples) -> Iterable:
-    """Calibration examples as B would see them: (layout, the senders' own caches), one by one."""
-    with torch.no_grad():
-        for ex in examples:
-            senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
-            yield receiver_layout(tokenizer, ex, senders), senders
+    """Calibration examples as B would see them: (layout, the senders' own caches), one by one (run
+    under the consumer's no_grad: kvcomm.calibration's builders)."""
+    for ex in examples:
+        senders = [encode_sender(model, tokenizer, m) for m in ex.messages]
+        yield receiver_layout(tokenizer, ex, senders), senders
 
 
 def _calibrated(model, tokenizer, rope, cfg: EvalConfig, task: str, spec: ProtocolSpec, pools: dict):
