@@ -133,10 +133,7 @@ def own_pool(spans_per_example: list[list], neighbours: int = DEFAULT_NEIGHBOURS
 def falls_back(pool: AnchorPool, span: KVCache, rope) -> bool:
     """Whether no anchor matches ``span`` (a sender's own K/V at its own positions): its mean
     nearest-anchor distance at the probe layer, keys rotated to position 0, exceeds the pool's limit."""
-    if pool.fallback_distance is None:
-        return False
-    anchors, at_zero = _probe_keys(pool, span, rope)
-    return mean_anchor_distance(at_zero, anchors) > pool.fallback_distance
+    return pool.fallback_distance is not None and falls_back_after(pool, search_once(pool, span, rope))
 
 
 def _probe_keys(pool: AnchorPool, span: KVCache, rope) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,8 +41,7 @@ def shared_layers(model, exchanges: Iterable, rope) -> frozenset[int]:
     mass from B's tokens after the last message onto the messages ranks it (kvcomm.layer_share)."""
     mass: dict[int, list[float]] = {}
     for layout, senders in exchanges:
-        spans = tuple((start, start + len(s.message_ids)) for start, s in zip(layout.import_starts, senders))
-        meter = AttentionMeter(spans=spans)
+        meter = AttentionMeter(spans=layout.import_spans)
         with metered(model, meter):
             receive(model, ProtocolSpec("text"), layout, senders, receiver_prefix(model, layout), rope)
         for layer, values in meter.mass.items():

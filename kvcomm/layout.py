@@ -94,6 +94,12 @@ class Layout:
             pos += len(s.ids)
         return starts
 
+    @property
+    def import_spans(self) -> tuple[tuple[int, int], ...]:
+        """[start, end) in B's sequence of each imported segment (one per sender)."""
+        sizes = [len(s.ids) for s in self.segments if s.kind == "import"]
+        return tuple((start, start + n) for start, n in zip(self.import_starts, sizes))
+
 
 def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import KVCommError, suggest
-from kvcomm.anchors import anchored_span, falls_back, falls_back_after, search_once
+from kvcomm.anchors import anchored_span, falls_back_after, search_once
 from kvcomm.cache import KVCache, continue_from, greedy_generate, prefill
 from kvcomm.layer_share import HiddenSpans, hidden
 from kvcomm.layout import Layout, SenderState
@@ -176,16 +176,17 @@ def _plan(spec: ProtocolSpec, layout: Layout, senders: list[SenderState], rope, 
         else:
             span = _shipped_span(spec, senders[seg.sender])
             own = not features.reencoded  # kv-own-anchored: the sender's own cache, every sender offset
-            # kv-own-anchored-once: one nearest-anchor search decides the fallback and serves every layer
-            search = search_once(anchors, span, rope) if features.search_once and anchors is not None else None
-            if features.anchored and own and anchors is not None and (
-                    falls_back_after(anchors, search) if search is not None else falls_back(anchors, span, rope)):
+            # own-anchored: one nearest-anchor search at the probe layer decides the fallback (and with
+            # search_once serves every layer)
+            search = search_once(anchors, span, rope) if features.anchored and own and anchors is not None else None
+            if search is not None and falls_back_after(anchors, search):
                 compute(seg.ids, pos)  # no anchor matches this span: B prefills it (KVCOMM's fallback)
                 recomputed += n
                 pos += n
                 continue
             if features.anchored:
-                span = anchored_span(anchors, seg.sender, span, pos, rope, offset_first=own, search=search)
+                span = anchored_span(anchors, seg.sender, span, pos, rope, offset_first=own,
+                                     search=search if features.search_once else None)
             k = min(spec.boundary_k, n) if features.recomputes_head(seg.sender) else 0
             compute(seg.ids[:k], pos)
             recomputed += k
@@ -247,9 +248,7 @@ def _unshared(spec: ProtocolSpec, layout: Layout, model, shared_layers: frozense
         return None
     if not shared_layers:
         raise KVCommError("kv-layers needs its shared layers (kvcomm eval chooses them on calibration examples)")
-    spans = tuple((start, start + len(seg.ids)) for start, seg in
-                  zip(layout.import_starts, [s for s in layout.segments if s.kind == "import"]))
-    return HiddenSpans(layers=frozenset(range(model.config.num_hidden_layers)) - shared_layers, spans=spans)
+    return HiddenSpans(layers=frozenset(range(model.config.num_hidden_layers)) - shared_layers, spans=layout.import_spans)
 
 
 def _receive_blend(model, spec: ProtocolSpec, layout: Layout, senders: list[SenderState], prefix: KVCache,
