@@ -57,6 +57,17 @@ class HostCPU:
         """cores x lanes x FMA units x 2 FLOP/FMA x clock."""
         return self.num_cpus * self.fp_lanes(dtype_bytes) * self.fma_units_per_core * 2 * self.clock_mhz * 1e6
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "HostCPU":
+        """The inverse of :meth:`to_dict`: the CPU a run manifest's ``device.properties`` (or a
+        calibration's recorded host) describes. Keys this class does not hold are ignored; a missing
+        one raises KeyError."""
+        return cls(model_name=d["model_name"], num_cpus=int(d["num_cpus"]),
+                   num_physical_cores=int(d["num_physical_cores"]), vector_bits=int(d["vector_bits"]),
+                   fma_units_per_core=int(d["fma_units_per_core"]), clock_mhz=float(d["clock_mhz"]),
+                   clock_source=d["clock_source"], caches=tuple(CacheLevel(**c) for c in d["caches"]),
+                   flags=tuple(d["flags"]), assumptions=tuple(d.get("assumptions") or ()))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["llc_bytes"] = self.llc_bytes

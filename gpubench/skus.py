@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 try:
     import tomllib
@@ -16,6 +17,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]  # the same API under the backport's name
 
 from common.errors import ConfigError, SKUMismatchError, UnknownSKUError, suggest
+
+if TYPE_CHECKING:
+    from gpubench.hostinfo import HostCPU
 
 TENSOR_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8")
 
@@ -114,11 +118,14 @@ def gpu_skus() -> dict[str, SKU]:
     return {k: _from_entry(k, v) for k, v in _table().items()}
 
 
-def cpu_sku() -> SKU:
-    """The `cpu` entry, built from the detected host: cores x vector lanes x FMA units x 2 x clock."""
+def cpu_sku(host: "HostCPU | None" = None, memory_bytes: float | None = None) -> SKU:
+    """The `cpu` entry, built from the detected host: cores x vector lanes x FMA units x 2 x clock.
+
+    ``host`` (and its ``memory_bytes``): a CPU a run recorded instead of this one, so that rows and
+    probes measured on one machine are priced for that machine wherever they are read."""
     from gpubench.hostinfo import host_cpu
 
-    h = host_cpu()
+    h = host if host is not None else host_cpu()
     lanes32, lanes64 = h.fp_lanes(4), h.fp_lanes(8)
     # A CPU has no tensor cores: model it as one "tensor core" per core whose FMA/clk is lanes x units,
     # so the same identity gives the vector-FMA peak.
@@ -135,7 +142,7 @@ def cpu_sku() -> SKU:
         fp32_fma_per_sm_per_clk=lanes32 * h.fma_units_per_core,
         spec_clock_mhz=h.clock_mhz,
         max_boost_mhz=h.clock_mhz,
-        memory_gb=_mem_total_gb(),
+        memory_gb=memory_bytes / 1e9 if memory_bytes is not None else _mem_total_gb(),
         memory_bw_gbs=None,  # no spec for a host: the stream probe measures it
         l2_mb=l3 / 1e6,
         tdp_w=None,
@@ -148,6 +155,8 @@ def cpu_sku() -> SKU:
             "l2_mb": "last-level cache from /sys/devices/system/cpu/cpu0/cache",
             "memory_gb": "/proc/meminfo MemTotal",
             "memory_bw_gbs": "none: measured by the stream probe",
+            **({"host": "the CPU a run recorded (its manifest's device properties), not this host"}
+               if host is not None else {}),
         },
     )
 

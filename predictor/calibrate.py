@@ -56,6 +56,16 @@ def run_hardware_overrides(run, hw: HardwareSpec) -> dict:
     return out
 
 
+def run_spec(run) -> HardwareSpec:
+    """The spec of the device ``run`` measured: the SKU's, and for a CPU the CPU its manifest recorded
+    (not the host the fit runs on: a run fits to the same calibration on any machine)."""
+    from predictor.host_match import identity_from_device, recorded_cpu_spec
+
+    device = run.manifest.get("device") or {}
+    spec = recorded_cpu_spec(identity_from_device(device)) if device.get("backend") == "cpu" else None
+    return spec if spec is not None else HardwareSpec.from_sku(run.sku)
+
+
 def hardware_from_run(run) -> HardwareSpec:
     """The device a gpubench run measured (``run``: a loaded ``Run`` or a run directory): the SKU's
     spec with the SM/core count and L2/LLC of the manifest's device properties and, on a CPU, the
@@ -67,7 +77,7 @@ def hardware_from_run(run) -> HardwareSpec:
 
     if not hasattr(run, "manifest"):
         run = results.load(run)
-    base = HardwareSpec.from_sku(run.sku)
+    base = run_spec(run)
     over = run_hardware_overrides(run, base)
     changes = {k: (int(p.value) if k == "num_sms" else p.value) for k, p in over.items()}
     if "mem_bytes_per_s" in over:
@@ -213,7 +223,7 @@ def fit_run(run_dir, dtype: str | None = None, argv: list | None = None, *, allo
     if contended and not allow_contended:
         raise ConfigError(f"{run.run_dir}: taken under contention ({contended}): rerun when the machine is quiet, "
                           "or pass --allow-contended to fit anyway (the calibration is then marked)")
-    hw0 = HardwareSpec.from_sku(run.sku)
+    hw0 = run_spec(run)
     if hw0.backend != run.backend:
         raise ConfigError(f"{run.run_dir}: manifest backend '{run.backend}' does not match SKU '{run.sku}' ({hw0.backend})")
     dtype = dtype or hw0.default_dtype

@@ -254,7 +254,9 @@ def _evaluate(args) -> int:
     if args.calibration is not None:
         from predictor.host_match import calibration_for_command
 
-        loaded = calibration_for_command(args.calibration, args.sku, force=args.force_calibration)
+        # evaluate prices the CPU the calibration recorded (the rows' machine), not this host
+        loaded = calibration_for_command(args.calibration, args.sku, force=args.force_calibration,
+                                         recorded_host_priced=True)
 
     ec = EvalConfig(rows=[str(r) for r in args.rows], calibration=str(args.calibration) if args.calibration else None,
                     sku=args.sku, out=str(args.out), seed=args.seed, target=args.target,

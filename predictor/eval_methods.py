@@ -110,7 +110,7 @@ def step_model_parts(df: pd.DataFrame, *, sku: str, calibration) -> OpParts:
     models = {}
     width = 0
     for (model, dtype), g in df.groupby(["model", "dtype"], sort=True):
-        models[(model, dtype)] = StepModel(*_hw_and_model(sku, model), calibration=_no_host(calibration, sku, dtype),
+        models[(model, dtype)] = StepModel(*_hw_and_model(sku, model, calibration), calibration=_no_host(calibration, sku, dtype),
                                            form="additive", dtype=dtype)
     for r in df.itertuples():
         m = models[(r.model, r.dtype)]
@@ -266,11 +266,13 @@ class ForestModel:
         return np.exp(self.model.predict(test[list(RF_FEATURES)].to_numpy(np.float64)))
 
 
-def _hw_and_model(sku: str, model: str):
+def _hw_and_model(sku: str, model: str, calibration):
+    """The device the rows are priced for (the CPU the calibration recorded, wherever this runs) and
+    the model's config."""
     from common.model_config import load_model_config
-    from predictor.hardware import HardwareSpec
+    from predictor.host_match import spec_for_rows
 
-    return HardwareSpec.from_sku(sku), load_model_config(model)
+    return spec_for_rows(sku, calibration), load_model_config(model)
 
 
 def _no_host(calibration, sku: str, dtype: str):
@@ -280,7 +282,7 @@ def _no_host(calibration, sku: str, dtype: str):
 
     cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
     if cal is None:
-        cal = defaults(HardwareSpec.from_sku(sku), dtype)
+        cal = defaults(HardwareSpec.from_sku(sku), dtype)  # no calibration: the SKU (cpu: this host)
     zero = {k: Param(0.0, None, "measured", "evaluate: fitted per split") for k in ("s_floor_ms", "s_slope_ms")}
     return Calibration(sku=cal.sku, backend=cal.backend, dtype=cal.dtype, params=dict(cal.params),
                        hardware=dict(cal.hardware), host_residual=zero, meta=dict(cal.meta),
@@ -305,7 +307,7 @@ def cpu_ops_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | None
     for (model, dtype, engine, n), g in df.assign(_engine=engines, _threads=threads.fillna(0)).groupby(keys, sort=True):
         # the path `gpubench predict --engine` takes; rows from an engine at another thread count than
         # the probes are refused, as predict refuses them
-        sm, _ = step_model_for_engine(*_hw_and_model(sku, model), calibration=cal, engine=engine, dtype=dtype,
+        sm, _ = step_model_for_engine(*_hw_and_model(sku, model, calibration), calibration=cal, engine=engine, dtype=dtype,
                                       threads=int(n) or None)
         out.loc[g.index] = sm.predict_many([[tuple(s) for s in json.loads(b)] for b in g.batch_json])
     return out
@@ -325,7 +327,7 @@ def gpu_probe_base(df: pd.DataFrame, *, sku: str, calibration) -> pd.Series | No
     engines = df["engine"].fillna("torch") if "engine" in df.columns else pd.Series("torch", index=df.index)
     out = pd.Series(np.nan, index=df.index, dtype=np.float64)
     for (model, dtype, engine), g in df.assign(_engine=engines).groupby(["model", "dtype", "_engine"], sort=True):
-        sm, choice = step_model_for_engine(*_hw_and_model(sku, model), calibration=cal, engine=engine, dtype=dtype)
+        sm, choice = step_model_for_engine(*_hw_and_model(sku, model, calibration), calibration=cal, engine=engine, dtype=dtype)
         out.loc[g.index] = [sm.predict_time([tuple(s) for s in json.loads(b)], async_scheduling=choice.async_scheduling)
                             for b in g.batch_json]
     return out
@@ -337,7 +339,7 @@ def step_model_base(df: pd.DataFrame, *, sku: str, calibration, form: str) -> pd
 
     out = pd.Series(np.nan, index=df.index, dtype=np.float64)
     for (model, dtype), g in df.groupby(["model", "dtype"], sort=True):
-        sm = StepModel(*_hw_and_model(sku, model), calibration=_no_host(calibration, sku, dtype), form=form,
+        sm = StepModel(*_hw_and_model(sku, model, calibration), calibration=_no_host(calibration, sku, dtype), form=form,
                        dtype=dtype)
         batches = [[tuple(s) for s in json.loads(b)] for b in g.batch_json]
         out.loc[g.index] = sm.predict_many(batches)

@@ -234,7 +234,7 @@ def rowcal_calibration(df: pd.DataFrame, parts: OpParts, *, sku: str, calibratio
     sc = m.scales
     dtype = df.dtype.iloc[0]
     base = _no_host(calibration, sku, dtype)
-    sm = StepModel(*_hw_and_model(sku, df.model.iloc[0]), calibration=base, dtype=dtype)
+    sm = StepModel(*_hw_and_model(sku, df.model.iloc[0], calibration), calibration=base, dtype=dtype)
     src = (f"gpubench evaluate: additive form fitted to {len(df)} engine-step rows ({target}; "
            f"{', '.join(sorted(df.model.unique()))}) from {', '.join(rows)}")
     err = fit["mape_pct"]
@@ -265,7 +265,21 @@ def command_line(ec: EvalConfig) -> str:
     return shlex.join(parts)
 
 
-def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wall_s", seed: int = 0) -> EvalResult:
+def _check_rows_device(df: pd.DataFrame, sku: str, calibration, *, force: bool) -> None:
+    """Rows priced for the CPU a calibration records must come from a CPU of that name."""
+    from predictor.host_match import calibration_cpu_spec
+
+    spec = calibration_cpu_spec(calibration)
+    if spec is None:  # no calibration, a GPU's, or an older one: the SKU is priced (cpu: this host)
+        return
+    names = sorted(set(df.device_name.astype(str)))
+    if not force and any(not spec.name.startswith(n) for n in names):
+        raise ConfigError(f"the rows were measured on {', '.join(names)} but the calibration describes {spec.name}: "
+                          "fit one from a probe run on the rows' machine, or pass --force-calibration")
+
+
+def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wall_s", seed: int = 0,
+                  force_calibration: bool = False) -> EvalResult:
     """Score every method on every split of ``df`` (no files written)."""
     for col in (target, vidur_column(target)):
         if col not in df.columns:
@@ -278,6 +292,7 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     if set(df.device_type) != {backend}:
         raise ConfigError(f"--sku {sku} is a {backend} SKU but the rows were measured on "
                           f"{', '.join(sorted(set(df.device_type)))}: pass the SKU the rows came from")
+    _check_rows_device(df, sku, calibration, force=force_calibration)
     base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
     base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
     base["cpu_ops"] = cpu_ops_base(df, sku=sku, calibration=calibration)
@@ -304,7 +319,8 @@ def run_evaluation(ec: EvalConfig) -> str:
     """Load rows, score, write tables, plots, the calibration and COMMAND into ``ec.out``; return the headline."""
     df = load_rows(ec.rows, allow_contended=ec.allow_contended)
     calibration = ec.loaded_calibration if ec.loaded_calibration is not None else ec.calibration
-    res = evaluate_rows(df, sku=ec.sku, calibration=calibration, target=ec.target, seed=ec.seed)
+    res = evaluate_rows(df, sku=ec.sku, calibration=calibration, target=ec.target, seed=ec.seed,
+                        force_calibration=ec.force_calibration)
     out = Path(ec.out)
     out.mkdir(parents=True, exist_ok=True)
     res.metrics.to_csv(out / "metrics.csv", index=False)
