@@ -12,7 +12,7 @@ from common.clihelp import DefaultsHelpFormatter, DeprecatedAlias
 from common.errors import KVCommError
 
 DEFAULT_TASKS = "handoff,handoff2"  # the tasks the 135M model answers at >= 0.8 as text, no answer prefix
-DEFAULT_PROTOCOLS = "text,kv-rerotated,kv-own-anchored,placebo"
+DEFAULT_PROTOCOLS = "text,kv-rerotated,kv-own-anchored-once,placebo"
 
 
 def register(sub) -> None:
@@ -124,8 +124,8 @@ def _register_ttft(kv_sub) -> None:
                     "figures * and give the load average and CPU share beside them.",
         formatter_class=DefaultsHelpFormatter)
     t.add_argument("--model", default="smollm2-135m", help="smollm2-135m or an HF model directory")
-    t.add_argument("--lengths", default="64,128,256,512,1024", help="imported tokens, comma-separated")
-    t.add_argument("--protocols", default="text,kv-rerotated,kv-rerotated+boundary,kv-blend",
+    t.add_argument("--lengths", default="128,512,2048", help="imported tokens, comma-separated")
+    t.add_argument("--protocols", default="text,kv-rerotated,kv-own-anchored-once,kv-blend",
                    help="comma-separated protocols (text is required: the speedup's reference)")
     t.add_argument("--ratio", default=str(DEFAULT_RATIO), help="kv-blend recompute ratio(s), comma-separated")
     t.add_argument("--boundary-k", default=str(DEFAULT_BOUNDARY_K),

@@ -112,7 +112,7 @@ def test_cli_defaults_run_the_handoff_tasks_with_own_anchors_and_the_placebo(smo
     assert main(["kvcomm", "eval", "--n", "1", "--anchor-examples", "2", "--no-progress", "--out", str(out)]) == 0
     rows = load_rows(out)
     assert set(rows["task"]) == {"handoff", "handoff2"}
-    assert set(rows["protocol"]) == {"text", "kv-rerotated", "kv-own-anchored a=2", "placebo"}
+    assert set(rows["protocol"]) == {"text", "kv-rerotated", "kv-own-anchored-once a=2", "placebo"}
     assert (rows["scoring"] == "choice").all()
 
 

@@ -199,3 +199,14 @@ def test_own_anchored_protocols_share_one_pool_and_kv_layers_moves_its_shared_la
     shared = math.ceil(0.3 * num_layers)
     assert by["kv-layers a=2"]["moved_bytes"] == by["kv-own-anchored a=2"]["moved_bytes"] * shared // num_layers
     assert by["kv-layers a=2"]["num_recomputed"] == 0 and by["kv-layers a=2"]["anchor_tokens"] == 0
+
+
+def test_default_protocols_are_the_own_cache_ones_the_figures_are_quoted_for(tiny_chat_model_dir, tmp_path, capsys):
+    """`kvcomm ttft` with its default protocols (lengths cut to keep the tiny model short): text's
+    reference, the re-rotated own cache, the one-search anchored own cache and CacheBlend."""
+    out = tmp_path / "defaults"
+    assert main(["kvcomm", "ttft", "--model", str(tiny_chat_model_dir), "--lengths", "24", "--repeats", "1",
+                 "--anchor-examples", "2", "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert {r["protocol"] for r in rows} == {"text", "kv-rerotated", "kv-own-anchored-once a=2", "kv-blend r=0.15"}
