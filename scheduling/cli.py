@@ -122,6 +122,10 @@ def register(sub) -> None:
                    help="sim: the discrete-event simulator; vllm: send the jobs to a real vLLM engine in real time "
                         "(closed loop, prefix caching on; set it up with `gpubench vllm setup`)")
     p.add_argument("--threads", type=int, default=2, help="--engine vllm: OpenMP threads of the engine")
+    p.add_argument("--kv-dir", default="auto",
+                   help="--engine vllm with --prefill-replicas: where the pair's engines exchange KV files: auto "
+                        "(RAM: /dev/shm when it is a tmpfs; else the system temp dir), disk (the system temp dir), "
+                        "or a directory")
     p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
                    help="KV-cache policy, or a queue order (sjf, las, jitserve); --engine vllm: fcfs, sjf or las (priorities)")
     p.add_argument("--jps", type=float, default=None,
@@ -248,6 +252,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.engine == "vllm":
         return cmd_replay_live(args)
+    if args.kv_dir != "auto":
+        raise ConfigError("--kv-dir is where a live pair's engines exchange KV files (--engine vllm); the simulator "
+                          "prices the link with --kv-link file --kv-file-rate")
     from scheduling.slo import parse_slo
 
     trace_path = check_trace_out(args)
@@ -352,6 +359,11 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
                         "pd_threshold_tokens")}
     if args.max_outstanding is not None:
         raise ConfigError("--max-outstanding is the simulator's (a live replay refuses no turn)")
+    if args.kv_dir != "auto":
+        if not args.prefill_replicas:
+            raise ConfigError("--kv-dir is where a live prefill/decode pair exchanges KV: add --prefill-replicas P")
+        env.kv_exchange_parent(args.kv_dir)  # a bad directory: one line now
+        cluster["kv_dir"] = args.kv_dir
     if args.replicas > 1 or args.prefill_replicas:
         from scheduling.cluster.pd import check_pd_settings
         from scheduling.cluster.routers import make_router

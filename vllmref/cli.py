@@ -58,6 +58,9 @@ def register(sub) -> None:
     k.add_argument("--tokens", type=argtypes.positive_int, nargs="+", default=[256, 512, 1024, 2048, 3072],
                    help="prompt sizes")
     k.add_argument("--repeats", type=argtypes.positive_int, default=5, help="timed repeats per size (after one warm-up)")
+    k.add_argument("--kv-dir", default="auto",
+                   help="where the files go: auto (RAM: /dev/shm when it is a tmpfs, as a live pair's engines "
+                        "exchange them; else the system temp dir), disk (the system temp dir) or a directory")
     k.add_argument("--out", default=None, help="directory for kv_file_rate.json and COMMAND")
     k.add_argument("--json", action="store_true", help="print the fit and the sizes as one JSON object")
     k.set_defaults(func=_kv_file_rate)
@@ -139,9 +142,10 @@ def _kv_file_rate(args: argparse.Namespace) -> int:
     if args.out:
         outdir.refuse_committed(args.out, "--out")
         outdir.check_output_file(os.path.join(args.out, "kv_file_rate.json"), "--out")
+    env.kv_exchange_parent(args.kv_dir)  # a bad --kv-dir: one line before the environment starts
     env.require_env()
     load_before = os.getloadavg()[0]
-    rate = measure(args.model, tokens=tuple(args.tokens), repeats=args.repeats,
+    rate = measure(args.model, tokens=tuple(args.tokens), repeats=args.repeats, kv_dir=args.kv_dir,
                    on_line=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)))
     load_after = os.getloadavg()[0]
     contended = is_contended(load_1m=max(load_before, load_after), num_cpus=os.cpu_count() or 1)

@@ -189,6 +189,38 @@ def vllmref_path() -> Iterator[str]:
         yield tmp
 
 
+RAM_DIR = "/dev/shm"
+
+
+def _is_tmpfs(path: str) -> bool:
+    try:
+        with open("/proc/mounts") as f:
+            return any(line.split()[1:3] == [path, "tmpfs"] for line in f)
+    except OSError:
+        return False
+
+
+def kv_exchange_parent(choice: str = "auto") -> tuple[str, str]:
+    """Where the engines of a live prefill/decode pair (and ``vllm kv-file-rate``) exchange their KV
+    files: ``(directory, medium)``. ``auto``: RAM (a writable tmpfs at /dev/shm) when the host has
+    one, else the system temp directory; ``disk``: the system temp directory; else that directory.
+
+    Why RAM by default: vLLM's ExampleConnector never deletes its files while the engines run, so on
+    a disk a replay leaves gigabytes of dirty page cache, and once the kernel throttles writers the
+    same write takes several times as long, a cost of the disk's writeback, not of the hand-off."""
+    from common.errors import ConfigError
+
+    if choice == "auto":
+        if os.path.isdir(RAM_DIR) and os.access(RAM_DIR, os.W_OK) and _is_tmpfs(RAM_DIR):
+            return RAM_DIR, "tmpfs"
+        choice = "disk"
+    if choice == "disk":
+        return tempfile.gettempdir(), "tmpfs" if _is_tmpfs(tempfile.gettempdir()) else "disk"
+    if not (os.path.isdir(choice) and os.access(choice, os.W_OK)):
+        raise ConfigError(f"--kv-dir {choice}: not a writable directory (or: auto, disk)")
+    return choice, "tmpfs" if _is_tmpfs(os.path.realpath(choice)) else "disk"
+
+
 def worker_environ(*, threads: int | None, kv_cache_gib: float | None = None,
                    pythonpath: str | None = None) -> dict[str, str]:
     """Environment of a vLLM worker: only ``vllmref`` on its path, the engine in this process, threads set.

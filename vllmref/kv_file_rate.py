@@ -33,9 +33,12 @@ class FileRate:
     write: Half
     read: Half
     rows: list[dict]
+    kv_dir: str = ""  # the directory the files went under, and its medium (tmpfs or disk)
+    medium: str = ""
 
     def to_dict(self) -> dict:
-        return {"write": vars(self.write), "read": vars(self.read), "sizes": self.rows}
+        return {"write": vars(self.write), "read": vars(self.read), "sizes": self.rows, "kv_dir": self.kv_dir,
+                "medium": self.medium}
 
 
 def fit_half(rows: list[dict], key: str) -> Half:
@@ -60,16 +63,19 @@ def fit(rows: list[dict]) -> FileRate:
 
 
 def measure(model: str, *, tokens: tuple[int, ...] = DEFAULT_TOKENS, repeats: int = 5, block_size: int = 128,
-            on_line=None) -> FileRate:
-    """Time the connector's write and read of ``tokens``-token prompts of ``model``'s float32 KV."""
+            on_line=None, kv_dir: str = "auto") -> FileRate:
+    """Time the connector's write and read of ``tokens``-token prompts of ``model``'s float32 KV, in a
+    directory under ``kv_dir`` (``vllmref.env.kv_exchange_parent``: where a live pair exchanges them)."""
     from common.model_config import load_model_config
     from vllmref import env
 
     if repeats < 1 or any(t < 1 for t in tokens):
         raise ConfigError("--repeats and every --tokens must be >= 1")
     cfg = load_model_config(model)
-    with tempfile.TemporaryDirectory(prefix="gpubench-kvfile-") as tmp:
+    parent, medium = env.kv_exchange_parent(kv_dir)
+    with tempfile.TemporaryDirectory(prefix="gpubench-kvfile-", dir=parent) as tmp:
         spec = {"layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "dtype_bytes": 4,
                 "block_size": block_size, "tokens": list(tokens), "repeats": repeats, "dir": tmp}
         rows = env.run_worker("worker_kvfile", spec, threads=1, on_line=on_line)
-    return fit(rows)
+    rate = fit(rows)
+    return FileRate(rate.write, rate.read, rate.rows, kv_dir=parent, medium=medium)

@@ -60,6 +60,7 @@ class LiveClusterConfig(LiveReplayConfig):
     prefix_ttl_s: float = 120.0
     prefill_replicas: int = 0
     pd_threshold_tokens: int = 0
+    kv_dir: str = "auto"  # where a live pair's engines exchange KV files (vllmref.env.kv_exchange_parent)
 
 
 def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress: Callable[[str], None] | None = None,
@@ -81,18 +82,21 @@ def run_live_cluster(jobs: Sequence[Job], config: LiveClusterConfig, *, progress
                                                          longest_tokens=max(j.total_tokens() for j in jobs),
                                                          num_gpu_blocks=config.num_gpu_blocks)}
     kv_gib = config.num_gpu_blocks * config.block_size * cfg.kv_bytes_per_token(4) / (1 << 30)
-    with tempfile.TemporaryDirectory(prefix="gpubench-cluster-") as tmp, env.vllmref_path() as pythonpath:
+    kv_parent, kv_medium = env.kv_exchange_parent(config.kv_dir)
+    with tempfile.TemporaryDirectory(prefix="gpubench-cluster-") as tmp, env.vllmref_path() as pythonpath, \
+            tempfile.TemporaryDirectory(prefix="gpubench-kv-", dir=kv_parent) as kv_tmp:
         roles = ["kv_consumer" if config.prefill_replicas else None] * config.replicas
         roles += ["kv_producer"] * config.prefill_replicas
         # one spec per process, all alive until every process has started (a spec's file is named by
         # its id, which a collected dict would hand on to the next one)
-        specs = [spec | {"engine": spec["engine"] | ({"kv_transfer": {"role": role, "path": str(Path(tmp) / "kv")}}
+        specs = [spec | {"engine": spec["engine"] | ({"kv_transfer": {"role": role, "path": str(Path(kv_tmp) / "kv")}}
                                                       if role else {})} for role in roles]
         procs = [env.spawn_worker("worker_serve", s, Path(tmp), threads=config.threads,
                                   kv_cache_gib=max(1.0, kv_gib * 1.25), pythonpath=pythonpath) for s in specs]
         try:
             loop = _Loop(jobs, config, router, procs, cfg.vocab_size, progress, prefill_router=prefill_router,
                          kv_bytes_per_token=cfg.kv_bytes_per_token(4))
+            loop.kv_exchange = {"kv_dir": kv_parent, "kv_medium": kv_medium}
             facts = loop.wait_ready(Path(tmp))
             t0 = time.perf_counter()
             records = loop.run(t0)
@@ -116,6 +120,7 @@ class _Loop:
         self.jobs, self.config, self.router, self.procs = list(jobs), config, router, procs
         self.vocab_size, self.progress = vocab_size, progress
         self.prefill_router, self.kv_bytes_per_token = prefill_router, kv_bytes_per_token
+        self.kv_exchange: dict = {}  # where the pair's KV files went (run_live_cluster sets it)
         n, n_p = config.replicas, config.prefill_replicas  # procs: the n decode (or only) replicas, then the prefill ones
         self.num_decode = n
         def view(m: int) -> ClusterView:
@@ -362,7 +367,8 @@ def _live_pd_block(loop: _Loop, turns: pd.DataFrame) -> dict:
     remote = turns[turns["prefill_replica"] >= 0]
     secs = remote["kv_transfer_s"]
     return {"prefill_replicas": loop.config.prefill_replicas, "decode_replicas": loop.num_decode, "link": "file",
-            "link_source": LIVE_LINK, "reserve": "before", "threshold_tokens": loop.config.pd_threshold_tokens, "prefix_caching": "both",
+            "link_source": LIVE_LINK, **loop.kv_exchange,
+            "reserve": "before", "threshold_tokens": loop.config.pd_threshold_tokens, "prefix_caching": "both",
             "turns_prefilled_remotely": int(len(remote)), "turns_prefilled_locally": int(len(turns) - len(remote)),
             "kv_bytes_total": int(remote["kv_bytes"].sum()),
             "kv_bytes_per_remote_turn": float(remote["kv_bytes"].mean()) if len(remote) else None,

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -466,6 +467,9 @@ def test_a_live_prefill_decode_pair_replays_agent_turns_through_the_example_conn
     assert set(steps["role"]) == {"prefill", "decode"} and (steps["role"] == "prefill").sum() >= len(turns)
     block = json.loads((tmp_path / "live" / "summary.json").read_text())["metrics"]["cluster"]["pd"]
     assert block["turns_prefilled_remotely"] == len(turns) and block["link"] == "file"
+    # by default the files go to RAM where the host has a tmpfs at /dev/shm (this project's VMs do)
+    assert (block["kv_dir"], block["kv_medium"]) == env.kv_exchange_parent("auto")
+    assert not list(Path(block["kv_dir"]).glob("gpubench-kv-*"))  # and go with the replay
     rate = tmp_path / "kv_file_rate.json"
     rate.write_text('{"write": {"gbs": 1.0, "latency_s": 0.01}, "read": {"gbs": 2.0, "latency_s": 0.005}}')
     sim = gpubench("replay", *args[:-6], "--replicas", "1", "--prefill-replicas", "1", "--kv-link", "file",
@@ -476,6 +480,14 @@ def test_a_live_prefill_decode_pair_replays_agent_turns_through_the_example_conn
     assert ((sim_turns["kv_transfer_s"] > 0) == (turns["kv_transfer_s"] > 0)).all()  # and wrote them
     bad = gpubench("replay", "--engine", "vllm", *args, "--kv-link-gbs", "5", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "ExampleConnector" in bad.stderr and not (tmp_path / "bad").exists()
+    for extra, message in ((["--kv-dir", str(tmp_path / "nowhere")], "not a writable directory"),):
+        bad = gpubench("replay", "--engine", "vllm", *args, *extra, "--out", str(tmp_path / "bad"))
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
+    no_pair = gpubench("replay", "--engine", "vllm", *LIVE_JOBS, "--kv-dir", "disk", "--out", str(tmp_path / "bad"))
+    assert no_pair.returncode == 2 and "add --prefill-replicas" in no_pair.stderr
+    sim_dir = gpubench("replay", *args[:-6], "--kv-dir", "disk", *SIM_ENGINE, "--out", str(tmp_path / "bad"))
+    assert sim_dir.returncode == 2 and "--engine vllm" in sim_dir.stderr and not (tmp_path / "bad").exists()
 
 
 def test_kv_file_rate_times_the_connectors_file_io_and_fits_a_link(tmp_path):
@@ -491,5 +503,11 @@ def test_kv_file_rate_times_the_connectors_file_io_and_fits_a_link(tmp_path):
     assert record["simulator_options"] == f"--kv-link file --kv-file-rate {tmp_path / 'rate' / 'kv_file_rate.json'}"
     assert json.loads((tmp_path / "rate" / "kv_file_rate.json").read_text())["read"] == record["read"]
     assert (tmp_path / "rate" / "COMMAND").read_text().startswith("gpubench vllm kv-file-rate")
+    assert (record["kv_dir"], record["medium"]) == env.kv_exchange_parent("auto")
     one = gpubench("vllm", "kv-file-rate", "--tokens", "128")
     assert one.returncode == 2 and "two sizes" in one.stderr
+    disk = gpubench("vllm", "kv-file-rate", "--tokens", "128", "256", "--repeats", "1", "--kv-dir", "disk", "--json")
+    assert disk.returncode == 0, disk.stderr[-2000:]
+    assert json.loads(disk.stdout)["kv_dir"] == tempfile.gettempdir()
+    nowhere = gpubench("vllm", "kv-file-rate", "--kv-dir", str(tmp_path / "nowhere"))
+    assert nowhere.returncode == 2 and "not a writable directory" in nowhere.stderr
