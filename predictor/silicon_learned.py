@@ -106,20 +106,36 @@ class LearnedBaseline:
 
     def price_steps(self, steps: pd.DataFrame, target_sku: str) -> np.ndarray:
         """Composed steps (predictor.silicon_steps rows): the layers' four GEMMs (M = batch + chunk) and
-        decode attention, and a mixed step's chunk as its own prefill kernel."""
+        decode attention, and a mixed step's chunk as its own prefill kernel. Every kernel of every step
+        is priced in one forest call per kind (a call per kernel cost ~25 ms of sklearn overhead each)."""
         from common.model_config import load_model_config
         from predictor.silicon_steps import projection_shapes
 
-        out = np.zeros(len(steps))
-        for i, r in enumerate(steps.itertuples()):
+        gemm_q: list[tuple[int, int, int]] = []
+        attn_q: dict[str, list[tuple]] = {"decode_attention": [], "prefill_attention": []}
+        plan = []  # per step: its layers, its GEMM queries' positions, its attention queries' positions
+        for r in steps.itertuples():
             cfg = load_model_config(r.model)
-            heads = ([cfg.num_heads], [cfg.num_kv_heads], [cfg.head_dim])
+            heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
             m = r.batch + r.chunk
-            gemm = sum(float(self.gemm(target_sku, [m], [n], [k])[0]) for n, k in projection_shapes(cfg).values())
-            attn = float(self.attention(target_sku, "decode_attention", [r.batch], [1], [r.context - 1], *heads)[0])
+            shapes = list(projection_shapes(cfg).values())
+            g_idx = list(range(len(gemm_q), len(gemm_q) + len(shapes)))
+            gemm_q += [(m, n, k) for n, k in shapes]
+            a_idx = [("decode_attention", len(attn_q["decode_attention"]))]
+            attn_q["decode_attention"].append((r.batch, 1, r.context - 1, *heads))
             if r.chunk:
-                attn += float(self.attention(target_sku, "prefill_attention", [1], [r.chunk], [0], *heads)[0])
-            out[i] = cfg.num_layers * (gemm + attn)
+                a_idx.append(("prefill_attention", len(attn_q["prefill_attention"])))
+                attn_q["prefill_attention"].append((1, r.chunk, 0, *heads))
+            plan.append((cfg.num_layers, g_idx, a_idx))
+        gemm_s = self.gemm(target_sku, *zip(*gemm_q)) if gemm_q else np.zeros(0)
+        attn_s = {kind: self.attention(target_sku, kind, *zip(*q)) for kind, q in attn_q.items() if q}
+        out = np.zeros(len(steps))
+        for i, (layers, g_idx, a_idx) in enumerate(plan):
+            gemm = sum(float(gemm_s[j]) for j in g_idx)
+            attn = 0.0
+            for kind, j in a_idx:
+                attn += float(attn_s[kind][j])
+            out[i] = layers * (gemm + attn)
         return out
 
 

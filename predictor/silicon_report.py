@@ -98,12 +98,16 @@ def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
 
     sub = rows[rows["system"] == system]
     fig, axes = plt.subplots(1, len(KINDS), figsize=(14, 4.4), dpi=100)
+    # fixed margins, not tight_layout: its measuring of every log tick label cost ~2 s a figure, and the
+    # labels here are short numbers
+    fig.subplots_adjust(left=0.055, right=0.99, bottom=0.12, top=0.92, wspace=0.2)
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax, kind in zip(axes, KINDS):
         part = sub[sub["kind"] == kind]
         for name, g in part.groupby("predictor", sort=False):
             ape = g["ape_pct"].mean()
-            ax.scatter(g["measured_s"] * 1e6, g["predicted_s"] * 1e6, s=6, alpha=0.5, label=f"{name} (MAPE {ape:.0f} %)")
+            # markers on a line artist: drawn as one path, several times faster than a scatter collection
+            ax.plot(g["measured_s"] * 1e6, g["predicted_s"] * 1e6, ".", ms=3.5, alpha=0.5, label=f"{name} (MAPE {ape:.0f} %)")
         if len(part):
             both = part[["measured_s", "predicted_s"]].to_numpy() * 1e6
             lo, hi = float(np.min(both)) * 0.8, float(np.max(both)) * 1.25
@@ -117,7 +121,6 @@ def plot_system(rows: pd.DataFrame, system: str, path: Path) -> Path:
         ax.set_xlabel("measured (us)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("predicted (us)")
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)

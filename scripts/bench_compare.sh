@@ -14,6 +14,8 @@
 #   scripts/bench_compare.sh PCT CURRENT.json      compare a run saved earlier with
 #                                                  `pytest benchmarks/... --benchmark-only --benchmark-json=CURRENT.json`
 #                                                  (no timing run)
+# BENCH_SELECT: a pytest -k expression that times only the benchmarks it selects (CI leaves out the
+# kvcomm prefill benchmarks, which load SmolLM2 and take four of the run's five minutes).
 # The check is pytest-benchmark's own --benchmark-compare-fail=mean:PCT% (scripts/bench_gate.py).
 # Exit 0: within PCT; 1: a regression (or a benchmark that failed its own assertion); 2: bad input.
 set -euo pipefail
@@ -63,7 +65,9 @@ if [ -z "$CURRENT" ]; then
 files = {b["fullname"].split("::")[0] for p in sys.argv[1:] for b in json.load(open(p))["benchmarks"]}
 print("\n".join(sorted(files)))' "${BASELINES[@]}")
   echo "bench_compare: timing ${FILES[*]} (the machine should be otherwise idle)" >&2
-  "$PY" -m pytest -q "${FILES[@]}" --benchmark-only --benchmark-json="$CURRENT" || BENCH_STATUS=$?
+  SELECT=()
+  if [ -n "${BENCH_SELECT:-}" ]; then SELECT=(-k "$BENCH_SELECT"); fi
+  "$PY" -m pytest -q "${FILES[@]}" "${SELECT[@]}" --benchmark-only --benchmark-json="$CURRENT" || BENCH_STATUS=$?
   if [ ! -s "$CURRENT" ]; then
     echo "bench_compare: error: the benchmark run wrote no $CURRENT (pytest exit $BENCH_STATUS)" >&2
     exit 2

@@ -30,9 +30,9 @@ def test_handoff_examples_state_the_answer_once_with_no_prefix_and_every_templat
         fact = next(f for t in TEMPLATES for f in t.facts if t.name == ex.template and f.values == ex.candidates)
         key = re.fullmatch(re.escape(fact.question).replace(re.escape("{k}"), "(.+)"), ex.question).group(1)
         log = ex.messages[next(i for i, v in named if v == ex.answer)].instruction
-        sets = [line for line in log.splitlines()
-                if any(line.endswith(f.format(k=key, v=v, old=o)) for f in (fact.log_set, fact.log_change)
-                       for v in ex.candidates for o in ex.candidates)]
+        endings = tuple({f.format(k=key, v=v, old=o) for f in (fact.log_set, fact.log_change)
+                         for v in ex.candidates for o in ex.candidates})
+        sets = [line for line in log.splitlines() if line.endswith(endings)]
         assert sets and sets[-1].endswith(ex.answer)
     assert holders == ({0} if task == "handoff" else {0, 1})  # handoff2 asks about either sender's facts
     # generated per index: a longer run extends a shorter one

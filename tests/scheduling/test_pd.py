@@ -214,10 +214,13 @@ def test_a_given_link_latency_prices_every_hand_off():
         ReplayConfig(prefill_replicas=1, kv_link_gbs=1.0, kv_link_latency_s=-1.0)
 
 
-def test_the_committed_live_pair_check_regenerates(tmp_path):
-    """results/cluster/pd-live: the simulator's replay of the confirmation jobs (seed 3, 1 job/s) priced
-    with the committed file rates, and its comparison with the committed live takes, re-run from their
-    COMMAND lines: the same turns and the same table (both are deterministic given the takes)."""
+@pytest.mark.parametrize("check", [("pd-live", "sim-seed3/jps-1", "check-seed3/jps-1"),
+                                   ("pd-live-ram", "sim/jps-1", "check/jps-1")], ids=["disk", "ram"])
+def test_the_committed_live_pair_check_regenerates(tmp_path, check):
+    """results/cluster/pd-live (files on disk, seed 3) and pd-live-ram (files in RAM, seed 4): the
+    simulator's replay of the confirmation jobs at 1 job/s priced with the committed file rates, and its
+    comparison with the committed live takes, re-run from their COMMAND lines: the same turns and the
+    same table (both are deterministic given the takes)."""
     import json
     import shlex
     import subprocess
@@ -225,21 +228,22 @@ def test_the_committed_live_pair_check_regenerates(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    d = root / "results" / "cluster" / "pd-live"
-    for sub, files in (("sim-seed3/jps-1", ("turns.csv",)), ("check-seed3/jps-1", ("comparison.json",))):
+    name, sim, chk = check
+    d = root / "results" / "cluster" / name
+    for sub in (sim, chk):
         argv = shlex.split((d / sub / "COMMAND").read_text().splitlines()[0])
         argv[argv.index("--out") + 1] = str(tmp_path / sub)
-        if sub.startswith("check"):  # score the fresh simulator replay, not the committed one
-            argv[argv.index("compare-replay") + 1] = str(tmp_path / "sim-seed3" / "jps-1")
+        if sub == chk:  # score the fresh simulator replay, not the committed one
+            argv[argv.index("compare-replay") + 1] = str(tmp_path / sim)
         done = subprocess.run([sys.executable, "-m", "gpubench", *argv[1:]], cwd=root, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-    fresh = pd.read_csv(tmp_path / "sim-seed3" / "jps-1" / "turns.csv")
-    committed = pd.read_csv(d / "sim-seed3" / "jps-1" / "turns.csv")
+    fresh = pd.read_csv(tmp_path / sim / "turns.csv")
+    committed = pd.read_csv(d / sim / "turns.csv")
     for col in ("ttft_s", "finish_s", "hit_tokens", "kv_bytes", "kv_transfer_s", "prefill_replica"):
         assert fresh[col].tolist() == pytest.approx(committed[col].tolist(), rel=1e-9), col
-    rows = {r["metric"]: r for r in json.loads((tmp_path / "check-seed3" / "jps-1" / "comparison.json").read_text())["metrics"]}
-    want = {r["metric"]: r for r in json.loads((d / "check-seed3" / "jps-1" / "comparison.json").read_text())["metrics"]}
+    rows = {r["metric"]: r for r in json.loads((tmp_path / chk / "comparison.json").read_text())["metrics"]}
+    want = {r["metric"]: r for r in json.loads((d / chk / "comparison.json").read_text())["metrics"]}
     for name in ("TTFT p50 (s)", "TPOT p50 (s)", "KV transfer p50 (s)", "KV moved per remote turn, mean (MB)"):
         assert rows[name]["a"] == pytest.approx(want[name]["a"]) and rows[name]["takes_mean"] == pytest.approx(
             want[name]["takes_mean"]), name
