@@ -62,7 +62,7 @@ SOLVER_FITTED = ("rf", "additive_rowcal", "max_rowcal")
 @pytest.mark.skipif(not EVAL_DIRS, reason="no committed evaluation under results/eval/")
 @pytest.mark.parametrize("eval_dir", EVAL_DIRS, ids=[p.name for p in EVAL_DIRS])
 def test_committed_metrics_regenerate(eval_dir):
-    ec = _parse(_commands(eval_dir / "COMMAND")[-1])
+    ec = _parse(next(ln for ln in _commands(eval_dir / "COMMAND") if ln.startswith("gpubench evaluate ")))
     df = load_rows([str(ROOT / r) for r in ec.rows])
     committed = pd.read_csv(eval_dir / "metrics.csv")
     calibration = str(ROOT / ec.calibration) if ec.calibration else None
