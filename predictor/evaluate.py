@@ -292,6 +292,10 @@ def evaluate_rows(df: pd.DataFrame, *, sku: str, calibration, target: str = "wal
     if set(df.device_type) != {backend}:
         raise ConfigError(f"--sku {sku} is a {backend} SKU but the rows were measured on "
                           f"{', '.join(sorted(set(df.device_type)))}: pass the SKU the rows came from")
+    if isinstance(calibration, (str, Path)):  # read once: every method below prices with it
+        from predictor.calibrate import Calibration
+
+        calibration = Calibration.load(calibration)
     _check_rows_device(df, sku, calibration, force=force_calibration)
     base: dict = {f: step_model_base(df, sku=sku, calibration=calibration, form=f) for f in ("additive", "max")}
     base["parts"] = step_model_parts(df, sku=sku, calibration=calibration)
