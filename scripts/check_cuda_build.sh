@@ -7,7 +7,8 @@
 # Usage: scripts/check_cuda_build.sh [FILE.cu ...]   (default: every csrc/cuda/*.cu)
 # Environment: NVCC (default nvcc); CHECK_ARCHS (default "80 86 89 90 90a 100 120 <newest>"); SPILL_CHECKED
 # (basenames checked for spills, default "stream.cu l2.cu"); NVCC_EXTRA_FLAGS (added to every
-# compile); CHECK_JOBS (parallel compiles, default: the number of CPUs).
+# compile); CHECK_JOBS (parallel compiles, default: the number of CPUs); KEEP_OBJECTS (a directory to
+# keep the objects in, FILE.ARCH.o, for scripts/check_sass.py --objects).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NVCC=${NVCC:-nvcc}
@@ -54,6 +55,9 @@ fail=0
 for cu in "${files[@]}"; do for a in $archs; do printf '%s\0%s\0' "$cu" "$a"; done; done \
   | xargs -0 -n 2 -P "$jobs" bash -c 'check_one "$0" "$1"' || fail=1
 for f in "$OUT_DIR"/*.fail; do [ -e "$f" ] && cat "$f"; done
+if [ $fail -eq 0 ] && [ -n "${KEEP_OBJECTS:-}" ]; then
+  mkdir -p "$KEEP_OBJECTS" && cp "$OUT_DIR"/*.o "$KEEP_OBJECTS"/
+fi
 if [ $fail -eq 0 ]; then
   echo "check_cuda_build: ${#files[@]} .cu files compiled for sm_{${archs// /,}} in $((SECONDS - t0)) s" \
        "($jobs parallel); no spills in: $SPILL_CHECKED"

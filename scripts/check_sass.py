@@ -19,7 +19,7 @@ of the dev extra, or a toolkit's), counts opcodes per kernel and checks:
   l2 read_k                   4 loads in flight: 4 LDG.128 issued before a DADD    every arch
                               reads one (without launch bounds ptxas kept two)
 
-Usage: scripts/check_sass.py [--archs 80,86,89,90a,100,120] [--json]
+Usage: scripts/check_sass.py [--archs 80,86,89,90a,100,120] [--json] [--objects DIR]
 Exit status 0 when every check holds, 1 otherwise, 2 when the tools are missing.
 """
 from __future__ import annotations
@@ -73,12 +73,25 @@ def find_tool(name: str) -> str | None:
     return None
 
 
-def disassemble(cu: str, arch: str, nvcc: str, cuobjdump: str, tmp: Path) -> dict[str, Counter]:
-    """``{kernel mangled name: Counter(opcode -> count)}`` of one file for one architecture."""
+def compiled_object(cu: str, arch: str, nvcc: str, tmp: Path, objects: Path | None) -> Path:
+    """``cu`` compiled for ``arch``: the object scripts/check_cuda_build.sh kept in ``objects`` (its
+    flags: the same SASS) when it is newer than every source under csrc/cuda, else compiled here."""
+    if objects is not None:
+        kept = objects / f"{cu}.{arch}.o"
+        newest_source = max(f.stat().st_mtime for f in (REPO / "csrc" / "cuda").iterdir())
+        if kept.is_file() and kept.stat().st_mtime >= newest_source:
+            return kept
     obj = tmp / f"{cu}.{arch}.o"
     subprocess.run([nvcc, "-c", str(REPO / "csrc" / "cuda" / cu), "-o", str(obj), "-O3", "-std=c++17",
                     "-I", str(REPO / "csrc" / "cuda"), "-gencode", f"arch=compute_{arch},code=sm_{arch}"],
                    check=True, capture_output=True, text=True)
+    return obj
+
+
+def disassemble(cu: str, arch: str, nvcc: str, cuobjdump: str, tmp: Path,
+                objects: Path | None = None) -> dict[str, Counter]:
+    """``{kernel mangled name: Counter(opcode -> count)}`` of one file for one architecture."""
+    obj = compiled_object(cu, arch, nvcc, tmp, objects)
     env = dict(os.environ, PATH=f"{Path(cuobjdump).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     sass = subprocess.run([cuobjdump, "-sass", str(obj)], check=True, capture_output=True, text=True, env=env).stdout
     kernels: dict[str, Counter] = {}
@@ -150,7 +163,7 @@ def check(arch: str, per_file: dict[str, dict[str, Counter]]) -> list[tuple[str,
     return out
 
 
-def run(archs: tuple[str, ...], jobs: int) -> list[tuple[str, str, bool, str]]:
+def run(archs: tuple[str, ...], jobs: int, objects: Path | None = None) -> list[tuple[str, str, bool, str]]:
     nvcc, cuobjdump, nvdisasm = find_tool("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
     missing = [n for n, t in (("nvcc", nvcc), ("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if t is None]
     if missing:
@@ -161,7 +174,7 @@ def run(archs: tuple[str, ...], jobs: int) -> list[tuple[str, str, bool, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         tasks = [(cu, a) for a in archs for cu in FILES]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(lambda t: disassemble(t[0], t[1], nvcc, cuobjdump, Path(tmp)), tasks))
+            results = list(pool.map(lambda t: disassemble(t[0], t[1], nvcc, cuobjdump, Path(tmp), objects), tasks))
     by_arch: dict[str, dict[str, dict[str, Counter]]] = {}
     for (cu, a), kernels in zip(tasks, results):
         by_arch.setdefault(a, {})[cu] = kernels
@@ -176,9 +189,12 @@ def main(argv=None) -> int:
     ap.add_argument("--archs", default=",".join(DEFAULT_ARCHS), help="comma-separated SM architectures")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel compiles")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--objects", type=Path, default=None,
+                    help="a directory of FILE.ARCH.o that scripts/check_cuda_build.sh kept (KEEP_OBJECTS=DIR): "
+                         "disassembled instead of compiled again when newer than the sources")
     args = ap.parse_args(argv)
     try:
-        rows = run(tuple(a.strip() for a in args.archs.split(",") if a.strip()), max(1, args.jobs))
+        rows = run(tuple(a.strip() for a in args.archs.split(",") if a.strip()), max(1, args.jobs), args.objects)
     except FileNotFoundError as err:
         print(err, file=sys.stderr)
         return 2

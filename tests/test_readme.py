@@ -60,11 +60,16 @@ def readme_code_blocks():
 
 
 def test_readme_test_command_is_what_ci_runs_last():
+    """CI's pytest lines (the suite's parallel part, then its exclusive part) are one README code
+    block's lines, in order, and the two parts' markers split the suite with nothing left out."""
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     ci_tests = [line.strip() for line in ci.splitlines() if line.strip().startswith("python -m pytest")]
     assert ci_tests, ".ci/run runs no `python -m pytest` line"
-    readme_lines = {line.strip() for block in readme_code_blocks() for line in block.splitlines()}
-    assert ci_tests[-1] in readme_lines, f"README's code blocks lack CI's test command {ci_tests[-1]!r}"
+    blocks = [[line.strip() for line in block.splitlines()] for block in readme_code_blocks()]
+    assert any(lines[i:i + len(ci_tests)] == ci_tests for lines in blocks for i in range(len(lines))), \
+        f"no README code block has CI's test commands {ci_tests!r}, in order"
+    selections = [re.search(r' -m (?:"([^"]+)"|(\w+)) tests$', line) for line in ci_tests]
+    assert sorted(m.group(1) or m.group(2) for m in selections if m) == ["exclusive", "not exclusive"], ci_tests
 
 
 def command_file_for(path: Path) -> Path | None:

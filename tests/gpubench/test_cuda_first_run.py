@@ -49,8 +49,9 @@ def test_every_kernel_queued_behind_a_spin_gate_is_preloaded():
 def test_peak_loops_compile_to_the_units_their_rows_count():
     """scripts/check_sass.py over every shipped architecture: HMMA/QMMA/HGMMA/QGMMA/FFMA counts per
     loop, no uniform-datapath FMA, fp8 planned only where it is native, 128-bit STREAM accesses."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_sass.py"), "--json"],
-                          capture_output=True, text=True, timeout=600)
+    # CI's scripts/check_cuda_build.sh keeps its objects there; elsewhere (or when stale) they compile here
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_sass.py"), "--json",
+                           "--objects", str(ROOT / "build" / "cuda-objects")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(proc.stdout)
     by = {(r["arch"], r["kernel"]): r for r in rows}
@@ -61,6 +62,28 @@ def test_peak_loops_compile_to_the_units_their_rows_count():
     assert all(by[(a, "l2 read_k")]["ok"] for a in ("80", "90a", "100"))  # four loads in flight, every arch
     assert ("90a", "mma_loop_k<fp8> (emulated: skipped at run time)") in by  # the emulation is seen and avoided
     assert "UFFMA 0" in by[("120", "fma_loop_k")]["counted"]
+
+
+def test_sass_check_disassembles_kept_objects_only_when_newer_than_every_source(tmp_path):
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("check_sass", ROOT / "scripts" / "check_sass.py")
+    check_sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_sass)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    obj = kept / "peak.cu.80.o"
+    obj.write_bytes(b"kept")
+    # newer than the sources: used as it is (an nvcc that fails proves nothing was compiled)
+    assert check_sass.compiled_object("peak.cu", "80", "false", tmp_path, kept) == obj
+    # older than a source (a .cu edited since): compiled again, and the failing nvcc says so
+    old = min(f.stat().st_mtime for f in (ROOT / "csrc" / "cuda").iterdir()) - 3600
+    os.utime(obj, (time.time(), old))
+    with pytest.raises(subprocess.CalledProcessError):
+        check_sass.compiled_object("peak.cu", "80", "false", tmp_path, kept)
+    with pytest.raises(subprocess.CalledProcessError):  # and without a directory of kept objects
+        check_sass.compiled_object("peak.cu", "80", "false", tmp_path, None)
 
 
 @needs_nvcc

@@ -34,6 +34,7 @@ def test_the_cpu_view_holds_k_dimension_major_then_v_token_major_per_block_and_h
         connector_layout(k, v, 16)
 
 
+@pytest.mark.exclusive  # real vLLM engines whose TTFTs it times: CI runs it with nothing beside it
 def test_b_on_real_vllm_gets_texts_tokens_from_its_own_imported_kv(tmp_path):
     """B's own K/V, placed by vLLM's ExampleConnector, must give the greedy tokens text gives in every
     round (the identity import: a wrong layout or position changes them); the re-rotated import runs

@@ -23,6 +23,10 @@ if not env.is_ready():
         raise RuntimeError(f"CI must set up the vLLM environment first: {env.SETUP_HINT}")
     pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
 
+# Its engines' steps are timed and judged (contended takes retaken): CI runs it after the parallel
+# part of the suite, with nothing beside it.
+pytestmark = pytest.mark.exclusive
+
 
 def gpubench(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     environ = dict(os.environ, **(env_extra or {}))

@@ -22,6 +22,10 @@ if not env.is_ready():
         raise RuntimeError(f"CI must set up the vLLM environment first: {env.SETUP_HINT}")
     pytest.skip(f"the vLLM environment is not set up: {env.SETUP_HINT}", allow_module_level=True)
 
+# Its engines' steps are timed and judged (contended takes retaken): CI runs it after the parallel
+# part of the suite, with nothing beside it.
+pytestmark = pytest.mark.exclusive
+
 TINY = ["torch_ops.size_scale=0.03", "torch_ops.max_m=6", "torch_ops.max_rows=16",
         "vllm_ops.size_scale=0.03", "vllm_ops.max_m=6", "vllm_ops.max_batch=4"]
 
