@@ -14,6 +14,9 @@
 # Exit 0: written; 1: a benchmark failed; 2: bad input. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Started from a pytest-xdist worker (the test suite runs in parallel), pytest-benchmark would take
+# itself for a worker too and disable every benchmark: these runs are never part of a pool.
+unset PYTEST_XDIST_WORKER PYTEST_XDIST_WORKER_COUNT PYTEST_XDIST_TESTRUNUID
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi

@@ -20,6 +20,9 @@
 # Exit 0: within PCT; 1: a regression (or a benchmark that failed its own assertion); 2: bad input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Started from a pytest-xdist worker (the test suite runs in parallel), pytest-benchmark would take
+# itself for a worker too and disable every benchmark: these runs are never part of a pool.
+unset PYTEST_XDIST_WORKER PYTEST_XDIST_WORKER_COUNT PYTEST_XDIST_TESTRUNUID
 # The repository's virtual environment when there is one (pytest-benchmark is a dev extra), else python3.
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
