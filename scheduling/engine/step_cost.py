@@ -241,9 +241,10 @@ class PredictorStepCost(StepCost):
                 from predictor import StepModel  # the predictor's public API only (docs/interfaces.md)
 
                 # The simulator replays vLLM's engine: fused qkv / gate_up projections (this matters
-                # only to the CPU op tables; GPU forms price by shape either way).
+                # only to the CPU op tables; GPU forms price by shape either way). A CPU calibration
+                # prices the CPU it was fitted on, so a replay regenerates alike on any host.
                 shared = (StepModel.for_names(sku=sku, model=model, calibration=calibration, cuda_graphs=cuda_graphs,
-                                              gemm_layout="fused"), {})
+                                              gemm_layout="fused", recorded_cpu=True), {})
                 self._SHARED[names] = shared
                 if len(self._SHARED) > self._SHARED_MAX:
                     self._SHARED.popitem(last=False)

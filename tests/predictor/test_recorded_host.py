@@ -118,3 +118,27 @@ def test_an_old_calibration_without_the_whole_record_prices_this_host():
 
     assert recorded_cpu_spec(cal.meta["host"]) is None
     assert spec_for_rows("cpu", cal).spec_clock_mhz == host_cpu().clock_mhz
+
+
+def test_a_replay_prices_the_cpu_its_calibration_recorded(tmp_path):
+    """The simulator's step cost with a CPU calibration prices the CPU the calibration records (as
+    evaluate does), so a committed replay regenerates alike on any host; predict's default stays this
+    host (it refuses another host's calibration first)."""
+    from predictor import StepModel
+    from scheduling.engine.step_cost import PredictorStepCost
+
+    doc = json.loads((ROOT / "results/slo/cpu-probes/calibration-cpu.json").read_text())
+    doc["meta"]["host"].update(num_cpus=64, num_physical_cores=64, clock_mhz=1234.0)  # no host of this kind
+    path = tmp_path / "calibration-cpu.json"
+    path.write_text(json.dumps(doc))
+    recorded = recorded_cpu_spec(doc["meta"]["host"])
+    hw = PredictorStepCost("cpu", "smollm2-135m", calibration=str(path), cuda_graphs=False)._model.hardware
+    assert hw.spec_clock_mhz == 1234.0 and hw.peak("fp32") == pytest.approx(recorded.peak("fp32"))
+    here = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=str(path)).hardware
+    assert here.peak("fp32") != pytest.approx(hw.peak("fp32"))
+    proc = gpubench("replay", "--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--sku", "cpu", "--model",
+                    "smollm2-135m", "--no-cuda-graphs", "--calibration", str(path), "--no-progress", "--json",
+                    "--out", str(tmp_path / "replay"))
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((tmp_path / "replay" / "summary.json").read_text())["metrics"]
+    assert metrics["num_jobs"] == 2 and metrics["jct_mean_s"] > 0
