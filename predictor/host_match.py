@@ -87,7 +87,7 @@ def spec_for_rows(sku: str, calibration):
     otherwise the SKU (``cpu``: this host)."""
     from predictor.hardware import HardwareSpec
 
-    return calibration_cpu_spec(calibration) or HardwareSpec.from_sku(sku)
+    return HardwareSpec.for_calibration(sku, calibration)
 
 
 def mismatches(recorded: dict, current: dict) -> list[str]:

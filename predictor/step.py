@@ -133,19 +133,9 @@ class StepModel:
         self._setup_constants()
 
     @classmethod
-    def for_names(cls, sku: str = "h100-sxm", model: str = "llama-3.1-8b", calibration=None, *,
-                  recorded_cpu: bool = False, **kw) -> "StepModel":
-        """StepModel from an SKU id and a model name or config path (keywords as the constructor).
-
-        ``recorded_cpu``: for ``cpu`` with a calibration that records its CPU whole, price that CPU,
-        wherever this runs (a replay of a calibration fitted on another machine prices that machine,
-        as ``gpubench evaluate`` does); otherwise, and by default, ``cpu`` is this host."""
-        hardware = None
-        if recorded_cpu and sku == "cpu":
-            from predictor.host_match import calibration_cpu_spec
-
-            hardware = calibration_cpu_spec(calibration)
-        return cls(hardware or HardwareSpec.from_sku(sku), model, calibration=calibration, **kw)
+    def for_names(cls, sku: str = "h100-sxm", model: str = "llama-3.1-8b", calibration=None, **kw) -> "StepModel":
+        """StepModel from an SKU id and a model name or config path (keywords as the constructor)."""
+        return cls(HardwareSpec.from_sku(sku), model, calibration=calibration, **kw)
 
     # ---------------------------------------------------------------- setup
     def _setup_constants(self) -> None:

@@ -124,7 +124,7 @@ def test_a_replay_prices_the_cpu_its_calibration_recorded(tmp_path):
     """The simulator's step cost with a CPU calibration prices the CPU the calibration records (as
     evaluate does), so a committed replay regenerates alike on any host; predict's default stays this
     host (it refuses another host's calibration first)."""
-    from predictor import StepModel
+    from predictor import HardwareSpec, StepModel
     from scheduling.engine.step_cost import PredictorStepCost
 
     doc = json.loads((ROOT / "results/slo/cpu-probes/calibration-cpu.json").read_text())
@@ -136,6 +136,7 @@ def test_a_replay_prices_the_cpu_its_calibration_recorded(tmp_path):
     assert hw.spec_clock_mhz == 1234.0 and hw.peak("fp32") == pytest.approx(recorded.peak("fp32"))
     here = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=str(path)).hardware
     assert here.peak("fp32") != pytest.approx(hw.peak("fp32"))
+    assert HardwareSpec.for_calibration("h100-sxm", str(path)) == HardwareSpec.from_sku("h100-sxm")
     proc = gpubench("replay", "--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--sku", "cpu", "--model",
                     "smollm2-135m", "--no-cuda-graphs", "--calibration", str(path), "--no-progress", "--json",
                     "--out", str(tmp_path / "replay"))
