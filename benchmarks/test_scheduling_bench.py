@@ -84,7 +84,7 @@ def test_engine_steps_batch64(benchmark, record_steps):
     })
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las", "jitserve", "continuum@order=jitserve"])
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "srtf", "las", "jitserve", "continuum@order=jitserve"])
 def test_replay_agent_workload(benchmark, policy):
     """Steps per second of one replay under each queue order (the priority heap against FCFS's deque;
     jitserve's re-ranking of the waiting queue; Continuum's pins with jitserve's order)."""
@@ -117,7 +117,7 @@ def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
     })
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "sjf", "las", "jitserve"])
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "srtf", "las", "jitserve"])
 def test_replay_saturated_queue(benchmark, policy):
     """Steps per second where turns queue (an L40S whose pool is cut to 3,000 blocks: 3-6 turns wait on
     average, up to 18): what a queue order costs per step when it has requests to order (jitserve

@@ -127,7 +127,7 @@ def register(sub) -> None:
                         "(RAM: /dev/shm when it is a tmpfs; else the system temp dir), disk (the system temp dir), "
                         "or a directory")
     p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
-                   help="KV-cache policy, or a queue order (sjf, las, jitserve); --engine vllm: fcfs, sjf or las (priorities)")
+                   help="KV-cache policy, or a queue order (sjf, srtf, las, jitserve); --engine vllm: fcfs, sjf or las (priorities)")
     p.add_argument("--jps", type=float, default=None,
                    help="Poisson job arrivals per second (required without --trace; with --trace it "
                         "replaces the trace's arrival times)")

@@ -31,8 +31,8 @@ from vllmref.settings import EngineSettings, max_model_len
 
 # The orders a real vLLM engine can serve: its default fcfs, and sjf / las as request priorities under
 # its ``priority`` scheduling policy (vllmref.worker_replay.PriorityOrder sets them as the turns are
-# sent). jitserve re-ranks the waiting queue as time passes, which a priority fixed at arrival
-# cannot say; Continuum's pins and the offload policies change vLLM's block manager.
+# sent). jitserve re-ranks the waiting queue as time passes and srtf re-keys running turns as they
+# generate, which a priority fixed at arrival cannot say; Continuum's pins and the offload policies change vLLM's block manager.
 LIVE_POLICIES = ("fcfs", "sjf", "las")
 
 

@@ -16,7 +16,7 @@ from scheduling.policies.cpu_offload import CPUOffloadParams, CPUOffloadPolicy
 from scheduling.policies.fcfs import FCFSPolicy
 from scheduling.policies.jitserve import JITServeParams, JITServePolicy
 from scheduling.policies.lmcache import LMCacheParams, LMCachePolicy
-from scheduling.policies.ordering import LASParams, LASPolicy, SJFParams, SJFPolicy
+from scheduling.policies.ordering import LASParams, LASPolicy, SJFParams, SJFPolicy, SRTFParams, SRTFPolicy
 
 
 class PolicyKind(str, enum.Enum):
@@ -26,6 +26,7 @@ class PolicyKind(str, enum.Enum):
     LMCACHE = "lmcache"
     CONTINUUM_OFFLOAD = "continuum-offload"
     SJF = "sjf"
+    SRTF = "srtf"
     LAS = "las"
     JITSERVE = "jitserve"
 
@@ -37,6 +38,7 @@ _REGISTRY = {
     PolicyKind.LMCACHE: (LMCachePolicy, LMCacheParams),
     PolicyKind.CONTINUUM_OFFLOAD: (ContinuumOffloadPolicy, ContinuumOffloadParams),
     PolicyKind.SJF: (SJFPolicy, SJFParams),
+    PolicyKind.SRTF: (SRTFPolicy, SRTFParams),
     PolicyKind.LAS: (LASPolicy, LASParams),
     PolicyKind.JITSERVE: (JITServePolicy, JITServeParams),
 }
@@ -73,4 +75,4 @@ def make_policy(name: str, params: dict | None = None) -> KVPolicy:
 
 __all__ = ["PolicyKind", "POLICY_NAMES", "KVPolicy", "RequestQueue", "FCFSQueue", "PriorityQueue", "ExternalLoad",
            "make_policy", "param_names", "policy_kind", "ContinuumParams", "CPUOffloadParams", "LMCacheParams",
-           "ContinuumOffloadParams", "SJFParams", "LASParams", "JITServeParams"]
+           "ContinuumOffloadParams", "SJFParams", "SRTFParams", "LASParams", "JITServeParams"]

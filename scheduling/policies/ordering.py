@@ -1,5 +1,6 @@
-"""Queue-order baselines for agent jobs: ``sjf`` (shortest estimated turn first) and ``las`` (least
-attained service of the job first, Autellix's program-level LAS).
+"""Queue-order baselines for agent jobs: ``sjf`` (shortest estimated turn first), ``srtf`` (shortest
+estimated remaining output first) and ``las`` (least attained service of the job first, Autellix's
+program-level LAS).
 
 Neither changes what happens to blocks: a finished turn frees them as under ``fcfs``. Both set a
 request's priority when it arrives, serve the waiting queue in that order, and preempt the running
@@ -11,6 +12,13 @@ priority is fixed at its arrival, as there.
   arrives, so it is estimated: the mean output of the job's earlier turns, else the running mean
   over every finished turn, else ``prior_output_tokens``. ``oracle=true`` takes the trace's true
   length instead: an upper bound on what any length estimate can give, never a policy a server has.
+- ``srtf``: shortest remaining time first, on the same estimate: a turn's remaining output is the
+  estimate less what it has generated (at least one token: a turn past its estimate is taken to end
+  next). A waiting turn that has generated nothing is keyed as under ``sjf``; what differs is
+  preemption, where the remaining output is what counts: the victim is the running turn with the
+  most left (``sjf`` takes the one with the longest estimate, however far along it is), and a
+  preempted turn waits keyed by what it had left. vLLM's ``priority`` policy fixes a request's
+  priority when it is added, so the real engine cannot say this.
 - ``las``: the turn of the job that has received the least service first, service counted as the
   tokens the engine scheduled for the job's earlier turns (prompt, output and recomputation), in
   quanta of ``quantum_tokens`` (Autellix discretizes attained service into queues; within one
@@ -36,11 +44,24 @@ class SJFParams:
     oracle: bool = False
 
     def __post_init__(self) -> None:
-        check_params("sjf", self, counts=("prior_output_tokens",))
+        check_params(self.policy, self, counts=("prior_output_tokens",))
         if not isinstance(self.oracle, bool):
             from common.errors import ConfigError
 
-            raise ConfigError(f"sjf oracle must be true or false, got {self.oracle!r}")
+            raise ConfigError(f"{self.policy} oracle must be true or false, got {self.oracle!r}")
+
+    @property
+    def policy(self) -> str:
+        return "sjf"
+
+
+@dataclass(frozen=True)
+class SRTFParams(SJFParams):
+    """``sjf``'s: the same estimate, before and as the turn generates."""
+
+    @property
+    def policy(self) -> str:
+        return "srtf"
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,29 @@ class SJFPolicy(QueueOrderPolicy):
 
     def params(self) -> dict:
         return {"prior_output_tokens": self.p.prior_output_tokens, "oracle": self.p.oracle}
+
+
+class SRTFPolicy(SJFPolicy):
+    name = "srtf"
+
+    def __init__(self, params: SRTFParams | None = None) -> None:
+        super().__init__(params or SRTFParams())
+
+    def remaining(self, req: Request) -> float:
+        """Output tokens ``req`` is expected still to generate: its estimate less what it has, at least 1."""
+        return max(self.estimate(req) - req.num_output, 1.0)
+
+    def _key(self, req: Request) -> tuple:
+        return (self.remaining(req), req.job_state.job.arrival_s, req.job_state.index, req.turn)
+
+    def on_arrival(self, req: Request, now_s: float) -> None:
+        req.queue_key = self._key(req)
+
+    def preemption_victim(self, running: list[Request]) -> Request:
+        # keyed now, by what each has left; the victim waits keyed by that (the engine queues it next)
+        for r in running:
+            r.queue_key = self._key(r)
+        return max(running, key=lambda r: (r.queue_key, r.run_pos))
 
 
 class LASPolicy(QueueOrderPolicy):

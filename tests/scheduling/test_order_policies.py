@@ -1,4 +1,4 @@
-"""``sjf``, ``las`` and ``jitserve``: who runs first and who is preempted, on hand-built traces (real engine, one
+"""``sjf``, ``srtf``, ``las`` and ``jitserve``: who runs first and who is preempted, on hand-built traces (real engine, one
 running request at a time, a constant step cost)."""
 from types import SimpleNamespace
 
@@ -29,6 +29,36 @@ def test_sjf_serves_the_turn_its_job_history_says_is_short_first_fcfs_by_arrival
     x_done = fcfs[("x", 0)] + 1.0
     assert fcfs[("a", 1)] < fcfs[("b", 1)] and min(fcfs[("a", 1)], fcfs[("b", 1)]) >= x_done - 0.05
     assert sjf[("b", 1)] < sjf[("a", 1)]  # b's earlier turn made 5 tokens, a's 50
+
+
+def test_srtf_orders_fresh_turns_as_sjf_does():
+    assert first_scheduled(SJF_SCENARIO, "srtf") == first_scheduled(SJF_SCENARIO, "sjf")
+
+
+def test_srtf_preempts_the_turn_with_the_most_left_where_sjf_preempts_the_longest():
+    # "long" (200 tokens) has made ~185 when "mid" (60) arrives; 15 blocks of 16 tokens cannot hold
+    # both to their ends. sjf's victim is the longer turn, nearly done, and its 185 tokens are
+    # recomputed; srtf's is "mid", with ~55 tokens left against ~15.
+    jobs = [job("long", [(16, 200, 0)]), job("mid", [(16, 60, 0)], arrival=1.85)]
+    preempted = {}
+    for name in ("sjf", "srtf"):
+        _, res = run_engine(jobs, 15, name, {"oracle": True}, 0.01)
+        preempted[name] = {t["job_id"]: t["num_preemptions"] for t in turn_dicts(res)}
+    assert preempted["sjf"] == {"long": 1, "mid": 0}
+    assert preempted["srtf"] == {"long": 0, "mid": 1}
+
+
+def test_srtf_keys_a_turn_by_what_it_has_left_at_least_one_token():
+    pol = make_policy("srtf", {"oracle": True})
+
+    def req(out, generated, index):
+        return SimpleNamespace(output_tokens=out, num_output=generated, turn=0, run_pos=index,
+                               job_state=SimpleNamespace(index=index, job=SimpleNamespace(arrival_s=0.0)))
+
+    near_done, fresh, past = req(100, 95, 0), req(30, 0, 1), req(10, 12, 2)
+    assert pol.remaining(near_done) == 5 and pol.remaining(fresh) == 30 and pol.remaining(past) == 1
+    assert pol.preemption_victim([near_done, fresh, past]) is fresh
+    assert fresh.queue_key[0] == 30  # the victim waits keyed by what it had left
 
 
 def test_sjf_without_history_uses_the_prior_and_the_oracle_knows_the_length():
@@ -63,11 +93,12 @@ def test_the_victim_is_the_running_request_the_order_puts_last():
                SimpleNamespace(queue_key=(3, 0.5), run_pos=2), SimpleNamespace(queue_key=(2, 9.0), run_pos=3)]
     for name in ("sjf", "las", "jitserve"):
         assert make_policy(name).preemption_victim(running) is running[2]
+    # srtf keys the running turns again by what they have left (test_srtf_keys_...)
 
 
 def test_order_policies_survive_a_pool_that_forces_preemption():
     jobs = [job(f"j{i}", [(300, 40, 0.1), (40, 20, 0)], arrival=0.02 * i) for i in range(6)]
-    for name in ("sjf", "las", "jitserve"):
+    for name in ("sjf", "srtf", "las", "jitserve"):
         _, res = run_engine(jobs, 40, name, None, 0.01)  # 40 blocks: not every job fits at once
         turns = turn_dicts(res)
         assert len(turns) == 12 and sum(t["num_preemptions"] for t in turns) > 0, name
@@ -76,6 +107,8 @@ def test_order_policies_survive_a_pool_that_forces_preemption():
 @pytest.mark.parametrize("name, params, message", [
     ("sjf", {"prior_output_tokens": 0}, "prior_output_tokens must be a whole number >= 1"),
     ("sjf", {"oracle": "yes"}, "oracle must be true or false"),
+    ("srtf", {"prior_output_tokens": -1}, "srtf prior_output_tokens must be a whole number >= 1"),
+    ("srtf", {"oracle": 1}, "srtf oracle must be true or false"),
     ("las", {"quantum_tokens": 2.5}, "quantum_tokens must be a whole number"),
     ("jitserve", {"ttft_s": 0}, "ttft_s must be a finite number > 0"),
     ("continuum", {"order": "lifo"}, "continuum order must be one of arrival, sjf, las, jitserve"),
