@@ -270,9 +270,9 @@ def _hw_and_model(sku: str, model: str, calibration):
     """The device the rows are priced for (the CPU the calibration recorded, wherever this runs) and
     the model's config."""
     from common.model_config import load_model_config
-    from predictor.host_match import spec_for_rows
+    from predictor.host_match import spec_for_calibration
 
-    return spec_for_rows(sku, calibration), load_model_config(model)
+    return spec_for_calibration(sku, calibration), load_model_config(model)
 
 
 def _no_host(calibration, sku: str, dtype: str):

@@ -78,20 +78,6 @@ class HardwareSpec:
                             peak_flops_per_s={k: v * scale for k, v in self.peak_flops_per_s.items()})
 
     @classmethod
-    def for_calibration(cls, sku: str, calibration) -> "HardwareSpec":
-        """The device a calibration (a path or a Calibration) prices on ``sku``: for ``cpu``, the CPU the
-        calibration records whole, wherever this runs (a replay of another machine's calibration is
-        that machine's, as ``gpubench evaluate`` scores it); else, and for a calibration that records
-        no whole CPU, :meth:`from_sku` (``cpu``: this host)."""
-        if sku == "cpu" and calibration is not None:
-            from predictor.host_match import calibration_cpu_spec
-
-            recorded = calibration_cpu_spec(calibration)
-            if recorded is not None:
-                return recorded
-        return cls.from_sku(sku)
-
-    @classmethod
     def from_sku(cls, sku: "str | _skus.SKU") -> "HardwareSpec":
         """From the SKU table (``cpu``/``host``: the detected host, with an assumed bandwidth)."""
         if isinstance(sku, str):

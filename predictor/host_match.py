@@ -25,7 +25,7 @@ from gpubench.contention import MIN_CPU_SHARE, is_contended, run_contention
 
 __all__ = ["MIN_CPU_SHARE", "is_contended", "run_contention", "check_calibration_host", "calibration_for",
            "calibration_for_command", "identity_from_device", "current_cpu_identity", "mismatches",
-           "recorded_cpu_spec", "calibration_cpu_spec", "spec_for_rows"]
+           "recorded_cpu_spec", "calibration_cpu_spec", "spec_for_calibration"]
 
 CPU_IDENTITY_KEYS = ("model_name", "num_cpus", "vector_bits", "isa_flags", "llc_bytes")
 # recorded beside the identity (not compared: a hypervisor's clock moves between boots of one VM) so
@@ -81,13 +81,16 @@ def calibration_cpu_spec(calibration):
     return recorded_cpu_spec((cal.meta or {}).get("host")) if cal.backend == "cpu" else None
 
 
-def spec_for_rows(sku: str, calibration):
-    """The device ``evaluate`` prices rows for: with a CPU calibration that records its CPU whole,
-    that CPU (the rows were measured where the calibration's probes ran, wherever they are scored);
-    otherwise the SKU (``cpu``: this host)."""
+def spec_for_calibration(sku: str, calibration):
+    """The device a calibration (a path or a Calibration) prices on ``sku``: for ``cpu``, the CPU the
+    calibration records whole, wherever this runs (``evaluate``: the rows were measured where the
+    calibration's probes ran; a replay of another machine's calibration is that machine's); else,
+    and for a calibration that records no whole CPU, the SKU (``cpu``: this host)."""
     from predictor.hardware import HardwareSpec
 
-    return HardwareSpec.for_calibration(sku, calibration)
+    recorded = calibration_cpu_spec(calibration) if sku == "cpu" else None
+    return recorded or HardwareSpec.from_sku(sku)
+
 
 
 def mismatches(recorded: dict, current: dict) -> list[str]:
@@ -101,7 +104,7 @@ def check_calibration_host(cal, sku_id: str, *, force: bool = False, recorded_ho
     predicted for; return warnings (contended run, no host recorded, forced mismatch).
 
     ``cpu``: the calibration's recorded host must be this host, unless ``recorded_host_priced`` (evaluate:
-    it prices the CPU the calibration records whole, :func:`spec_for_rows`, and checks the rows against
+    it prices the CPU the calibration records whole, :func:`spec_for_calibration`, and checks the rows against
     it). A GPU SKU: the calibration must be for that SKU (its recorded device is then reported only).
     """
     meta = cal.meta or {}

@@ -238,12 +238,12 @@ class PredictorStepCost(StepCost):
             names = (sku, model, calibration, cuda_graphs, async_scheduling)
             shared = self._SHARED.get(names)
             if shared is None:
-                from predictor import HardwareSpec, StepModel  # the predictor's public API only (docs/interfaces.md)
+                from predictor import StepModel, hardware_for_calibration  # the public API only (docs/interfaces.md)
 
                 # The simulator replays vLLM's engine: fused qkv / gate_up projections (this matters
                 # only to the CPU op tables; GPU forms price by shape either way). A CPU calibration
                 # prices the CPU it was fitted on, so a replay regenerates alike on any host.
-                shared = (StepModel(HardwareSpec.for_calibration(sku, calibration), model, calibration=calibration,
+                shared = (StepModel(hardware_for_calibration(sku, calibration), model, calibration=calibration,
                                     cuda_graphs=cuda_graphs, gemm_layout="fused"), {})
                 self._SHARED[names] = shared
                 if len(self._SHARED) > self._SHARED_MAX:

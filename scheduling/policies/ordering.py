@@ -2,11 +2,12 @@
 estimated remaining output first) and ``las`` (least attained service of the job first, Autellix's
 program-level LAS).
 
-Neither changes what happens to blocks: a finished turn frees them as under ``fcfs``. Both set a
-request's priority when it arrives, serve the waiting queue in that order, and preempt the running
+None of them changes what happens to blocks: a finished turn frees them as under ``fcfs``. Each sets
+a request's priority when it arrives, serves the waiting queue in that order, and preempts the running
 request the order puts last, as vLLM V1's ``priority`` scheduling policy does with a request's
-``priority`` (its victim is the running request with the largest (priority, arrival)). A request's
-priority is fixed at its arrival, as there.
+``priority`` (its victim is the running request with the largest (priority, arrival)). Under ``sjf``
+and ``las`` a request's priority is fixed at its arrival, as there; ``srtf`` re-keys the running
+requests when it picks a victim.
 
 - ``sjf``: the turn whose output is expected to be shortest first. Its length is not known when it
   arrives, so it is estimated: the mean output of the job's earlier turns, else the running mean

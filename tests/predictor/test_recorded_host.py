@@ -114,17 +114,17 @@ def test_evaluate_prices_the_calibrations_cpu_and_checks_the_rows_against_it(tmp
 def test_an_old_calibration_without_the_whole_record_prices_this_host():
     cal = Calibration.load(ROOT / "results/eval/cpu/calibration-probes.json")
     cal.meta["host"] = {k: v for k, v in cal.meta["host"].items() if k != "clock_mhz"}
-    from predictor.host_match import spec_for_rows
+    from predictor.host_match import spec_for_calibration
 
     assert recorded_cpu_spec(cal.meta["host"]) is None
-    assert spec_for_rows("cpu", cal).spec_clock_mhz == host_cpu().clock_mhz
+    assert spec_for_calibration("cpu", cal).spec_clock_mhz == host_cpu().clock_mhz
 
 
 def test_a_replay_prices_the_cpu_its_calibration_recorded(tmp_path):
     """The simulator's step cost with a CPU calibration prices the CPU the calibration records (as
     evaluate does), so a committed replay regenerates alike on any host; predict's default stays this
     host (it refuses another host's calibration first)."""
-    from predictor import HardwareSpec, StepModel
+    from predictor import HardwareSpec, StepModel, hardware_for_calibration
     from scheduling.engine.step_cost import PredictorStepCost
 
     doc = json.loads((ROOT / "results/slo/cpu-probes/calibration-cpu.json").read_text())
@@ -136,7 +136,7 @@ def test_a_replay_prices_the_cpu_its_calibration_recorded(tmp_path):
     assert hw.spec_clock_mhz == 1234.0 and hw.peak("fp32") == pytest.approx(recorded.peak("fp32"))
     here = StepModel.for_names(sku="cpu", model="smollm2-135m", calibration=str(path)).hardware
     assert here.peak("fp32") != pytest.approx(hw.peak("fp32"))
-    assert HardwareSpec.for_calibration("h100-sxm", str(path)) == HardwareSpec.from_sku("h100-sxm")
+    assert hardware_for_calibration("h100-sxm", str(path)) == HardwareSpec.from_sku("h100-sxm")
     proc = gpubench("replay", "--jobs", "2", "--preset", "scaled-cpu", "--jps", "1", "--sku", "cpu", "--model",
                     "smollm2-135m", "--no-cuda-graphs", "--calibration", str(path), "--no-progress", "--json",
                     "--out", str(tmp_path / "replay"))
