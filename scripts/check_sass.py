@@ -25,6 +25,7 @@ Exit status 0 when every check holds, 1 otherwise, 2 when the tools are missing.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -73,13 +74,18 @@ def find_tool(name: str) -> str | None:
     return None
 
 
+@functools.cache
+def _newest_source_mtime() -> float:
+    """When a file under csrc/cuda last changed (asked once per run, not per object)."""
+    return max(f.stat().st_mtime for f in (REPO / "csrc" / "cuda").iterdir())
+
+
 def compiled_object(cu: str, arch: str, nvcc: str, tmp: Path, objects: Path | None) -> Path:
     """``cu`` compiled for ``arch``: the object scripts/check_cuda_build.sh kept in ``objects`` (its
     flags: the same SASS) when it is newer than every source under csrc/cuda, else compiled here."""
     if objects is not None:
         kept = objects / f"{cu}.{arch}.o"
-        newest_source = max(f.stat().st_mtime for f in (REPO / "csrc" / "cuda").iterdir())
-        if kept.is_file() and kept.stat().st_mtime >= newest_source:
+        if kept.is_file() and kept.stat().st_mtime >= _newest_source_mtime():
             return kept
     obj = tmp / f"{cu}.{arch}.o"
     subprocess.run([nvcc, "-c", str(REPO / "csrc" / "cuda" / cu), "-o", str(obj), "-O3", "-std=c++17",

@@ -238,13 +238,15 @@ class PredictorStepCost(StepCost):
             names = (sku, model, calibration, cuda_graphs, async_scheduling)
             shared = self._SHARED.get(names)
             if shared is None:
-                from predictor import StepModel, hardware_for_calibration  # the public API only (docs/interfaces.md)
+                from predictor import Calibration, StepModel, hardware_for_calibration  # the public API only (docs/interfaces.md)
 
                 # The simulator replays vLLM's engine: fused qkv / gate_up projections (this matters
                 # only to the CPU op tables; GPU forms price by shape either way). A CPU calibration
-                # prices the CPU it was fitted on, so a replay regenerates alike on any host.
-                shared = (StepModel(hardware_for_calibration(sku, calibration), model, calibration=calibration,
-                                    cuda_graphs=cuda_graphs, gemm_layout="fused"), {})
+                # prices the CPU it was fitted on, so a replay regenerates alike on any host. The file
+                # is read once for both (a CPU calibration carries its op tables).
+                cal = Calibration.load(calibration) if calibration is not None else None
+                shared = (StepModel(hardware_for_calibration(sku, cal), model, calibration=cal, cuda_graphs=cuda_graphs,
+                                    gemm_layout="fused"), {})
                 self._SHARED[names] = shared
                 if len(self._SHARED) > self._SHARED_MAX:
                     self._SHARED.popitem(last=False)
