@@ -95,6 +95,7 @@ def test_a_machine_baseline_covering_only_some_benchmarks_warns_for_the_rest(tmp
     assert "for 3 of 4 benchmark(s)" in proc.stderr and "Intel(R) Xeon(R) Processor" in proc.stderr
 
 
+@pytest.mark.exclusive  # it runs the predictor benchmarks, whose speed floors a neighbour's load can break
 def test_bench_baseline_keeps_the_median_take_whole(tmp_path):
     """scripts/bench_baseline.sh times the files TAKES times and writes the median take, unmixed."""
     out = tmp_path / "machine.json"
