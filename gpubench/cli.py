@@ -12,7 +12,7 @@ from gpubench import __version__
 
 # Packages whose cli.py registers sub-commands, in the order --help lists them.
 _REGISTRARS = ("gpubench.bench_cli", "predictor.cli", "predictor.eval_cli", "predictor.silicon_cli",
-               "scheduling.cli", "scheduling.trace_cli", "scheduling.view_cli", "scheduling.slo.cli",
+               "scheduling.cli", "scheduling.compare_cli", "scheduling.trace_cli", "scheduling.view_cli", "scheduling.slo.cli",
                "kvcomm.cli", "vllmref.cli", "gpubench.completion")
 
 

@@ -95,6 +95,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="'predictor' (predictor.StepModel, default), 'constant:SECONDS', or 'measured:DIR': the step times "
                         "a replay recorded in DIR/steps.csv (e.g. a live vLLM run; a diagnostic, not a prediction)")
     g.add_argument("--calibration", default=None, help="calibration.json from gpubench fit (default: published)")
+    g.add_argument("--step-jitter", type=float, default=0.0, metavar="CV",
+                   help="multiply each step's time by a random factor of mean 1 and this coefficient of variation, "
+                        "as a real engine's steps vary (default 0: none); rerun with other --jitter-seed values for "
+                        "the spread a timing-dependent router gives")
+    g.add_argument("--jitter-seed", type=int, default=0, help="seed of --step-jitter's draws")
     g.add_argument("--no-cuda-graphs", action="store_true", help="predict steps without CUDA graphs")
     g.add_argument("--no-async-scheduling", action="store_true",
                    help="add the host's per-step time to the device's instead of overlapping them "
@@ -151,22 +156,6 @@ def register(sub) -> None:
     add_policy_options(p)
     add_cluster_options(p)
     p.set_defaults(func=cmd_replay)
-    c = sub.add_parser(
-        "compare-replay", help="two replays of the same jobs side by side (e.g. the simulator vs live vLLM)",
-        description="Match the turns of two replay directories on (job, turn) and print per-turn TTFT, TPOT, "
-                    "JCT, prefix-hit tokens, preemptions and KV usage side by side, with the relative error of "
-                    "the first against the second (the reference, e.g. `replay --engine vllm`).",
-        formatter_class=DefaultsHelpFormatter)
-    c.add_argument("replay", metavar="REPLAY", help="replay directory to score (e.g. the simulator's)")
-    c.add_argument("reference", metavar="REFERENCE", help="reference replay directory (e.g. live vLLM)")
-    c.add_argument("--repeat", metavar="TAKE", action="append", default=[],
-                   help="another take of REFERENCE (same engine, settings and jobs; repeatable): every metric "
-                        "gets the range and mean over the takes, REPLAY's error against that mean and whether it "
-                        "lies within the range, and each take is scored against REFERENCE as REPLAY is (a live "
-                        "engine does not repeat its step times, and under eviction pressure not its hits either)")
-    c.add_argument("--out", default=None, help="also write comparison.json/.md, joined turns.csv/jobs.csv and a plot here")
-    c.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    c.set_defaults(func=cmd_compare_replay)
     try:
         from scheduling import sweep_cli
     except ModuleNotFoundError as exc:
@@ -208,6 +197,7 @@ def config_from_args(args: argparse.Namespace):
         gpu_memory_utilization=args.gpu_memory_utilization, activation_reserve_gib=args.activation_reserve_gib,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_gpu_blocks=args.num_gpu_blocks, step_cost=args.step_cost, calibration=args.calibration,
+        step_jitter=args.step_jitter, jitter_seed=args.jitter_seed,
         cuda_graphs=not args.no_cuda_graphs, async_scheduling=not args.no_async_scheduling, seed=args.seed,
         record_steps=not getattr(args, "no_step_log", False), block_size=args.block_size or 16)
     fields.update(cluster_fields(args))
@@ -310,27 +300,6 @@ def write_trace_out(result, trace_path) -> None:
         write_trace(trace_of_result(result), trace_path)
 
 
-def cmd_compare_replay(args: argparse.Namespace) -> int:
-    import json
-
-    from scheduling.experiments import compare
-
-    scored, reference = compare.load_replay(args.replay), compare.load_replay(args.reference)
-    repeats = [compare.load_replay(r) for r in args.repeat]
-    result = compare.with_repeats(compare.compare(scored, reference), reference, repeats, scored)
-    if args.out:
-        command = "gpubench " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
-        compare.write(result, args.out, command=command)
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k not in compare.FRAMES}, indent=2))
-    else:
-        print(f"{result['a']['label']} ({args.replay}) vs {result['b']['label']} ({args.reference})")
-        print(compare.to_markdown(result), end="")
-        if args.out:
-            print(f"wrote {args.out}/comparison.md, comparison.json, turns.csv, jobs.csv, comparison.png")
-    return 0
-
-
 def cmd_replay_live(args: argparse.Namespace) -> int:
     """``replay --engine vllm``: the jobs through a real vLLM engine, in real time."""
     from rich.console import Console
@@ -343,6 +312,8 @@ def cmd_replay_live(args: argparse.Namespace) -> int:
     trace_path = check_trace_out(args)
     if args.assignments:
         raise ConfigError("--set changes the simulator's settings; --engine vllm takes its dedicated options")
+    if args.step_jitter or args.jitter_seed:
+        raise ConfigError("--step-jitter imitates a real engine's step noise in the simulator; --engine vllm has its own")
     if (args.kv_link != "auto" or args.kv_link_gbs is not None or args.kv_link_latency_s is not None or args.kv_layerwise
             or args.kv_reserve != "before" or args.pd_prefix_caching != "both" or args.kv_file_rate is not None):
         raise ConfigError("--kv-link*, --kv-layerwise, --kv-reserve and --pd-prefix-caching shape the simulator's link; "

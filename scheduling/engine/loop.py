@@ -392,8 +392,8 @@ class Engine(Admission, StepOutput, DecodeGroup):
             chunk = self.config.max_num_batched_tokens
             while left > 0:
                 n = min(chunk, left)
-                t += self.step_cost.step_s(num_prefill_tokens=n, num_prefill_seqs=1, prefill_context_tokens=done,
-                                           num_decode_seqs=0, decode_context_tokens=0)
+                t += self.step_cost.expected().step_s(num_prefill_tokens=n, num_prefill_seqs=1,  # no jitter: a guess
+                                                      prefill_context_tokens=done, num_decode_seqs=0, decode_context_tokens=0)
                 done += n
                 left -= n
             self._prefill_memo[key] = t

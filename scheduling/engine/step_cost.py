@@ -10,6 +10,8 @@ sequences and their summed context. A :class:`StepCost` maps that to seconds.
 - :class:`PredictorStepCost` asks ``predictor.StepModel`` for the SKU and model, memoized on a
   quantized key (see :func:`quantize`), so a replay of millions of steps calls the predictor only a
   few thousand times.
+- :class:`JitteredStepCost` multiplies another cost's steps by seeded random factors: a real
+  engine's step-to-step noise, for replays whose routes depend on timing.
 """
 from __future__ import annotations
 
@@ -73,6 +75,10 @@ class StepCost(ABC):
         return (self.step_s(num_prefill_tokens=0, num_prefill_seqs=0, prefill_context_tokens=0,
                             num_decode_seqs=num_decode_seqs, decode_context_tokens=decode_context_tokens),
                 decode_context_tokens)
+
+    def expected(self) -> "StepCost":
+        """The cost without noise, for estimates (a policy's or router's guess of a prefill's time)."""
+        return self
 
     def describe(self) -> str:
         return type(self).__name__
@@ -292,6 +298,52 @@ class PredictorStepCost(StepCost):
 
     def describe(self) -> str:
         return f"predictor:{self.sku}:{self.model_name}" + ("" if self.async_scheduling else ":sync")
+
+
+class JitteredStepCost(StepCost):
+    """``base``'s step times, each multiplied by an independent lognormal factor of mean 1 and
+    coefficient of variation ``cv``, drawn from a generator seeded with ``seed``.
+
+    Why: a real engine's steps of one shape vary from step to step (repeated vLLM engine steps on a
+    2-vCPU VM: 5-15 %). One engine's JCT barely notices, but a router that reads the order turns
+    finish in or the replicas' load at an instant (round robin, least loaded) then sends a turn
+    elsewhere, and its context with it: a deterministic replay is one path of many, as one live take
+    is. Replays under several seeds give the spread of those paths.
+
+    Not a pure function of its arguments (the one StepCost that is not): every call draws, and
+    ``decode_quantum`` says no other context shares its seconds, so each decode step draws its own.
+    The same seed and the same event order give the same draws.
+    """
+
+    def __init__(self, base: StepCost, cv: float, seed: int) -> None:
+        import random
+
+        if not (math.isfinite(cv) and cv > 0):
+            raise ValueError(f"the jitter's coefficient of variation must be > 0, got {cv}")
+        self.base, self.cv, self.seed = base, float(cv), int(seed)
+        # log N(mu, sigma) has mean exp(mu + sigma^2 / 2) = 1 and CV sqrt(exp(sigma^2) - 1) = cv.
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+        self._mu = -self._sigma * self._sigma / 2
+        self._rng = random.Random(seed)
+
+    def _factor(self) -> float:
+        return math.exp(self._rng.gauss(self._mu, self._sigma))
+
+    def step_s(self, *, num_prefill_tokens: int, num_prefill_seqs: int, prefill_context_tokens: int,
+               num_decode_seqs: int, decode_context_tokens: int) -> float:
+        return self.base.step_s(num_prefill_tokens=num_prefill_tokens, num_prefill_seqs=num_prefill_seqs,
+                                prefill_context_tokens=prefill_context_tokens, num_decode_seqs=num_decode_seqs,
+                                decode_context_tokens=decode_context_tokens) * self._factor()
+
+    def decode_quantum(self, num_decode_seqs: int, decode_context_tokens: int) -> tuple[float, int]:
+        seconds, _ = self.base.decode_quantum(num_decode_seqs, decode_context_tokens)
+        return seconds * self._factor(), decode_context_tokens
+
+    def expected(self) -> StepCost:
+        return self.base.expected()
+
+    def describe(self) -> str:
+        return f"{self.base.describe()} x jitter(cv={self.cv:g}, seed={self.seed})"
 
 
 def make_step_cost(spec: str, *, sku: str, model: str, calibration: str | None = None,

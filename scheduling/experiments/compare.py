@@ -17,6 +17,8 @@ under eviction pressure a turn that arrives one step later finds other blocks ca
 of A against one take of B means little without B's own take-to-take spread. ``with_repeats`` scores
 other takes of B (same engine, settings and jobs) against B exactly as A is scored, and says per
 metric whether A's difference from B is within the largest difference of a repeat from B.
+``with_runs`` does the same on A's side: other runs of the simulator (``--step-jitter`` under other
+``--jitter-seed`` values) give the mean of A's paths, the figure to hold against the takes' mean.
 """
 from __future__ import annotations
 
@@ -189,7 +191,8 @@ def _check_repeats(reference: Replay, repeats: list[Replay], scored: Replay | No
         if where:
             raise ConfigError(f"--repeat {r.path} is {where} itself: a repeat is another take of the reference")
         seen[r.path.resolve()] = "given twice as --repeat"
-        want, got = reference.summary.get("config", {}), r.summary.get("config", {})
+        # Another seed of the simulator's step jitter is another take, as a rerun of the engine is.
+        want, got = dict(reference.summary.get("config", {}), jitter_seed=None), dict(r.summary.get("config", {}), jitter_seed=None)
         differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
         if differ:
             k = differ[0]
@@ -232,6 +235,38 @@ def with_repeats(result: dict, reference: Replay, repeats: list[Replay], scored:
     return result
 
 
+def with_runs(result: dict, scored: Replay, reference: Replay, runs: list[Replay]) -> dict:
+    """``result`` with other runs of the scored replay: per metric ``runs_values`` (the scored
+    replay's first), ``runs_mean``, ``runs_min``, ``runs_max`` and ``runs_mean_rel_err``, the mean's
+    error against the takes' mean where there are repeats, else against the reference.
+
+    Why: under a router that reads timing, one simulated path is no more the simulator's answer than
+    one take is the engine's; the runs' mean against the takes' mean compares the two expectations.
+    A run must be the scored replay's settings but for ``jitter_seed``.
+    """
+    if not runs:
+        return result
+    seen, want = {scored.path.resolve()}, dict(scored.summary.get("config", {}), jitter_seed=None)
+    for r in runs:
+        if r.path.resolve() in seen:
+            raise ConfigError(f"--run {r.path} is given twice or is the scored replay itself")
+        seen.add(r.path.resolve())
+        got = dict(r.summary.get("config", {}), jitter_seed=None)
+        differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        if differ:
+            raise ConfigError(f"--run {r.path} is not a run of the scored replay's settings (only --jitter-seed may "
+                              f"differ): {differ[0]} is {got.get(differ[0])!r} there and {want.get(differ[0])!r} in {scored.path}")
+    others = [compare(r, reference) for r in runs]
+    for i, row in enumerate(result["metrics"]):
+        values = [v for v in [row["a"], *(o["metrics"][i]["a"] for o in others)] if v is not None]
+        mean = float(np.mean(values)) if values else None
+        target = row["takes_mean"] if "takes_mean" in row else row["b"]
+        row |= {"runs_values": values, "runs_mean": mean, "runs_min": min(values, default=None),
+                "runs_max": max(values, default=None), "runs_mean_rel_err": _rel(mean, target)}
+    result["runs"] = [str(r.path) for r in runs]
+    return result
+
+
 def _range_cell(row: dict) -> str:
     return "-" if row["takes_min"] is None else f"{_fmt(row['takes_min'])} .. {_fmt(row['takes_max'])}"
 
@@ -249,9 +284,13 @@ def to_markdown(result: dict) -> str:
 
     a, b = result["a"]["label"], result["b"]["label"]
     repeats = result.get("reference_repeats") or []
+    runs = result.get("runs") or []
     header = ["metric", a, b, "rel. error"]
     if repeats:
         header += [f"{b}, {len(repeats) + 1} takes: range", "rel. error vs the takes' mean", "within the takes' range"]
+    if runs:
+        target = "the takes' mean" if repeats else b
+        header += [f"{a}, {len(runs) + 1} runs: mean (range)", f"runs' mean vs {target}"]
     rows = []
     for r in result["metrics"]:
         row = [r["metric"], _fmt(r["a"]), _fmt(r["b"]), "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"]
@@ -259,6 +298,10 @@ def to_markdown(result: dict) -> str:
             rel = r["rel_err_vs_takes_mean"]
             row += [_range_cell(r), "-" if rel is None else f"{rel:+.1%}",
                     {None: "-", True: "yes", False: "no"}[r["within_takes_range"]]]
+        if runs:
+            rel = r["runs_mean_rel_err"]
+            row += ["-" if r["runs_mean"] is None else f"{_fmt(r['runs_mean'])} ({_fmt(r['runs_min'])} .. {_fmt(r['runs_max'])})",
+                    "-" if rel is None else f"{rel:+.1%}"]
         rows.append(row)
     lines = [markdown_table(header, rows)]
     pt = result["per_turn"]

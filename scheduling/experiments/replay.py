@@ -33,7 +33,7 @@ from scheduling.cluster.pd import check_pd_settings
 from scheduling.cluster.sim import check_cluster_settings
 from scheduling.engine import Engine, EngineConfig
 from scheduling.engine.request import BLOCK_SIZE
-from scheduling.engine.step_cost import StepCost, make_step_cost
+from scheduling.engine.step_cost import JitteredStepCost, StepCost, make_step_cost
 from scheduling.experiments.metrics import frames, summarize
 from scheduling.policies import make_policy
 from scheduling.slo.spec import DEFAULT_SLO, SLOSpec
@@ -65,6 +65,9 @@ class ReplayConfig:
         step_cost: ``predictor`` (predictor.StepModel, memoized), ``constant:SECONDS`` or
             ``measured:DIR`` (the step times DIR/steps.csv recorded; a diagnostic).
         calibration: calibration.json for the predictor (None: published defaults, then spec).
+        step_jitter, jitter_seed: each step's time times a lognormal factor of mean 1 and this
+            coefficient of variation, drawn with this seed (0: none); a real engine's step-to-step
+            noise, which moves the routes of timing-dependent routers (step_cost.JitteredStepCost).
         cuda_graphs: whether the predicted engine replays decode steps as CUDA graphs.
         async_scheduling: vLLM V1's default on GPUs: the host schedules step n+1 while the device
             runs step n, so the predicted host term overlaps device time (max, not sum).
@@ -104,6 +107,8 @@ class ReplayConfig:
     num_gpu_blocks: int | None = None
     step_cost: str = "predictor"
     calibration: str | None = None
+    step_jitter: float = 0.0
+    jitter_seed: int = 0
     cuda_graphs: bool = True
     async_scheduling: bool = True
     seed: int = 0
@@ -227,6 +232,11 @@ def _check_engine_fields(cfg: ReplayConfig) -> None:
             raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    jitter = cfg.step_jitter
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+        raise ConfigError(f"step_jitter is a coefficient of variation in [0, 1], got {jitter!r}")
+    if isinstance(cfg.jitter_seed, bool) or not isinstance(cfg.jitter_seed, int) or cfg.jitter_seed < 0:
+        raise ConfigError(f"jitter_seed must be an integer >= 0, got {cfg.jitter_seed!r}")
 
 
 def engine_config(cfg: ReplayConfig) -> EngineConfig:
@@ -274,6 +284,8 @@ def run_replay(jobs: Sequence[Job], config: ReplayConfig, *, step_cost: StepCost
     cost = step_cost or make_step_cost(config.step_cost, sku=config.sku, model=config.model,
                                        calibration=config.calibration, cuda_graphs=config.cuda_graphs,
                                        async_scheduling=config.async_scheduling)
+    if config.step_jitter:
+        cost = JitteredStepCost(cost, config.step_jitter, config.jitter_seed)
     if config.replicas > 1 or config.prefill_replicas:
         return _run_cluster(jobs, config, ecfg, cost, progress, slo)
     res = Engine(jobs, ecfg, policy, cost, progress=progress).run()
