@@ -143,3 +143,35 @@ def test_step_noise_cv_reads_a_probe_runs_engine_rows(tmp_path):
     assert proc.stderr.count(": 0.141") == 2
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "none")], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_committed_jittered_router_check_regenerates(tmp_path):
+    """results/cluster/live-jitter: two of least-loaded's jittered simulator runs at 1 job/s, re-run from
+    their COMMAND lines, give the committed turns (a seed fixes the draws); the check re-run on the
+    committed runs and takes gives the committed runs' and takes' means."""
+    import shlex
+
+    import pandas as pd
+
+    d = REPO / "results" / "cluster" / "live-jitter"
+    lines = (d / "COMMAND").read_text().splitlines()
+    cell = "least-loaded-jps-1"
+    for seed in (0, 5):
+        line = next(ln for ln in lines if ln.endswith(f"--out {d.relative_to(REPO)}/sim-jitter/{cell}-seed-{seed}"))
+        argv = shlex.split(line)
+        argv[argv.index("--out") + 1] = str(tmp_path / f"seed-{seed}")
+        proc = gpubench(*argv[1:])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        fresh = pd.read_csv(tmp_path / f"seed-{seed}" / "turns.csv")
+        committed = pd.read_csv(d / "sim-jitter" / f"{cell}-seed-{seed}" / "turns.csv")
+        for col in ("first_token_s", "finish_s", "hit_tokens", "replica"):
+            assert fresh[col].tolist() == pytest.approx(committed[col].tolist(), rel=1e-9), col
+    check = next(ln for ln in lines if ln.startswith("gpubench compare-replay") and f"--out {d.relative_to(REPO)}/check/{cell}" in ln)
+    argv = shlex.split(check)
+    argv[argv.index("--out") + 1] = str(tmp_path / "check")
+    assert gpubench(*argv[1:]).returncode == 0
+    fresh = {r["metric"]: r for r in json.loads((tmp_path / "check" / "comparison.json").read_text())["metrics"]}
+    want = {r["metric"]: r for r in json.loads((d / "check" / cell / "comparison.json").read_text())["metrics"]}
+    for name in ("TTFT p50 (s)", "JCT mean (s)"):
+        assert fresh[name]["runs_mean"] == pytest.approx(want[name]["runs_mean"]), name
+        assert fresh[name]["takes_mean"] == pytest.approx(want[name]["takes_mean"]), name
