@@ -183,6 +183,15 @@ def _transfer_rows(a: pd.DataFrame, b: pd.DataFrame, stat) -> list[dict]:
     return rows
 
 
+def _setting_difference(first: Replay, other: Replay) -> tuple[str, object, object] | None:
+    """The first recorded setting in which ``other`` differs from ``first`` (name, first's, other's),
+    or None. The step jitter's seed is not one: another seed is another take, as a rerun of the engine is."""
+    want = dict(first.summary.get("config", {}), jitter_seed=None)
+    got = dict(other.summary.get("config", {}), jitter_seed=None)
+    differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    return (differ[0], want.get(differ[0]), got.get(differ[0])) if differ else None
+
+
 def _check_repeats(reference: Replay, repeats: list[Replay], scored: Replay | None) -> None:
     """Repeats must be other takes of the reference: distinct directories, the same settings."""
     seen = {reference.path.resolve(): "the reference"} | ({scored.path.resolve(): "the scored replay"} if scored else {})
@@ -191,13 +200,11 @@ def _check_repeats(reference: Replay, repeats: list[Replay], scored: Replay | No
         if where:
             raise ConfigError(f"--repeat {r.path} is {where} itself: a repeat is another take of the reference")
         seen[r.path.resolve()] = "given twice as --repeat"
-        # Another seed of the simulator's step jitter is another take, as a rerun of the engine is.
-        want, got = dict(reference.summary.get("config", {}), jitter_seed=None), dict(r.summary.get("config", {}), jitter_seed=None)
-        differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        differ = _setting_difference(reference, r)
         if differ:
-            k = differ[0]
+            k, want, got = differ
             raise ConfigError(f"--repeat {r.path} is not a take of the reference's settings: {k} is "
-                              f"{got.get(k)!r} there and {want.get(k)!r} in {reference.path}")
+                              f"{got!r} there and {want!r} in {reference.path}")
 
 
 def with_repeats(result: dict, reference: Replay, repeats: list[Replay], scored: Replay | None = None) -> dict:
@@ -246,16 +253,16 @@ def with_runs(result: dict, scored: Replay, reference: Replay, runs: list[Replay
     """
     if not runs:
         return result
-    seen, want = {scored.path.resolve()}, dict(scored.summary.get("config", {}), jitter_seed=None)
+    seen = {scored.path.resolve()}
     for r in runs:
         if r.path.resolve() in seen:
             raise ConfigError(f"--run {r.path} is given twice or is the scored replay itself")
         seen.add(r.path.resolve())
-        got = dict(r.summary.get("config", {}), jitter_seed=None)
-        differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        differ = _setting_difference(scored, r)
         if differ:
+            k, want, got = differ
             raise ConfigError(f"--run {r.path} is not a run of the scored replay's settings (only --jitter-seed may "
-                              f"differ): {differ[0]} is {got.get(differ[0])!r} there and {want.get(differ[0])!r} in {scored.path}")
+                              f"differ): {k} is {got!r} there and {want!r} in {scored.path}")
     others = [compare(r, reference) for r in runs]
     for i, row in enumerate(result["metrics"]):
         values = [v for v in [row["a"], *(o["metrics"][i]["a"] for o in others)] if v is not None]
