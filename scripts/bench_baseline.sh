@@ -10,7 +10,8 @@
 #
 # Usage:   scripts/bench_baseline.sh OUT.json [TAKES]
 # Example: scripts/bench_baseline.sh results/bench-baselines/amd-epyc-x2.json 3
-# BENCH_FILES (space-separated) overrides the benchmark files timed.
+# BENCH_FILES (space-separated) overrides the benchmark files timed; BENCH_SELECT, a pytest -k
+# expression, times only the benchmarks it selects (as in scripts/bench_compare.sh).
 # Exit 0: written; 1: a benchmark failed; 2: bad input. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +38,11 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 read -r -a FILES <<< "${BENCH_FILES:-benchmarks/test_kvcomm_bench.py benchmarks/test_predictor_bench.py benchmarks/test_scheduling_bench.py}"
+SELECT=()
+if [ -n "${BENCH_SELECT:-}" ]; then SELECT=(-k "$BENCH_SELECT"); fi
 for take in $(seq 1 "$TAKES"); do
   echo "bench_baseline: take $take of $TAKES ($(cut -d' ' -f1-3 /proc/loadavg) load)" >&2
-  "$PYTHON" -m pytest -q "${FILES[@]}" --benchmark-only --benchmark-json="$TMP/take$take.json" >&2 || exit 1
+  "$PYTHON" -m pytest -q "${FILES[@]}" "${SELECT[@]}" --benchmark-only --benchmark-json="$TMP/take$take.json" >&2 || exit 1
 done
 "$PYTHON" - "$OUT" "$TMP"/take*.json <<'EOF'
 import json, math, os, sys

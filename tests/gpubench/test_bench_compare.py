@@ -95,16 +95,20 @@ def test_a_machine_baseline_covering_only_some_benchmarks_warns_for_the_rest(tmp
     assert "for 3 of 4 benchmark(s)" in proc.stderr and "Intel(R) Xeon(R) Processor" in proc.stderr
 
 
-@pytest.mark.exclusive  # it runs the predictor benchmarks, whose speed floors a neighbour's load can break
+@pytest.mark.exclusive  # it times benchmarks with speed floors, which a neighbour's load can break
 def test_bench_baseline_keeps_the_median_take_whole(tmp_path):
-    """scripts/bench_baseline.sh times the files TAKES times and writes the median take, unmixed."""
+    """scripts/bench_baseline.sh times the files TAKES times and writes the median take, unmixed.
+    The CPU op-table benchmark is left out (BENCH_SELECT): it runs at 1.0-1.9x its 20,000/s floor on
+    the 2-vCPU Zen 3 VM depending on the machine's phase, and this test checks the takes, not the floor."""
     out = tmp_path / "machine.json"
-    env = {**os.environ, "PYTHON": sys.executable, "BENCH_FILES": "benchmarks/test_predictor_bench.py"}
+    env = {**os.environ, "PYTHON": sys.executable, "BENCH_FILES": "benchmarks/test_predictor_bench.py",
+           "BENCH_SELECT": "not cpu_op_tables"}
     proc = subprocess.run(["bash", str(REPO / "scripts" / "bench_baseline.sh"), str(out), "3"], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert {b["fullname"].split("::")[0] for b in doc["benchmarks"]} == {"benchmarks/test_predictor_bench.py"}
+    assert len(doc["benchmarks"]) == 3 and not any("cpu_op_tables" in b["name"] for b in doc["benchmarks"])
     line = next(x for x in proc.stderr.splitlines() if "kept the median take" in x)
     takes = [float(v) for v in line.split("means ")[1].split(";")[0].replace(" ms", "").split(", ")]
     kept = float(line.split("median take (")[1].split(" ms")[0])
