@@ -237,6 +237,8 @@ def _check_engine_fields(cfg: ReplayConfig) -> None:
         raise ConfigError(f"step_jitter is a coefficient of variation in [0, 1], got {jitter!r}")
     if isinstance(cfg.jitter_seed, bool) or not isinstance(cfg.jitter_seed, int) or cfg.jitter_seed < 0:
         raise ConfigError(f"jitter_seed must be an integer >= 0, got {cfg.jitter_seed!r}")
+    if cfg.jitter_seed and not jitter:
+        raise ConfigError(f"jitter_seed {cfg.jitter_seed} without step_jitter draws nothing: give --step-jitter CV too")
 
 
 def engine_config(cfg: ReplayConfig) -> EngineConfig:

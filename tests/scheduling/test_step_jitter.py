@@ -75,7 +75,8 @@ def test_jitter_moves_a_load_reading_routers_routes_and_a_seed_repeats_them(tmp_
 
 @pytest.mark.parametrize("fields, message", [({"step_jitter": 1.5}, "step_jitter is a coefficient of variation"),
                                              ({"step_jitter": -0.1}, "step_jitter"),
-                                             ({"jitter_seed": -1}, "jitter_seed must be an integer >= 0")])
+                                             ({"jitter_seed": -1}, "jitter_seed must be an integer >= 0"),
+                                             ({"jitter_seed": 3}, "without step_jitter draws nothing")])
 def test_bad_jitter_settings_are_refused_when_the_config_is_made(fields, message):
     with pytest.raises(ConfigError, match=message):
         ReplayConfig(**fields)
