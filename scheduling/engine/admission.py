@@ -54,6 +54,8 @@ class Admission:
         h = e = 0
         hit_blocks: list[int] = []
         if r.status == Status.WAITING:
+            if self._surely_short(r):
+                return None
             max_tokens = kv.max_hit_tokens(r)
             hit_blocks = kv.get_computed_blocks(r, max_tokens) if self.config.prefix_caching else []
             h = len(hit_blocks) * kv.block_size
@@ -116,6 +118,21 @@ class Admission:
         self._prefilling.append(r)
         policy.on_admitted(r, now_s)
         return n, h, e, load_s
+
+    def _surely_short(self, r: Request) -> bool:
+        """Whether a waiting request certainly fails the block gates of :meth:`_admit`, whatever its
+        prefix hit turns out to be.
+
+        NOTE(perf): a queue head that cannot fit is retried every step, and its lookup is the
+        costly part. Under the default gate the free blocks must hold the whole sequence less the
+        hit; of the hit, only shared system-prompt blocks can be in use by others (a job that holds
+        no blocks runs one turn at a time), so they must hold at least the sequence less its
+        system prompt. Failing that bound, both gates fail: the answer is the same, found sooner.
+        """
+        if not self.config.reserve_full_sequence or self.policy.holds_blocks(r.job_state):
+            return False
+        kv = self.kv
+        return kv.blocks_for(r.num_tokens) - r.job_state.job.system_tokens // kv.block_size > kv.pool.num_free_blocks
 
     def _release_loaded(self, num_running: int) -> bool:
         """Nothing runs and the queue head cannot get blocks: free the blocks of the last queued

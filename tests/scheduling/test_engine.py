@@ -80,6 +80,31 @@ def test_fast_path_is_identical_to_the_exact_loop():
         assert fast.steps == exact.steps and fast.turns == exact.turns
 
 
+def test_the_block_bound_before_a_lookup_changes_no_schedule(monkeypatch):
+    """Admission's early rejection (``_surely_short``: the free blocks cannot hold the sequence less
+    its system prompt) answers as its two gates would after the prefix lookup: each run is the same
+    with the bound switched off, and the bound did reject queue heads."""
+    from scheduling.engine.admission import Admission
+
+    jobs = small_workload(n=14, seed=6, jps=8.0)
+    bound = Admission._surely_short
+    rejected = []
+
+    def counted(self, r):
+        out = bound(self, r)
+        rejected.append(out)
+        return out
+
+    for policy in ("fcfs", "jitserve", "continuum"):
+        rejected.clear()
+        monkeypatch.setattr(Admission, "_surely_short", counted)
+        _, fast = run(jobs, 300, policy, max_num_batched_tokens=256)
+        monkeypatch.setattr(Admission, "_surely_short", lambda self, r: False)
+        _, slow = run(jobs, 300, policy, max_num_batched_tokens=256)
+        assert any(rejected), policy  # the scenario exercises the bound
+        assert fast.steps == slow.steps and fast.turns == slow.turns, policy
+
+
 class _ContextCost(TableStepCost):
     """Step time grows with the decode context, so every decode step differs (exact quantum)."""
 
