@@ -18,7 +18,9 @@ Run:
 """
 from __future__ import annotations
 
+import gc
 import os
+from dataclasses import replace
 import platform
 import statistics
 import subprocess
@@ -91,22 +93,36 @@ def test_replay_agent_workload(benchmark, policy):
     jobs = with_poisson_arrivals(synthetic_jobs(20, seed=0), 0.5, seed=0)
     name, _, order = policy.partition("@order=")
     cfg = ReplayConfig(policy=name, policy_params={"order": order} if order else {}, record_steps=False)
-    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=policy)
+    _bench_replay(benchmark, jobs, cfg, rounds=3, policy=policy, baseline=ReplayConfig(record_steps=False))
 
 
-def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
+def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str, baseline: ReplayConfig | None = None) -> None:
     """One replay per round, after one untimed replay (it fills the step-cost memo, which would
     otherwise charge whichever policy runs first); steps per second of wall and of CPU time in
-    extra_info, of the median and the best round."""
+    extra_info, of the median and the best round.
+
+    With ``baseline`` (fcfs's config), a baseline replay runs before each round, outside the timed
+    call: ``steps_per_cpu_s_vs_baseline`` is the median over rounds of the policy's steps per CPU
+    second over the baseline's in the same round. This host's speed drifts by 30 % between minutes,
+    so a ratio of two benchmarks taken a minute apart says more about the minute than the policy.
+    """
     run_replay(jobs, cfg)
-    samples = []
+    samples, base = [], []
+
+    def run_baseline():
+        gc.collect()  # each replay starts with no garbage of the one before to collect
+        res, _, cpu_s = _timed(lambda: run_replay(jobs, baseline))
+        base.append(res.summary["steps"] / cpu_s)
+        gc.collect()
 
     def run():
         res, wall_s, cpu_s = _timed(lambda: run_replay(jobs, cfg))
         samples.append((res.summary["steps"], wall_s, cpu_s))
         return res
 
-    res = benchmark.pedantic(run, rounds=rounds, iterations=1)
+    if baseline is not None:
+        run_replay(jobs, baseline)
+    res = benchmark.pedantic(run, setup=run_baseline if baseline is not None else None, rounds=rounds, iterations=1)
     benchmark.extra_info.update(_env())
     benchmark.extra_info.update({
         "policy": policy, "num_jobs": len(jobs), "num_steps": res.summary["steps"],
@@ -115,6 +131,9 @@ def _bench_replay(benchmark, jobs, cfg, *, rounds: int, policy: str) -> None:
         "steps_per_s_wall_best": max(n / w for n, w, _ in samples),
         "steps_per_cpu_s_best": max(n / c for n, _, c in samples),
     })
+    if baseline is not None:
+        benchmark.extra_info["steps_per_cpu_s_vs_baseline"] = statistics.median(
+            (n / c) / b for (n, _, c), b in zip(samples, base))
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "sjf", "srtf", "las", "jitserve"])
@@ -124,7 +143,7 @@ def test_replay_saturated_queue(benchmark, policy):
     re-ranks all of them at every admission, at most every 50 ms of simulated time)."""
     jobs = with_poisson_arrivals(synthetic_jobs(40, seed=0), 3.0, seed=0)
     cfg = ReplayConfig(sku="l40s", policy=policy, num_gpu_blocks=3000, record_steps=False)
-    _bench_replay(benchmark, jobs, cfg, rounds=5, policy=policy)
+    _bench_replay(benchmark, jobs, cfg, rounds=5, policy=policy, baseline=replace(cfg, policy="fcfs"))
 
 
 @pytest.mark.parametrize("router", ["round-robin", "prefix", "scorers", "kv-cost"])
