@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import replace
 import platform
 import statistics
 import subprocess
 import time
+from dataclasses import replace
 
 import pytest
 
