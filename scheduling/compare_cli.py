@@ -36,9 +36,11 @@ def register(sub) -> None:
 def cmd_compare_replay(args: argparse.Namespace) -> int:
     from scheduling.experiments import compare
 
+    _check_out(args)
     scored, reference = compare.load_replay(args.replay), compare.load_replay(args.reference)
     repeats = [compare.load_replay(r) for r in args.repeat]
     runs = [compare.load_replay(r) for r in args.runs]
+    _check_commands(scored, reference, repeats, runs)
     result = compare.with_repeats(compare.compare(scored, reference), reference, repeats, scored)
     result = compare.with_runs(result, scored, reference, runs)
     if args.out:
@@ -52,3 +54,65 @@ def cmd_compare_replay(args: argparse.Namespace) -> int:
         if args.out:
             print(f"wrote {args.out}/comparison.md, comparison.json, turns.csv, jobs.csv, comparison.png")
     return 0
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """``--out`` gets joined tables named as a replay's own: it must not be one of the inputs."""
+    from pathlib import Path
+
+    from common.errors import ConfigError
+
+    if not args.out:
+        return
+    out = Path(args.out).resolve()
+    for flag, path in (("REPLAY", args.replay), ("REFERENCE", args.reference), *(("--repeat", r) for r in args.repeat),
+                       *(("--run", r) for r in args.runs)):
+        if Path(path).resolve() == out:
+            raise ConfigError(f"--out {args.out} is the {flag} directory: the comparison's turns.csv and jobs.csv "
+                              "would overwrite the replay's own; give another --out")
+
+
+# What fixes the jobs and their arrivals: two replays compared turn by turn must agree on these.
+_WORKLOAD = ("trace", "num_jobs", "preset", "jps", "seed")
+# What only shapes the output or draws another path of the same settings.
+_NOT_SETTINGS = {"jitter_seed", "out", "trace_out", "no_progress", "json", "no_step_log"}
+
+
+def _recorded_args(replay) -> dict | None:
+    """The ``gpubench replay`` options a replay recorded, parsed (None for an older replay without them)."""
+    from common.errors import ConfigError
+    from scheduling.slo.check_replays import parse_replay_command, replay_args
+
+    command = replay.summary.get("command")
+    try:
+        return vars(parse_replay_command(replay_args(command, replay.path))) if command else None
+    except ConfigError:
+        return None
+
+
+def _check_commands(scored, reference, repeats: list, runs: list) -> None:
+    """From the commands the replays recorded (summary.json's ``command``): REPLAY and REFERENCE replay
+    the same jobs at the same arrival rate; a --repeat is REFERENCE's command again and a --run
+    REPLAY's, but for --jitter-seed and the output. (summary.json's ``config`` holds the engine's
+    settings, not the workload's, so this is where a --run at another --jps is caught.)"""
+    from common.errors import ConfigError
+
+    a, b = _recorded_args(scored), _recorded_args(reference)
+    if a and b:
+        for k in _WORKLOAD:
+            if a.get(k) != b.get(k):
+                raise ConfigError(f"{scored.path} and {reference.path} replay different jobs: {k} is {a.get(k)!r} "
+                                  f"and {b.get(k)!r}; compare-replay matches the turns of one workload")
+    for base, others, where, what in ((b, repeats, reference.path, "--repeat {} is not a take of the reference's settings"),
+                                      (a, runs, scored.path, "--run {} is not a run of the scored replay's settings "
+                                                             "(only --jitter-seed may differ)")):
+        if not base:
+            continue
+        for other in others:
+            got = _recorded_args(other)
+            if got is None:
+                continue
+            differ = sorted(k for k in set(base) | set(got) if k not in _NOT_SETTINGS and base.get(k) != got.get(k))
+            if differ:
+                k = differ[0]
+                raise ConfigError(f"{what.format(other.path)}: {k} is {got.get(k)!r} there and {base.get(k)!r} in {where}")

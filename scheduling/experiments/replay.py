@@ -234,11 +234,12 @@ def _check_engine_fields(cfg: ReplayConfig) -> None:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
     jitter = cfg.step_jitter
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
-        raise ConfigError(f"step_jitter is a coefficient of variation in [0, 1], got {jitter!r}")
+        raise ConfigError(f"step_jitter (--step-jitter) is a coefficient of variation in [0, 1], got {jitter!r}")
     if isinstance(cfg.jitter_seed, bool) or not isinstance(cfg.jitter_seed, int) or cfg.jitter_seed < 0:
         raise ConfigError(f"jitter_seed must be an integer >= 0, got {cfg.jitter_seed!r}")
     if cfg.jitter_seed and not jitter:
-        raise ConfigError(f"jitter_seed {cfg.jitter_seed} without step_jitter draws nothing: give --step-jitter CV too")
+        raise ConfigError(f"jitter_seed {cfg.jitter_seed} without step_jitter draws nothing: give a jitter too "
+                          "(--step-jitter CV; in a sweep, --set step_jitter=CV)")
 
 
 def engine_config(cfg: ReplayConfig) -> EngineConfig:
@@ -355,6 +356,8 @@ def write_outputs(result: ReplayResult, out_dir: str | Path, *, command: str | N
         tables = [("steps.csv", result.steps), ("turns.csv", result.turns), ("jobs.csv", result.jobs)]
         if result.rejected is not None:
             tables.append(("rejected.csv", result.rejected))
+        else:  # a replay written here before with a cap on outstanding turns left one: it is not this run's
+            (out / "rejected.csv").unlink(missing_ok=True)
         for name, frame in tables:
             write_text_atomic(out / name, frame.to_csv(index=False))
         doc = {"command": command, "config": result.config.to_dict(), "metrics": result.summary}

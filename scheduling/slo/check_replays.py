@@ -42,7 +42,8 @@ class Setting:
         return self.takes[0].summary.get("config", {}).get("engine") == "vllm"
 
 
-def _replay_args(command: str | None, where: Path) -> list[str]:
+def replay_args(command: str | None, where: Path) -> list[str]:
+    """A recorded ``gpubench replay`` command's options, less those that only shape the output."""
     words = shlex.split(command or "")
     if len(words) < 2 or words[0] != "gpubench" or words[1] != "replay":
         raise ConfigError(f"--replays {where}: its summary.json records no `gpubench replay` command "
@@ -75,7 +76,7 @@ def group_takes(dirs: list[str]) -> list[Setting]:
         policy = r.summary.get("config", {}).get("policy", "fcfs")
         if policy != "fcfs":
             raise ConfigError(f"--replays {d}: a replay under {policy}; the model prices fcfs (vLLM's default)")
-        key = tuple(_replay_args(r.summary.get("command"), r.path))
+        key = tuple(replay_args(r.summary.get("command"), r.path))
         groups.setdefault(key, Setting(list(key), [])).takes.append(r)
     return list(groups.values())
 

@@ -160,3 +160,47 @@ def test_summary_has_tpot_percentiles_and_goodput():
     assert fast["slo"] == {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S}
     assert fast["slo_turn_share"] == 1.0 and fast["goodput_tok_per_s"] == pytest.approx(fast["output_tok_per_s"])
     assert slow["slo_turn_share"] == 0.0 and slow["goodput_tok_per_s"] == 0.0  # 0.2 s > the 0.1 s TPOT target
+
+
+def _cli_replay(out, *extra):
+    """A small simulated replay through the CLI (it records its command, as a user's does)."""
+    cmd = [sys.executable, "-m", "gpubench.cli", "replay", "--jobs", "4", "--preset", "scaled-cpu", "--seed", "0",
+           "--num-gpu-blocks", "60", "--block-size", "128", "--step-cost", "constant:0.01", "--no-progress",
+           "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return str(out)
+
+
+def test_compare_replay_refuses_other_workloads_and_an_out_over_its_inputs(tmp_path):
+    """summary.json's config holds the engine's settings, not the arrival rate: the recorded commands
+    are what catches a --run, a --repeat or a pair replayed at another --jps; and --out naming an
+    input would overwrite its turns.csv with the joined table."""
+    a = _cli_replay(tmp_path / "a", "--jps", "1", "--step-jitter", "0.1", "--jitter-seed", "1")
+    b = _cli_replay(tmp_path / "b", "--jps", "1")
+    run = _cli_replay(tmp_path / "run", "--jps", "1", "--step-jitter", "0.1", "--jitter-seed", "2")
+    other_rate = _cli_replay(tmp_path / "fast", "--jps", "3")
+    other_run = _cli_replay(tmp_path / "fast-run", "--jps", "3", "--step-jitter", "0.1", "--jitter-seed", "2")
+    base = [sys.executable, "-m", "gpubench.cli", "compare-replay"]
+    ok = subprocess.run(base + [a, b, "--run", run, "--repeat", _cli_replay(tmp_path / "b2", "--jps", "1")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    before = (tmp_path / "b" / "turns.csv").read_text()
+    for args, message in (([a, other_rate], "replay different jobs: jps is 1.0 and 3.0"),
+                          ([a, b, "--run", other_run], "only --jitter-seed may differ): jps is 3.0 there and 1.0"),
+                          ([b, b, "--repeat", other_rate], "not a take of the reference's settings: jps is 3.0"),
+                          ([a, b, "--out", b], "--out " + b + " is the REFERENCE directory")):
+        proc = subprocess.run(base + args, capture_output=True, text=True)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert message in proc.stderr, proc.stderr
+    assert (tmp_path / "b" / "turns.csv").read_text() == before
+
+
+def test_a_replay_over_an_earlier_one_leaves_none_of_its_files(tmp_path):
+    """A capped cluster replay writes rejected.csv; a later replay into the same directory that
+    refuses nothing must not leave it beside its own summary."""
+    out = tmp_path / "r"
+    _cli_replay(out, "--jps", "4", "--replicas", "2", "--max-outstanding", "1")
+    assert (out / "rejected.csv").is_file()
+    _cli_replay(out, "--jps", "4")
+    assert not (out / "rejected.csv").exists()
