@@ -97,9 +97,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calibration", default=None, help="calibration.json from gpubench fit (default: published)")
     g.add_argument("--step-jitter", type=float, default=0.0, metavar="CV",
                    help="multiply each step's time by a random factor of mean 1 and this coefficient of variation, "
-                        "as a real engine's steps vary (default 0: none); rerun with other --jitter-seed values for "
-                        "the spread a timing-dependent router gives")
-    g.add_argument("--jitter-seed", type=int, default=0, help="seed of --step-jitter's draws")
+                        "in [0, 1], as a real engine's steps vary (default 0: none); rerun with other --jitter-seed "
+                        "values for the spread a timing-dependent router gives")
+    g.add_argument("--jitter-seed", type=int, default=0, help="seed of --step-jitter's draws (default 0)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="predict steps without CUDA graphs")
     g.add_argument("--no-async-scheduling", action="store_true",
                    help="add the host's per-step time to the device's instead of overlapping them "

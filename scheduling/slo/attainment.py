@@ -8,7 +8,8 @@ Over a replay's ``turns`` and ``jobs`` frames (scheduling.experiments.metrics):
   its job's last turn and finish - arrival <= target (a last turn triggers no tool: it meets it);
 - a turn meets the SLO when it meets every kind that applies to it; a job when every one of its
   turns does and, with a ``job`` target, jct_s <= target;
-- attainment of a kind is the share of the turns (jobs, for ``job``) it applies to that meet it;
+- attainment of a kind is the share of the turns (jobs, for ``job``) it applies to that meet it
+  (None for a kind the SLO leaves out);
 - job goodput: jobs meeting the SLO per second, token goodput: output tokens of turns meeting it
   per second, both over the replay's span (first arrival to last finish), as its throughputs are.
 """
@@ -53,9 +54,10 @@ def attainment(turns: pd.DataFrame, jobs: pd.DataFrame, slo: SLOSpec, *, checks:
         "slo": slo.to_dict(),
         "turns": int(len(turns)),
         "jobs": int(len(jobs)),
-        "ttft": float(checks["ttft_ok"].mean()),
-        "tpot": float(checks["tpot_ok"].mean()),
-        "tool_turn": float(checks["tool_turn_ok"].to_numpy()[tool].mean()) if tool.any() else None,
+        # a kind the SLO leaves out has no attainment (None), as the job deadline without a target
+        "ttft": float(checks["ttft_ok"].mean()) if slo.ttft_s is not None else None,
+        "tpot": float(checks["tpot_ok"].mean()) if slo.tpot_s is not None else None,
+        "tool_turn": float(checks["tool_turn_ok"].to_numpy()[tool].mean()) if tool.any() and slo.tool_turn_s is not None else None,
         "job_deadline": float(jct_ok.mean()) if slo.job_s is not None else None,
         "turn": float(checks["ok"].mean()),
         "job": float(job_ok.mean()),

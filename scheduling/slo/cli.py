@@ -9,6 +9,9 @@ from common.clihelp import DefaultsHelpFormatter
 from common.errors import ConfigError
 from scheduling.slo.spec import add_slo_option
 
+# The rates `slo predict --max-rate` searches between (jobs/s).
+MIN_RATE, MAX_RATE = 0.01, 100.0
+
 
 def register(sub) -> None:
     p = sub.add_parser("slo", help="predict agent SLO attainment without replaying (and check it against replays)",
@@ -24,9 +27,10 @@ def register(sub) -> None:
     _workload_options(pr)
     pr.add_argument("--jps", type=float, default=None, help="Poisson job arrivals per second (required without --max-rate)")
     pr.add_argument("--max-rate", action="store_true",
-                    help="find the largest jobs/s at which --attainment of the turns (or jobs) reaches --target")
-    pr.add_argument("--target", type=float, default=0.9, help="--max-rate: attainment to hold (0-1)")
-    pr.add_argument("--of", choices=("turn", "job"), default="turn", help="--max-rate: whose attainment")
+                    help=f"find the largest jobs/s (searched in {MIN_RATE:g}-{MAX_RATE:g}) at which the attainment of "
+                         "the turns (or jobs, --of) reaches --target")
+    pr.add_argument("--target", type=float, default=None, help="--max-rate: attainment to hold, in (0, 1) (default 0.9)")
+    pr.add_argument("--of", choices=("turn", "job"), default=None, help="--max-rate: whose attainment (default turn)")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=cmd_predict)
     ch = s.add_parser("check", help="the model against a sweep's replays, or against replay directories (live vLLM too)",
@@ -90,18 +94,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     if args.num_jobs < 1:
         raise ConfigError("--jobs must be >= 1")
-    if not args.max_rate and (args.jps is None or args.jps <= 0):
-        raise ConfigError("--jps (> 0) is required without --max-rate")
-    if not 0 < args.target < 1:
-        raise ConfigError(f"--target must be in (0, 1), got {args.target}")
+    target: float = 0.9 if args.target is None else float(args.target)
+    of: str = args.of or "turn"
+    if args.max_rate:
+        if args.jps is not None:
+            raise ConfigError("--jps goes without --max-rate (the search picks the rates)")
+        if not 0 < target < 1:
+            raise ConfigError(f"--target must be in (0, 1), got {target}")
+    else:
+        if args.jps is None or args.jps <= 0:
+            raise ConfigError("--jps (> 0) is required without --max-rate")
+        if args.target is not None or args.of is not None:
+            raise ConfigError("--target and --of go with --max-rate")
     lim, cost = engine_limits_and_cost(args.sku, args.model, args.calibration, args.num_gpu_blocks)
     if args.max_rate:
-        rate, pred = max_rate(lambda jps: _jobs(args, jps), lim, cost, slo, target=args.target, of=args.of,
-                              progress=lambda line: print(line, file=sys.stderr))
-        doc = {"max_jps": rate, "target": args.target, "of": args.of, "at_max": pred.attainment if pred else None}
+        rate, pred = max_rate(lambda jps: _jobs(args, jps), lim, cost, slo, target=target, of=of,
+                              lo=MIN_RATE, hi=MAX_RATE, progress=lambda line: print(line, file=sys.stderr))
+        doc = {"max_jps": rate, "target": target, "of": of, "at_max": pred.attainment if pred else None,
+               "at_search_limit": rate is not None and rate >= MAX_RATE}
     else:
-        pred = predict(_jobs(args, args.jps), lim, cost, slo)
-        doc = {"jps": args.jps, "attainment": pred.attainment, "percentiles": pred.percentiles}
+        jps: float = args.jps or 0.0  # > 0: checked above
+        pred = predict(_jobs(args, jps), lim, cost, slo)
+        doc = {"jps": jps, "attainment": pred.attainment, "percentiles": pred.percentiles}
     doc.update(sku=args.sku, model=args.model, jobs=args.num_jobs, seed=args.seed, slo=slo.to_dict())
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
@@ -120,6 +134,9 @@ def _predict_text(doc: dict, slo) -> str:
         if r is None:
             return f"{head}\nno rate reaches {doc['target']:.0%} {doc['of']} attainment (the lowest tried misses it)"
         a = doc["at_max"]
+        if doc.get("at_search_limit"):
+            return (f"{head}\n{doc['target']:.0%} of {doc['of']}s meet the SLO even at {r:.3g} jobs/s, the search's "
+                    f"upper bound: the largest rate is at least that (turns {pct(a['turn'])}, jobs {pct(a['job'])})")
         return (f"{head}\nlargest rate with {doc['target']:.0%} of {doc['of']}s meeting the SLO: {r:.3g} jobs/s "
                 f"(turns {pct(a['turn'])}, jobs {pct(a['job'])}, job goodput {a['job_goodput_per_s']:.3g}/s, "
                 f"token goodput {a['token_goodput_per_s']:.0f} tok/s)")

@@ -57,11 +57,15 @@ def parse_slo(text: str | None) -> SLOSpec:
     if not text:
         return DEFAULT_SLO
     values = DEFAULT_SLO.to_dict()
+    named: set[str] = set()
     for item in text.split(","):
         key, sep, raw = item.strip().partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in KINDS:
             raise ConfigError(f"--slo {item.strip()!r}: expected KIND=SECONDS with KIND one of {', '.join(KINDS)}")
+        if key in named:
+            raise ConfigError(f"--slo names {key} twice ({text!r}): give each kind once")
+        named.add(key)
         if raw.strip().lower() in ("none", "off"):
             values[f"{key}_s"] = None
             continue

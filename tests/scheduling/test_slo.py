@@ -18,6 +18,7 @@ def test_parse_slo_keeps_defaults_and_drops_a_kind():
 @pytest.mark.parametrize("text, message", [
     ("ttft=0", "finite number of seconds > 0"), ("latency=3", "expected KIND=SECONDS"),
     ("tpot=fast", "not a number of seconds"), ("job=inf", "finite number of seconds > 0"),
+    ("ttft=1,ttft=2", "names ttft twice"),
 ])
 def test_bad_slo_is_one_clear_error(text, message):
     with pytest.raises(ConfigError, match=message):
@@ -47,6 +48,8 @@ def test_attainment_per_kind_turn_and_job():
     assert a["job_goodput_per_s"] == pytest.approx(1 / span) and a["token_goodput_per_s"] == pytest.approx(1 / span)
     loose = attainment(turns, jobs, SLOSpec(ttft_s=5.0, tpot_s=None, tool_turn_s=None, job_s=20.0))
     assert loose["turn"] == 1.0 and loose["job_deadline"] == 0.5 and loose["job"] == 0.5  # a's JCT 24 s > 20 s
+    # a kind the SLO leaves out is not met by every turn: it has no attainment, as a job deadline without a target
+    assert loose["tpot"] is None and loose["tool_turn"] is None and loose["ttft"] == 1.0
 
 
 def test_replay_scores_its_slo_and_refuses_a_bad_one_before_work(tmp_path):

@@ -92,10 +92,27 @@ def test_slo_predict_cli_and_its_bad_input(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["attainment"]["turn"] == pytest.approx(1.0) and doc["slo"]["ttft_s"] == 1.0
+    # shares of turns: never past 1, where a weighted mean of ones rounds up by an ulp
+    assert all(v <= 1.0 for k, v in doc["attainment"].items() if k in ("ttft", "tpot", "tool_turn", "turn", "job"))
     for args, message in ((["--jps", "0"], "--jps (> 0) is required"), (["--max-rate", "--target", "1.5"], "--target must be"),
-                          (["--jps", "1", "--slo", "job=-2"], "finite number of seconds")):
+                          (["--jps", "1", "--slo", "job=-2"], "finite number of seconds"),
+                          (["--jps", "1", "--slo", "ttft=1,ttft=2"], "names ttft twice"),
+                          (["--max-rate", "--jps", "1"], "--jps goes without --max-rate"),
+                          (["--jps", "1", "--target", "0.8"], "--target and --of go with --max-rate"),
+                          (["--jps", "1", "--num-gpu-blocks", "10"], "more than the whole GPU pool (160 tokens)")):
         bad = run_cli("slo", "predict", "--jobs", "5", *args, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_slo_predict_max_rate_says_when_the_search_bound_still_holds():
+    """20 jobs on an H100 meet the default SLO at any rate the search tries: the answer is a lower
+    bound, and the text and JSON say so rather than give the bound as the largest rate."""
+    proc = run_cli("slo", "predict", "--sku", "h100-sxm", "--max-rate", "--jobs", "20", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the search's upper bound: the largest rate is at least that" in proc.stdout
+    doc = json.loads(run_cli("slo", "predict", "--sku", "h100-sxm", "--max-rate", "--jobs", "20", "--json",
+                             timeout=300).stdout)
+    assert doc["at_search_limit"] is True and doc["max_jps"] == 100.0
 
 
 def test_slo_check_puts_the_model_beside_a_sweeps_replays(tmp_path):
