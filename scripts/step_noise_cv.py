@@ -32,15 +32,22 @@ def row_noise(wall_times_s: list[float]) -> float:
 
 
 def noise_of_run(run_dir: Path) -> tuple[float, list[tuple[str, float]]]:
-    path = run_dir / "vllm_ops.jsonl"
+    path = run_dir if run_dir.name == "vllm_ops.jsonl" else run_dir / "vllm_ops.jsonl"
     if not path.is_file():
         raise ValueError(f"{run_dir}: no vllm_ops.jsonl (a CPU probe run with --probes ...,vllm_ops)")
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        times = row.get("wall_times_s") or []
-        if row.get("family") in FAMILIES and row.get("valid", True) and len(times) >= MIN_STEPS:
-            rows.append((row["key"], row_noise(times)))
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+            times = row.get("wall_times_s") or []
+            if row.get("family") in FAMILIES and row.get("valid", True) and len(times) >= MIN_STEPS:
+                if any(not isinstance(t, (int, float)) or t <= 0 for t in times):
+                    raise ValueError("a wall time that is not a positive number")
+                rows.append((str(row.get("key", f"line {n}")), row_noise(times)))
+        except ValueError as e:  # json.JSONDecodeError is one
+            raise ValueError(f"{path} line {n}: {e}") from None
     if not rows:
         raise ValueError(f"{path}: no engine rows with {MIN_STEPS}+ timed steps (families {', '.join(FAMILIES)})")
     return statistics.median(v for _, v in rows), rows
@@ -48,11 +55,13 @@ def noise_of_run(run_dir: Path) -> tuple[float, list[tuple[str, float]]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path, help="a CPU probe run's directory (with vllm_ops.jsonl)")
+    p.add_argument("run_dir", help="a CPU probe run's directory (with vllm_ops.jsonl), or that file")
     args = p.parse_args(argv)
+    if not args.run_dir.strip():
+        p.error("give a probe run's directory")
     try:
-        cv, rows = noise_of_run(args.run_dir)
-    except (ValueError, OSError, json.JSONDecodeError) as e:
+        cv, rows = noise_of_run(Path(args.run_dir))
+    except (ValueError, OSError) as e:
         print(f"step_noise_cv: error: {e}", file=sys.stderr)
         return 2
     for key, v in rows:
