@@ -57,11 +57,14 @@ def cmd_compare_replay(args: argparse.Namespace) -> int:
 
 
 def _check_out(args: argparse.Namespace) -> None:
-    """``--out`` gets joined tables named as a replay's own: it must not be one of the inputs."""
+    """Two replays, not one twice; and ``--out`` gets joined tables named as a replay's own: it must not
+    be one of the inputs."""
     from pathlib import Path
 
     from common.errors import ConfigError
 
+    if Path(args.replay).resolve() == Path(args.reference).resolve():
+        raise ConfigError(f"REPLAY and REFERENCE are both {args.reference}: a replay compared with itself has no error to show")
     if not args.out:
         return
     out = Path(args.out).resolve()

@@ -70,7 +70,8 @@ def test_compare_refuses_replays_of_different_jobs(tmp_path):
 
 
 def test_compare_replay_cli_errors_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "compare-replay", str(tmp_path), str(tmp_path)],
+    (tmp_path / "other").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "compare-replay", str(tmp_path), str(tmp_path / "other")],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a replay directory" in proc.stderr
@@ -188,8 +189,9 @@ def test_compare_replay_refuses_other_workloads_and_an_out_over_its_inputs(tmp_p
     before = (tmp_path / "b" / "turns.csv").read_text()
     for args, message in (([a, other_rate], "replay different jobs: jps is 1.0 and 3.0"),
                           ([a, b, "--run", other_run], "only --jitter-seed may differ): jps is 3.0 there and 1.0"),
-                          ([b, b, "--repeat", other_rate], "not a take of the reference's settings: jps is 3.0"),
-                          ([a, b, "--out", b], "--out " + b + " is the REFERENCE directory")):
+                          ([a, b, "--repeat", other_rate], "not a take of the reference's settings: jps is 3.0"),
+                          ([a, b, "--out", b], "--out " + b + " is the REFERENCE directory"),
+                          ([b, b], "REPLAY and REFERENCE are both")):
         proc = subprocess.run(base + args, capture_output=True, text=True)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert message in proc.stderr, proc.stderr
