@@ -23,10 +23,12 @@ def test_file_and_directory_outputs_create_their_parents(tmp_path):
     assert gpubench("replay", "--jobs", "2", "--jps", "1", *FAST, "--out", run, "--trace-out", "deep/b/c/t.json",
                     cwd=tmp_path).returncode == 0
     assert (tmp_path / "deep/b/c/t.json").is_file()
+    again = "deep/a/run-again"  # compare-replay takes two replays, not one twice
+    assert gpubench("replay", "--jobs", "2", "--jps", "1", *FAST, "--out", again, cwd=tmp_path).returncode == 0
     outputs = {
         "sweep": (["sweep", "--policies", "fcfs", "--skus", "h100-sxm", "--jps", "1", "--jobs", "2", "--workers", "1",
                    "--no-progress", "--no-plots", "--out", "x/sweep"], "x/sweep/sweep.csv"),
-        "compare-replay": (["compare-replay", run, run, "--out", "x/y/cmp"], "x/y/cmp/comparison.json"),
+        "compare-replay": (["compare-replay", run, again, "--out", "x/y/cmp"], "x/y/cmp/comparison.json"),
         "view --export": (["view", run, "--export", "x/z/page.html"], "x/z/page.html"),
         "trace stats --plot": (["trace", "stats", "--jobs", "3", "--plot", "x/p/q/t.png"], "x/p/q/t.png"),
         "trace swesmith --out": (["trace", "swesmith", "--jobs", "2", "--out", "x/s/t/jobs.jsonl"], "x/s/t/jobs.jsonl"),
