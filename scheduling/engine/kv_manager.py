@@ -88,9 +88,7 @@ class KVCacheManager:
         pool = self.pool
         num_evicted = pool.num_evictions
         out = r.hit_memo
-        if out is None or num_evicted - r.hit_log_pos > len(out):
-            # more evictions since than blocks kept: a fresh lookup (C, one probe a block) is
-            # cheaper than reading the log (a Python int a hash)
+        if out is None:
             out = []
         else:
             if len(out) > num:
